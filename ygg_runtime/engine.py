@@ -1,0 +1,91 @@
+"""The step loop: propose a tree, verify it in one target forward, accept, compact, repeat."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from ygg_runtime.accept import accept_greedy, accept_sampling, warp
+from ygg_runtime.errors import YggError
+from ygg_runtime.metrics import Metrics
+from ygg_runtime.proposers import Proposer, Sampling
+from ygg_runtime.runner import ModelRunner
+
+
+def generate(
+    target: ModelRunner,
+    proposer: Proposer,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_ids: frozenset[int] = frozenset(),
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> tuple[list[int], Metrics]:
+    """Decode up to max_new_tokens after `prompt` (stopping after an eos id); returns the new
+    tokens and the metrics. Greedy when temperature == 0, else lossless sampling from the target's
+    distribution at that temperature and top_p."""
+    if not prompt:
+        raise YggError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise YggError("--max-new-tokens must be at least 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise YggError("temperature must be >= 0 and top-p in (0, 1]")
+    need = len(prompt) + max_new_tokens + proposer.max_tree_size
+    if need > target.max_len:
+        raise YggError(
+            f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
+            f"{target.max_len - proposer.max_tree_size} tokens; shorten the prompt or lower --max-new-tokens"
+        )
+    sampling = None
+    if temperature > 0:
+        gen = torch.Generator(device=target.device)
+        gen.manual_seed(seed if seed is not None else torch.seed())
+        sampling = Sampling(temperature, top_p, gen)
+
+    m = Metrics(method=proposer.name, prompt_tokens=len(prompt))
+    t0 = time.perf_counter()
+    target.reset()
+    proposer.reset()
+    target.prefill(prompt[:-1])
+    proposer.prefill(prompt[:-1])
+    t1 = time.perf_counter()
+    m.prefill_s = t1 - t0
+
+    seq, out = list(prompt), []
+    while len(out) < max_new_tokens:
+        ts = time.perf_counter()
+        tree = proposer.propose(seq, sampling)
+        td = time.perf_counter()
+        logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask())
+        tv = time.perf_counter()
+        if sampling is None:
+            verdict = accept_greedy(tree, logits)
+        else:
+            verdict = accept_sampling(tree, warp(logits, temperature, top_p), sampling.generator)
+        target.commit(verdict.path)
+        proposer.update(tree, verdict)
+        last = verdict.path[-1]
+        m.record_step(len(tree) - 1, verdict.accepted, verdict.accepted + bool(tree.children[last]))
+        new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
+        new = new[: max_new_tokens - len(out)]
+        stop = next((i for i, t in enumerate(new) if t in eos_ids), None)
+        if stop is not None:
+            new = new[: stop + 1]
+        seq += new
+        out += new
+        if on_tokens is not None:
+            on_tokens(new)
+        te = time.perf_counter()
+        m.draft_s += td - ts
+        m.verify_s += tv - td
+        m.other_s += te - tv
+        if stop is not None:
+            break
+    m.decode_s = time.perf_counter() - t1
+    m.generated_tokens = len(out)
+    return out, m

@@ -1,0 +1,76 @@
+"""One dataclass of counters that every method fills; each derived metric is defined next to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Metrics:
+    method: str = ""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0  # target verify forwards after the prefill
+    drafted_tokens: int = 0  # drafted tree nodes sent to the target (root excluded)
+    accepted_tokens: int = 0  # drafted tokens the target accepted (bonus excluded)
+    accepted_lengths: list[int] = field(default_factory=list)  # per step, bonus included
+    depth_tries: list[int] = field(default_factory=list)  # [d-1]: steps that reached depth d-1 with a child to try
+    depth_accepts: list[int] = field(default_factory=list)  # [d-1]: steps whose accepted path reached depth d
+    prefill_s: float = 0.0
+    draft_s: float = 0.0  # proposer work: drafter forwards and tree building
+    verify_s: float = 0.0  # target forwards over the trees
+    other_s: float = 0.0  # acceptance, compaction, bookkeeping
+    decode_s: float = 0.0  # wall time from the end of the prefill to the last token
+
+    def record_step(self, drafted: int, accepted: int, tried_depths: int) -> None:
+        """accepted: drafted tokens accepted this step; tried_depths: how deep the accepted path
+        could have gone (the depth of the accepted node's deepest child, or the path length)."""
+        self.steps += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        self.accepted_lengths.append(accepted + 1)
+        while len(self.depth_tries) < tried_depths:
+            self.depth_tries.append(0)
+            self.depth_accepts.append(0)
+        for d in range(tried_depths):
+            self.depth_tries[d] += 1
+            self.depth_accepts[d] += d < accepted
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per target forward, bonus included: the speculation's raw gain (1.0 for `ar`)."""
+        return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafted tokens over drafted tokens: how much of the verify width was useful."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def depth_acceptance(self) -> list[float]:
+        """[d-1]: P(the path reaches depth d | it reached depth d-1 and a child was drafted there)."""
+        return [a / t if t else 0.0 for a, t in zip(self.depth_accepts, self.depth_tries)]
+
+    @property
+    def tpot_ms(self) -> float:
+        """Time per output token after the first (decode wall time / generated tokens), in ms."""
+        return 1000.0 * self.decode_s / max(1, self.generated_tokens)
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "steps": self.steps,
+            "drafted_tokens": self.drafted_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_rate": self.acceptance_rate,
+            "depth_acceptance": self.depth_acceptance,
+            "tpot_ms": self.tpot_ms,
+            "prefill_s": self.prefill_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "other_s": self.other_s,
+            "decode_s": self.decode_s,
+        }

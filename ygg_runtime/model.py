@@ -1,0 +1,171 @@
+"""One decoder for the Llama family (Llama 1/2/3, Mistral, Qwen2/2.5, SmolLM), gpt-fast style.
+
+Every forward takes explicit token positions, the cache slots to write and a boolean attention mask
+over the cache, so the same code runs plain decoding, a prefill, a draft level of a token tree or a
+whole tree verification. RoPE frequencies come precomputed from the checkpoint converter, so every
+static RoPE variant (default, linear, llama3, yarn) is the same code here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from ygg_runtime.kv import KVCache
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    norm_eps: float
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    rope_attention_scaling: float = 1.0
+    max_position: int = 4096
+    arch: str = "llama"
+
+    @classmethod
+    def load(cls, path: Path) -> "ModelArgs":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in float32 and cast back before the weight, exactly as transformers does.
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
+        qkv_out = (a.n_heads + 2 * a.n_kv_heads) * a.head_dim
+        self.wqkv = nn.Linear(a.dim, qkv_out, bias=a.qkv_bias)
+        self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        b, w, _ = x.shape
+        hd = self.head_dim
+        q, k, v = self.wqkv(x).split(
+            [self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], dim=-1
+        )
+        q = q.view(b, w, self.n_heads, hd).transpose(1, 2)
+        k = k.view(b, w, self.n_kv_heads, hd).transpose(1, 2)
+        v = v.view(b, w, self.n_kv_heads, hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        assert self.kv_cache is not None, "call Transformer.setup_cache first"
+        keys, values = self.kv_cache.write(slots, k, v, mask.shape[-1])
+        y = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads
+        )
+        return self.wo(y.transpose(1, 2).reshape(b, w, self.n_heads * hd))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.w13 = nn.Linear(a.dim, 2 * a.intermediate_size, bias=False)  # gate and up, fused
+        self.w2 = nn.Linear(a.intermediate_size, a.dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attention = Attention(a)
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.feed_forward = FeedForward(a)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, slots, mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.args = a
+        self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
+        self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
+        self.norm = RMSNorm(a.dim, a.norm_eps)
+        self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
+        if a.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.register_buffer("inv_freq", torch.zeros(a.head_dim // 2), persistent=True)
+        self.max_len = 0
+
+    def setup_cache(self, max_len: int) -> None:
+        """Preallocate the static, slot-addressed KV cache of every layer."""
+        p = self.tok_embeddings.weight
+        self.max_len = max_len
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(max_len, self.args.n_kv_heads, self.args.head_dim, p.dtype, p.device)
+
+    def caches(self) -> list[KVCache]:
+        return [layer.attention.kv_cache for layer in self.layers]
+
+    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        freqs = positions[:, None].float() * self.inv_freq[None, :].float()
+        emb = torch.cat((freqs, freqs), dim=-1)
+        s = self.args.rope_attention_scaling
+        return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
+
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+        """tokens [1, W], positions [W], slots [W] (cache rows to write), mask [W, L] bool over the
+        first L cache slots (True = may attend). Returns float32 logits [1, W, vocab]."""
+        x = self.tok_embeddings(tokens)
+        cos, sin = self.rope(positions, x.dtype)
+        mask = mask[None, None]
+        for layer in self.layers:
+            x = layer(x, cos, sin, slots, mask)
+        return self.output(self.norm(x)).float()
+
+
+def load_model(directory: Path, device: str | torch.device = "cpu") -> Transformer:
+    """Load a converted model (config.json + model.safetensors) without unpickling anything."""
+    directory = Path(directory)
+    args = ModelArgs.load(directory / "config.json")
+    state = load_file(str(directory / "model.safetensors"), device=str(device))
+    with torch.device("meta"):
+        model = Transformer(args)
+    model.load_state_dict(state, assign=True, strict=False)
+    missing = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(state)
+    if args.tie_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+        missing.discard("output.weight")
+    if missing or "inv_freq" not in state:
+        raise ValueError(f"weights in {directory} lack {sorted(missing) or ['inv_freq']}")
+    return model.eval().requires_grad_(False)

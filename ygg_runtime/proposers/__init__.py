@@ -1,0 +1,23 @@
+"""Every decoding method is one proposer; this is the table the runtime builds them from."""
+
+from __future__ import annotations
+
+from ygg_runtime.proposers.ar import AR
+from ygg_runtime.proposers.base import Drafter, Proposer, Sampling
+from ygg_runtime.proposers.chain import Chain
+from ygg_runtime.proposers.specinfer import SpecInfer
+
+METHODS = {"ar": AR, "chain": Chain, "specinfer": SpecInfer}
+DEFAULT_PARAMS = {"ar": {}, "chain": {"k": 4}, "specinfer": {"width": 2, "depth": 3}}
+
+
+def build(name: str, params: dict, drafter: Drafter | None) -> Proposer:
+    cls = METHODS[name]
+    if cls is AR:
+        return AR()
+    if drafter is None:
+        raise ValueError(f"method {name} needs a draft model")
+    return cls(drafter, **params)
+
+
+__all__ = ["METHODS", "DEFAULT_PARAMS", "Drafter", "Proposer", "Sampling", "build"]

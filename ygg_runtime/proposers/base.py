@@ -1,0 +1,115 @@
+"""The interface every method implements, and the drafter that the model-based methods share.
+
+A proposer builds a token tree rooted at the last accepted token, then learns what was accepted.
+Like transformers' CandidateGenerator, it is small on purpose: the target forward, the acceptance
+rule, compaction and metrics live in the engine and never in a proposer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ygg_runtime.accept import Verdict, warp
+from ygg_runtime.runner import ModelRunner
+from ygg_runtime.tree import TokenTree
+
+
+@dataclass
+class Sampling:
+    """Sampling settings of one generation; None in place of this object means greedy."""
+
+    temperature: float
+    top_p: float
+    generator: torch.Generator
+
+
+class Proposer:
+    name = "?"
+    max_tree_size = 1  # nodes per step, root included: bounds the cache room a step needs
+
+    def reset(self) -> None:
+        """Forget the previous generation."""
+
+    def prefill(self, tokens: list[int]) -> None:
+        """See the prompt (all but its last token, which becomes the first root)."""
+
+    def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
+        raise NotImplementedError
+
+    def update(self, tree: TokenTree, verdict: Verdict) -> None:
+        """Learn what the target accepted from `tree`."""
+
+
+class Drafter:
+    """A draft model that stays in step with the accepted sequence.
+
+    Its cache has the target's layout: committed prefix, then tree node i at slot committed + i.
+    Tokens it has not seen yet (an accepted leaf it never fed, and the bonus) are fed as a chain
+    at the start of the next step, together with the new root.
+    """
+
+    def __init__(self, runner: ModelRunner, target_vocab: int):
+        self.runner = runner
+        self.target_vocab = target_vocab
+        self.fed: set[int] = set()
+
+    def reset(self) -> None:
+        self.runner.reset()
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.runner.prefill(tokens)
+
+    def begin(self, seq: list[int]) -> Tensor:
+        """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0."""
+        pending = seq[self.runner.committed :]
+        logits = self.runner.forward_chain(pending)
+        self.runner.commit(list(range(len(pending) - 1)))
+        self.fed = {0}
+        return self._fit(logits[-1:])[0]
+
+    def expand(self, tree: TokenTree, nodes: list[int]) -> Tensor:
+        """Run the drafter over tree nodes (their ancestors already fed); logits [len(nodes), V]."""
+        mask = tree.ancestor_mask()[nodes]
+        logits = self.runner.forward([tree.tokens[i] for i in nodes], nodes, [tree.depths[i] for i in nodes], mask)
+        self.fed.update(nodes)
+        return self._fit(logits)
+
+    def finish(self, verdict: Verdict) -> None:
+        """Commit the accepted path as far as the drafter has seen it."""
+        keep = []
+        for node in verdict.path:
+            if node not in self.fed:
+                break
+            keep.append(node)
+        self.runner.commit(keep)
+
+    def _fit(self, logits: Tensor) -> Tensor:
+        """Map draft logits onto the target's vocabulary (padding rows get no draft mass)."""
+        v = logits.shape[-1]
+        if v > self.target_vocab:
+            return logits[:, : self.target_vocab]
+        if v < self.target_vocab:
+            pad = logits.new_full((logits.shape[0], self.target_vocab - v), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+
+def pick_children(
+    tree: TokenTree, node: int, logits: Tensor, k: int, sampling: Sampling | None
+) -> list[int]:
+    """Add k children of `node` from draft logits [V]: top-k when greedy; at T > 0, k draws from
+    the warped draft distribution without replacement (Gumbel top-k), recorded for acceptance."""
+    if sampling is None:
+        probs = torch.softmax(logits.float(), dim=-1)
+        top = probs.topk(k)
+        return [tree.add(node, t, p) for p, t in zip(top.values.tolist(), top.indices.tolist())]
+    q = warp(logits, sampling.temperature, sampling.top_p)
+    tree.draft_dists[node] = q
+    k = min(k, int((q > 0).sum()))
+    gumbel = -torch.empty_like(q).exponential_(generator=sampling.generator).log()
+    keys = q.log() + gumbel
+    picks = keys.topk(k).indices.tolist()
+    return [tree.add(node, t, q[t].item()) for t in picks]

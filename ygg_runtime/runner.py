@@ -1,0 +1,72 @@
+"""A model together with its cache and the length of the sequence committed to it.
+
+Both the target and every drafter go through this class, so tree forwards, masks and compaction
+are built the same way for both. Layout: slots [0, committed) hold the accepted sequence; a
+forward writes a node with tree offset i to slot committed + i and lets it see the whole committed
+prefix plus the tree slots its mask row allows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ygg_runtime.kv import compact
+from ygg_runtime.model import Transformer
+
+# The attention span is rounded up to a multiple of this, so that most steps reuse one shape.
+SPAN_BUCKET = 256
+
+
+class ModelRunner:
+    def __init__(self, model: Transformer, max_len: int):
+        self.model = model
+        self.device = model.tok_embeddings.weight.device
+        model.setup_cache(max_len)
+        self.max_len = max_len
+        self.committed = 0
+        self.calls: list[int] = []  # width of every forward, for tests and metrics
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.args.vocab_size
+
+    def reset(self) -> None:
+        self.committed = 0
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor) -> Tensor:
+        """Run W new tokens. offsets[i]: tree slot of token i (cache slot committed + offsets[i]);
+        depths[i]: its depth below the committed prefix (position committed + depths[i]);
+        tree_mask [W, T] bool: which of the T tree slots token i sees. Returns logits [W, vocab]."""
+        w, t = tree_mask.shape
+        base = self.committed
+        if base + t > self.max_len:
+            raise ValueError(f"sequence of {base + t} tokens exceeds the cache of {self.max_len}")
+        span = min(self.max_len, -(-(base + t) // SPAN_BUCKET) * SPAN_BUCKET)
+        mask = torch.zeros(w, span, dtype=torch.bool, device=self.device)
+        mask[:, :base] = True
+        mask[:, base : base + t] = tree_mask.to(self.device)
+        dev = self.device
+        x = torch.tensor([tokens], device=dev)
+        positions = torch.tensor(depths, device=dev) + base
+        slots = torch.tensor(offsets, device=dev) + base
+        self.calls.append(w)
+        return self.model(x, positions, slots, mask)[0]
+
+    def forward_chain(self, tokens: list[int]) -> Tensor:
+        """Run tokens as a plain causal continuation of the committed prefix (not committed)."""
+        n = len(tokens)
+        causal = torch.ones(n, n, dtype=torch.bool).tril_()
+        return self.forward(tokens, list(range(n)), list(range(n)), causal)
+
+    def commit(self, offsets: list[int]) -> None:
+        """Keep the tree slots `offsets` (a root path, in order) as the next committed tokens."""
+        compact(self.model.caches(), [self.committed + o for o in offsets], self.committed)
+        self.committed += len(offsets)
+
+    def prefill(self, tokens: list[int], chunk: int = 512) -> None:
+        for i in range(0, len(tokens), chunk):
+            part = tokens[i : i + chunk]
+            self.forward_chain(part)
+            self.commit(list(range(len(part))))

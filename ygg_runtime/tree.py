@@ -1,0 +1,75 @@
+"""The token tree: what a proposer drafts and the target verifies in one forward.
+
+Node 0 is the root, the last accepted token (its KV is not in the target cache yet). Every other
+node is a drafted token whose parent is an earlier node, so node order is a topological order and
+a node's tree slot is its index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+# How children were chosen, which decides the lossless acceptance rule (see accept.py):
+#   "iid": each child sampled independently from the parent's draft distribution q;
+#   "without_replacement": children sampled from q one after another without replacement;
+#   "deterministic": children picked by rank (top-k), not sampled.
+ChildRule = Literal["iid", "without_replacement", "deterministic"]
+
+
+@dataclass
+class TokenTree:
+    root_token: int
+    child_rule: ChildRule = "deterministic"
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+    draft_probs: list[float] = field(default_factory=list)  # q(token | parent path)
+    path_values: list[float] = field(default_factory=list)  # product of draft probs along the path
+    children: list[list[int]] = field(default_factory=list)
+    # Draft distribution q at a node whose children were sampled from it (sampling rules only).
+    draft_dists: dict[int, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens, self.parents, self.depths = [self.root_token], [-1], [0]
+            self.draft_probs, self.path_values, self.children = [1.0], [1.0], [[]]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, parent: int, token: int, prob: float) -> int:
+        node = len(self.tokens)
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.draft_probs.append(prob)
+        self.path_values.append(self.path_values[parent] * prob)
+        self.children.append([])
+        self.children[parent].append(node)
+        return node
+
+    @property
+    def depth(self) -> int:
+        return max(self.depths)
+
+    def path_to(self, node: int) -> list[int]:
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def ancestor_mask(self) -> Tensor:
+        """[n, n] bool: entry (i, j) is True when j is i or one of its ancestors."""
+        n = len(self.tokens)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(n):
+            mask[i, i] = True
+            p = self.parents[i]
+            if p >= 0:
+                mask[i] |= mask[p]
+        return mask
