@@ -44,24 +44,28 @@ def test_tiny_greedy_equals_hf_generate(tiny_pair, method, params):
 
 @pytest.mark.real
 def test_smollm2_greedy_equals_hf_generate(smollm2_hf, smollm2_tokenizer):
+    """On a real model, with drafters that always accept (the target itself), mostly reject (its
+    first 3 of 30 layers) and sometimes accept (a noised copy)."""
     target = to_runtime(smollm2_hf)
     drafts = {
         "self": to_runtime(smollm2_hf),
         "truncated": truncated(target, 3),
-        "noised": noised_runtime(target, 0.15, seed=3),
+        "noised": noised_runtime(target, 0.1, seed=3),
     }
     texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
              "The history of the printing press begins"]
+    n_new = 48
     tr = runner(target)
-    rates = {}
+    lengths = {}
     for text in texts:
         prompt = smollm2_tokenizer(text).input_ids
-        ref = hf_greedy(smollm2_hf, prompt, N_NEW)
+        ref = hf_greedy(smollm2_hf, prompt, n_new)
+        assert decode(tr, None, "ar", {}, prompt, n_new)[0] == ref
         for name, draft in drafts.items():
             dr = runner(draft)
-            for method, params in METHODS[:3]:
-                out, m = decode(tr, dr, method, params, prompt, N_NEW)
+            for method, params in METHODS[1:3]:
+                out, m = decode(tr, dr, method, params, prompt, n_new)
                 assert out == ref, f"{method} with the {name} drafter diverged on {text[:20]!r}"
-                rates.setdefault(name, []).append(m.acceptance_rate)
-    assert min(rates["self"]) > 0.2 and max(rates["truncated"]) < 0.3
-    assert 0.05 < sum(rates["noised"]) / len(rates["noised"]) < 0.95
+                lengths.setdefault(name, []).append(m.mean_accepted_length)
+    mean = {k: sum(v) / len(v) for k, v in lengths.items()}
+    assert mean["self"] > 3.5 and mean["truncated"] < 1.6 and 1.6 < mean["noised"] < 3.5, mean

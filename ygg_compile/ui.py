@@ -34,7 +34,10 @@ class RichReporter(Reporter):
         self.bar.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *_) -> None:
+        if exc_type is not None:  # a failure ends in one error line: take the bars away first
+            for task in self.bar.task_ids:
+                self.bar.update(task, visible=False)
         self.bar.stop()
 
     @contextlib.contextmanager

@@ -103,6 +103,8 @@ class Decoder:
             on_tokens=on_tokens,
         )
         text = self.codec.decode(out) if self.codec is not None else ""
+        if stream is not None:
+            on_text(stream.finish())
         return Result(
             text=text,
             token_ids=out,

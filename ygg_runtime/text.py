@@ -43,3 +43,7 @@ class StreamDecoder:
             return ""
         delta, self.emitted = text[self.emitted :], len(text)
         return delta
+
+    def finish(self) -> str:
+        """Whatever is still held back once generation has ended (an unfinished character)."""
+        return self.codec.decode(self.ids)[self.emitted :]

@@ -1,0 +1,176 @@
+"""`ygg compile` then `ygg run`, as a user types them, and every bad input ends in one line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiny
+import yaml
+from helpers import hf_greedy
+
+YGG = str(Path(sys.executable).parent / "ygg")
+PROMPT = "Once upon a time"
+
+
+def ygg(*args, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, input=stdin,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target = tiny.hf_model("llama", seed=40)
+    draft = tiny.noised(target, 0.05, seed=41)
+    tok = tiny.byte_tokenizer()
+    return {
+        "target": tiny.save_pair_dir(root / "target", target, tok),
+        "draft": tiny.save_pair_dir(root / "draft", draft, tok),
+        "hf": target,
+        "tokenizer": tok,
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="module")
+def artifact(pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("art") / "tiny"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
+               "--max-context", 256, "--method", "chain")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture()
+def prompt_file(tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text(PROMPT + "\n")
+    return path
+
+
+def test_compile_writes_a_complete_artifact(artifact):
+    plan = yaml.safe_load((artifact / "plan.yaml").read_text())
+    assert plan["format_version"] == 1 and plan["dtype"] == "float32" and plan["method"] == "chain"
+    assert set(plan["methods"]) == {"ar", "chain", "specinfer"}
+    for rel, meta in plan["files"].items():
+        assert (artifact / rel).stat().st_size == meta["bytes"]
+    assert {"draft/model.safetensors", "target/model.safetensors", "tokenizer.json"} <= set(plan["files"])
+    assert [p.name for p in artifact.parent.iterdir()] == ["tiny"]  # no temporary directory left
+
+
+@pytest.mark.parametrize("method", ["ar", "chain", "specinfer"])
+def test_run_json_is_the_targets_greedy_output(pair, artifact, prompt_file, method):
+    proc = ygg("run", prompt_file, "--artifact", artifact, "--method", method, "-n", 40, "--json", "--ignore-eos")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert {"text", "token_ids", "prompt_tokens", "method", "steps", "accepted_lengths", "tpot_ms", "wall_s"} <= set(out)
+    prompt_ids = pair["tokenizer"](PROMPT).input_ids
+    assert out["prompt_tokens"] == len(prompt_ids) and out["method"] == method
+    assert out["token_ids"] == hf_greedy(pair["hf"], prompt_ids, 40)
+    assert sum(out["accepted_lengths"]) >= 40 and len(out["accepted_lengths"]) == out["steps"]
+    assert out["text"] == pair["tokenizer"].decode(out["token_ids"])
+
+
+def test_run_streams_text_and_prints_stats(artifact, prompt_file):
+    as_json = json.loads(ygg("run", prompt_file, "-a", artifact, "-n", 24, "--json").stdout)
+    proc = ygg("run", prompt_file, "-a", artifact, "-n", 24, "--stats")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == as_json["text"] + "\n"
+    assert "mean accepted length" in proc.stderr and "TPOT" in proc.stderr
+
+
+def test_run_reads_stdin_and_sampling_is_reproducible(artifact):
+    runs = [ygg("run", "-", "-a", artifact, "-n", 16, "-t", "0.8", "--seed", "7", "--json", stdin=PROMPT) for _ in range(2)]
+    assert runs[0].returncode == 0, runs[0].stderr
+    assert json.loads(runs[0].stdout)["token_ids"] == json.loads(runs[1].stdout)["token_ids"]
+
+
+def test_missing_prompt_file(artifact, tmp_path):
+    assert_one_line_error(ygg("run", tmp_path / "nope.txt", "-a", artifact), "does not exist")
+
+
+def test_empty_prompt(artifact, tmp_path):
+    (tmp_path / "empty.txt").write_text("  \n")
+    assert_one_line_error(ygg("run", tmp_path / "empty.txt", "-a", artifact), "empty")
+
+
+def test_prompt_longer_than_the_context(artifact, tmp_path):
+    (tmp_path / "long.txt").write_text("x" * 300)
+    assert_one_line_error(ygg("run", tmp_path / "long.txt", "-a", artifact), "does not fit the context")
+
+
+def test_artifact_directory_missing(tmp_path, prompt_file):
+    assert_one_line_error(ygg("run", prompt_file, "-a", tmp_path / "missing"), "does not exist")
+
+
+def test_artifact_without_plan(tmp_path, prompt_file):
+    (tmp_path / "art").mkdir()
+    assert_one_line_error(ygg("run", prompt_file, "-a", tmp_path / "art"), "no plan.yaml")
+
+
+def test_unknown_method(artifact, prompt_file):
+    assert_one_line_error(ygg("run", prompt_file, "-a", artifact, "-m", "medusa"), "not in this artifact")
+
+
+def test_unknown_model(tmp_path, pair):
+    out = tmp_path / "out"
+    assert_one_line_error(ygg("compile", "--draft", "gpt-17", "--target", pair["target"], "-o", out), "unknown model 'gpt-17'")
+    assert not out.exists()
+
+
+def test_missing_model_directory(tmp_path, pair):
+    assert_one_line_error(ygg("compile", "--draft", pair["draft"], "--target", tmp_path / "no" / "model.gguf",
+                              "-o", tmp_path / "out"), "does not exist")
+
+
+def test_hub_model_offline(tmp_path, pair):
+    proc = ygg("compile", "--draft", "someone/some-model", "--target", pair["target"], "-o", tmp_path / "out",
+               env={"HF_HUB_OFFLINE": "1"})
+    assert_one_line_error(proc, "could not download 'someone/some-model'", "packaged alias")
+
+
+def test_tokenizer_mismatch_leaves_nothing_behind(tmp_path, pair):
+    tok = tiny.byte_tokenizer()
+    tok.add_tokens(["<extra>"])
+    other = tiny.save_pair_dir(tmp_path / "other", tiny.hf_model("llama", seed=42, vocab_size=259), tok)
+    out = tmp_path / "artifacts" / "mismatch"
+    assert_one_line_error(ygg("compile", "--draft", other, "--target", pair["target"], "-o", out), "tokenizers differ")
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_unwritable_output_directory(tmp_path, pair):
+    (tmp_path / "file").write_text("not a directory")
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", tmp_path / "file" / "art")
+    assert_one_line_error(proc, "cannot write")
+
+
+def test_output_that_is_not_an_artifact_is_not_overwritten(tmp_path, pair):
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "thesis.tex").write_text("...")
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", tmp_path / "precious")
+    assert_one_line_error(proc, "refusing to overwrite")
+    assert (tmp_path / "precious" / "thesis.tex").exists()
+
+
+def test_runtime_never_imports_compile_time_libraries(artifact):
+    code = (
+        "import sys, ygg_runtime\n"
+        f"d = ygg_runtime.load({str(artifact)!r})\n"
+        "d.generate('hello', max_new_tokens=4, method='specinfer')\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('transformers', 'sklearn', 'ygg_compile')]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,51 @@
+"""After a step, the compacted KV cache equals the cache of running the accepted tokens one by one."""
+
+import torch
+import tiny
+from helpers import noised_runtime, runner, to_runtime
+
+from ygg_runtime import proposers
+from ygg_runtime.accept import accept_greedy
+
+
+def sequential_cache(model, tokens: list[int]):
+    r = runner(model, 256)
+    for t in tokens:
+        r.forward_chain([t])
+        r.commit([0])
+    return r
+
+
+def assert_same_prefix(a, b, n: int):
+    for ca, cb in zip(a.model.caches(), b.model.caches()):
+        torch.testing.assert_close(ca.k[:, :, :n], cb.k[:, :, :n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ca.v[:, :, :n], cb.v[:, :, :n], atol=1e-5, rtol=1e-5)
+
+
+def test_compacted_cache_equals_sequential_cache():
+    hf = tiny.hf_model("qwen2", seed=30)
+    target_model = to_runtime(hf)
+    draft_model = noised_runtime(target_model, 0.05, seed=31)
+    target, draft = runner(target_model, 256), runner(draft_model, 256)
+    prop = proposers.build("specinfer", {"width": 3, "depth": 3}, proposers.Drafter(draft, target.vocab_size))
+    moved = 0
+    for seed in range(8):
+        prompt = torch.randint(0, 256, (10,), generator=torch.Generator().manual_seed(seed)).tolist()
+        target.reset()
+        prop.reset()
+        target.prefill(prompt[:-1])
+        prop.prefill(prompt[:-1])
+        seq = list(prompt)
+        for _ in range(4):
+            tree = prop.propose(seq, None)
+            logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask())
+            verdict = accept_greedy(tree, logits)
+            target.commit(verdict.path)
+            prop.update(tree, verdict)
+            moved += verdict.path != list(range(len(verdict.path)))
+            seq += [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
+            # seq[:-1] is exactly what each cache must now hold (the bonus is the next root).
+            assert target.committed == len(seq) - 1
+            assert_same_prefix(target, sequential_cache(target_model, seq[:-1]), target.committed)
+            assert_same_prefix(draft, sequential_cache(draft_model, seq[: draft.committed]), draft.committed)
+    assert moved > 3, "no step accepted a path that needed its rows moved"

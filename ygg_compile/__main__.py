@@ -1,0 +1,3 @@
+from ygg_compile.cli import main
+
+main()
