@@ -39,7 +39,7 @@ test: install
 # TPOT of every method on the demo prompts, interleaved, medians (run it alone on the machine).
 bench: install-qwen
 	test -f $(ART)/plan.yaml || $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
-	$(BIN)/python benchmarks/tpot.py --artifact $(ART)
+	$(BIN)/python -m ygg_compile.bench --artifact $(ART) $$(test -f ../shared/data/spec_bench/question.jsonl && echo --prompts ../shared/data/spec_bench/question.jsonl --categories coding writing --limit 4)
 
 clean:
 	rm -rf $(VENV) .cache artifacts
