@@ -174,3 +174,10 @@ def test_runtime_never_imports_compile_time_libraries(artifact):
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_invalid_method_parameters_are_refused_before_writing(tmp_path, pair):
+    out = tmp_path / "out"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--tree-depth", 0)
+    assert_one_line_error(proc, "specinfer needs width >= 1 and depth >= 1")
+    assert not out.exists()

@@ -24,6 +24,7 @@ from ygg_compile import hardware, sources
 from ygg_compile.convert import convert_state
 from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
 from ygg_runtime.errors import YggError
+from ygg_runtime import proposers
 from ygg_runtime.proposers import DEFAULT_PARAMS, METHODS
 
 CHAT_PROBE = "\x00YGG-PROMPT\x00"
@@ -61,6 +62,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     sources.quiet_transformers()
     if opts.method not in METHODS:
         raise YggError(f"unknown method '{opts.method}' (choose from {', '.join(METHODS)})")
+    proposers.validate(opts.methods)
     device = hardware.resolve_device(opts.device)
     dtype = hardware.resolve_dtype(opts.dtype, device)
     out = Path(opts.output)

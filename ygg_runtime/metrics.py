@@ -53,7 +53,8 @@ class Metrics:
 
     @property
     def tpot_ms(self) -> float:
-        """Time per output token after the first (decode wall time / generated tokens), in ms."""
+        """Time per output token in ms: decode wall time (everything after the prefill, so every
+        generated token including the first) over generated tokens."""
         return 1000.0 * self.decode_s / max(1, self.generated_tokens)
 
     def to_dict(self) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ygg_runtime.errors import YggError
 from ygg_runtime.proposers.ar import AR
 from ygg_runtime.proposers.base import Drafter, Proposer, Sampling
 from ygg_runtime.proposers.chain import Chain
@@ -16,8 +17,17 @@ def build(name: str, params: dict, drafter: Drafter | None) -> Proposer:
     if cls is AR:
         return AR()
     if drafter is None:
-        raise ValueError(f"method {name} needs a draft model")
+        raise YggError(f"method {name} needs a draft model")
     return cls(drafter, **params)
+
+
+def validate(methods: dict[str, dict]) -> None:
+    """Refuse unknown methods or parameters before anything is written (constructors check values)."""
+    for name, params in methods.items():
+        if name not in METHODS:
+            raise YggError(f"unknown method '{name}' (choose from {', '.join(METHODS)})")
+        if name != "ar":
+            METHODS[name](None, **params)
 
 
 __all__ = ["METHODS", "DEFAULT_PARAMS", "Drafter", "Proposer", "Sampling", "build"]

@@ -43,6 +43,22 @@ class Proposer:
         """Learn what the target accepted from `tree`."""
 
 
+class DraftProposer(Proposer):
+    """A proposer driven by a draft model, whose cache follows the accepted sequence."""
+
+    def __init__(self, drafter: "Drafter"):
+        self.drafter = drafter
+
+    def reset(self) -> None:
+        self.drafter.reset()
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.drafter.prefill(tokens)
+
+    def update(self, tree: TokenTree, verdict: Verdict) -> None:
+        self.drafter.finish(verdict)
+
+
 class Drafter:
     """A draft model that stays in step with the accepted sequence.
 

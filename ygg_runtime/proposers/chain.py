@@ -1,24 +1,19 @@
 """`chain`: draft k tokens one by one, verify them in one target forward (Leviathan / Chen)."""
 
-from ygg_runtime.accept import Verdict
-from ygg_runtime.proposers.base import Drafter, Proposer, Sampling, pick_children
+from ygg_runtime.errors import YggError
+from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, pick_children
 from ygg_runtime.tree import TokenTree
 
 
-class Chain(Proposer):
+class Chain(DraftProposer):
     name = "chain"
 
     def __init__(self, drafter: Drafter, k: int = 4):
         if k < 1:
-            raise ValueError("chain needs k >= 1")
-        self.drafter, self.k = drafter, k
+            raise YggError("chain needs k >= 1")
+        super().__init__(drafter)
+        self.k = k
         self.max_tree_size = k + 1
-
-    def reset(self) -> None:
-        self.drafter.reset()
-
-    def prefill(self, tokens: list[int]) -> None:
-        self.drafter.prefill(tokens)
 
     def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
         tree = TokenTree(seq[-1], child_rule="iid")
@@ -28,6 +23,3 @@ class Chain(Proposer):
             if d + 1 < self.k:
                 logits = self.drafter.expand(tree, [node])[0]
         return tree
-
-    def update(self, tree: TokenTree, verdict: Verdict) -> None:
-        self.drafter.finish(verdict)
