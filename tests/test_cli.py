@@ -181,3 +181,10 @@ def test_invalid_method_parameters_are_refused_before_writing(tmp_path, pair):
     proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--tree-depth", 0)
     assert_one_line_error(proc, "specinfer needs width >= 1 and depth >= 1")
     assert not out.exists()
+
+
+def test_unknown_default_method_is_refused_before_writing(tmp_path, pair):
+    out = tmp_path / "out"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--method", "medusa")
+    assert_one_line_error(proc, "default method 'medusa' is not one of the compiled methods")
+    assert not out.exists()

@@ -25,7 +25,7 @@ from ygg_compile.convert import convert_state
 from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
 from ygg_runtime.errors import YggError
 from ygg_runtime import proposers
-from ygg_runtime.proposers import DEFAULT_PARAMS, METHODS
+from ygg_runtime.proposers import DEFAULT_PARAMS
 
 CHAT_PROBE = "\x00YGG-PROMPT\x00"
 TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode ✓", "  leading spaces\tand tabs\n\n"]
@@ -60,9 +60,9 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     """Build the artifact at opts.output; returns the plan written."""
     ui = ui or Reporter()
     sources.quiet_transformers()
-    if opts.method not in METHODS:
-        raise YggError(f"unknown method '{opts.method}' (choose from {', '.join(METHODS)})")
     proposers.validate(opts.methods)
+    if opts.method not in opts.methods:
+        raise YggError(f"default method '{opts.method}' is not one of the compiled methods ({', '.join(opts.methods)})")
     device = hardware.resolve_device(opts.device)
     dtype = hardware.resolve_dtype(opts.dtype, device)
     out = Path(opts.output)
