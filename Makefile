@@ -36,10 +36,16 @@ demo: install-qwen
 test: install
 	$(BIN)/python -m pytest -q
 
-# TPOT of every method on the demo prompts, interleaved, medians (run it alone on the machine).
+# Every compiled method and the Hugging Face peers on Spec-Bench (8 prompts in each of six categories,
+# 128 new tokens, interleaved, medians); results under benchmarks/results/<device>/. Run it alone on
+# the machine. BENCH_FLAGS=--resume continues an interrupted run.
+SPEC_BENCH ?= ../shared/data/spec_bench/question.jsonl
+BENCH_CATEGORIES ?= coding,writing,math_reasoning,qa,translation,summarization
+BENCH_FLAGS ?=
 bench: install-qwen
 	test -f $(ART)/plan.yaml || $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
-	$(BIN)/python -m ygg_compile.bench --artifact $(ART) $$(test -f ../shared/data/spec_bench/question.jsonl && echo --prompts ../shared/data/spec_bench/question.jsonl --categories coding writing --limit 4)
+	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 $(BENCH_FLAGS) \
+		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit 8)
 
 clean:
 	rm -rf $(VENV) .cache artifacts

@@ -32,3 +32,33 @@ def smollm2_tokenizer(smollm2_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory):
+    """A tiny random Llama target and a noised copy as drafter, saved as HF directories."""
+    import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    target = tiny.hf_model("llama", seed=40)
+    draft = tiny.noised(target, 0.05, seed=41)
+    tok = tiny.byte_tokenizer()
+    return {
+        "target": tiny.save_pair_dir(root / "target", target, tok),
+        "draft": tiny.save_pair_dir(root / "draft", draft, tok),
+        "hf": target,
+        "tokenizer": tok,
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="session")
+def artifact(pair, tmp_path_factory):
+    """`ygg compile` of the tiny pair in float32 (token-exact), default method chain."""
+    from helpers import ygg
+
+    out = tmp_path_factory.mktemp("art") / "tiny"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
+               "--max-context", 256, "--method", "chain")
+    assert proc.returncode == 0, proc.stderr
+    return out

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from ygg_compile.convert import to_runtime
@@ -9,6 +14,24 @@ from ygg_runtime import proposers
 from ygg_runtime.engine import generate
 from ygg_runtime.model import Transformer
 from ygg_runtime.runner import ModelRunner
+
+YGG = str(Path(sys.executable).parent / "ygg")
+
+
+def ygg(*args, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the installed `ygg` command as a user would."""
+    return subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, input=stdin,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
 
 METHODS = [("ar", {}), ("chain", {"k": 4}), ("specinfer", {"width": 2, "depth": 3}), ("specinfer", {"width": 3, "depth": 2})]
 
@@ -54,4 +77,4 @@ def noised_runtime(model: Transformer, scale: float, seed: int) -> Transformer:
     return m
 
 
-__all__ = ["METHODS", "hf_greedy", "runner", "decode", "truncated", "noised_runtime", "to_runtime"]
+__all__ = ["YGG", "ygg", "assert_one_line_error", "METHODS", "hf_greedy", "runner", "decode", "truncated", "noised_runtime", "to_runtime"]

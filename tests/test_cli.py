@@ -1,56 +1,15 @@
 """`ygg compile` then `ygg run`, as a user types them, and every bad input ends in one line."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tiny
 import yaml
-from helpers import hf_greedy
+from helpers import assert_one_line_error, hf_greedy, ygg
 
-YGG = str(Path(sys.executable).parent / "ygg")
 PROMPT = "Once upon a time"
-
-
-def ygg(*args, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, input=stdin,
-                          env={**os.environ, **(env or {})}, timeout=600)
-
-
-def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    assert proc.returncode != 0
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    target = tiny.hf_model("llama", seed=40)
-    draft = tiny.noised(target, 0.05, seed=41)
-    tok = tiny.byte_tokenizer()
-    return {
-        "target": tiny.save_pair_dir(root / "target", target, tok),
-        "draft": tiny.save_pair_dir(root / "draft", draft, tok),
-        "hf": target,
-        "tokenizer": tok,
-        "root": root,
-    }
-
-
-@pytest.fixture(scope="module")
-def artifact(pair, tmp_path_factory):
-    out = tmp_path_factory.mktemp("art") / "tiny"
-    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
-               "--max-context", 256, "--method", "chain")
-    assert proc.returncode == 0, proc.stderr
-    return out
 
 
 @pytest.fixture()

@@ -1,6 +1,5 @@
 """Sampling is lossless: the output distribution is exactly the target's (chi-square tests)."""
 
-import itertools
 
 import pytest
 import torch

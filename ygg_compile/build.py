@@ -13,13 +13,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 import yaml
 from safetensors.torch import save_file
 
-import ygg_runtime
 from ygg_compile import hardware, sources
 from ygg_compile.convert import convert_state
 from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
@@ -49,7 +48,7 @@ class Reporter:
     def step(self, description: str) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def progress(self, description: str, done: int, total: int) -> None:
+    def progress(self, description: str, done: int, total: int, unit: str = "B") -> None:
         pass
 
     def note(self, text: str) -> None:
@@ -83,6 +82,8 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         with ui.step("writing tokenizer"):
             tok_info = _write_tokenizer(tokenizer, target, tmp)
             tok_info["eos_token_ids"] = sorted(set(tok_info["eos_token_ids"]) | set(models["target"]["eos_token_ids"]))
+        with ui.step("measuring forward latency T(W) of both models"):
+            profile = _profile(tmp, device, max_context, ui)
         with ui.step("hashing artifact files"):
             files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         plan = {
@@ -98,6 +99,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             "max_context": max_context,
             "method": opts.method,
             "methods": opts.methods,
+            "profile": profile,
             "tokenizer": tok_info,
             "files": files,
         }
@@ -169,6 +171,7 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
     return {
         "spec": src.spec,
         "source": src.kind,
+        "path": str(src.path.resolve()),
         "sha256": src.sha256,
         "arch": args.arch,
         "parameters": n_params,
@@ -177,6 +180,22 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
         "max_position": args.max_position,
         "eos_token_ids": sorted(eos),
     }
+
+
+def _profile(tmp: Path, device: str, max_context: int, ui: Reporter) -> dict:
+    """T(W) of the converted models as the runtime will run them (see ygg_compile.profile)."""
+    from ygg_compile.profile import DEFAULT_WIDTHS, profile_models
+    from ygg_runtime.model import load_model
+    from ygg_runtime.runner import ModelRunner
+
+    context = min(256, max_context // 2)
+    widths = tuple(w for w in DEFAULT_WIDTHS if context + w <= max_context)
+    runners = {role: ModelRunner(load_model(tmp / role, device), context + widths[-1]) for role in ("target", "draft")}
+    try:
+        return profile_models(runners, widths, context, progress=lambda d, done, total: ui.progress(d, done, total, unit="rounds"))
+    finally:
+        del runners
+        gc.collect()
 
 
 def _eos_ids(hf) -> set[int]:

@@ -105,6 +105,129 @@ def run_cmd(
         err.print(stats_table(result.metrics, f"{result.method} · {artifact}"))
 
 
+def _split(values: Optional[list[str]]) -> Optional[list[str]]:
+    """`--methods ar,chain --methods egt` -> [ar, chain, egt]."""
+    if not values:
+        return None
+    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+
+
+@app.command("bench")
+def bench_cmd(
+    artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="Spec-Bench style JSONL (default: a small built-in set)"),
+    categories: Optional[list[str]] = typer.Option(None, "--categories", help="only these categories (comma-separated)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
+    methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all; ar always runs)"),
+    peers: list[str] = typer.Option(["hf,hf-assisted,hf-pld"], "--peers", help="Hugging Face peers: hf, hf-assisted, hf-pld, or none"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
+    rounds: int = typer.Option(1, "--rounds", help="times each prompt runs per contestant (median kept)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>)"),
+    resume: bool = typer.Option(False, "--resume", help="continue an interrupted benchmark in the same directory"),
+) -> None:
+    """Time every compiled method and the Hugging Face peers on the same prompts, interleaved."""
+    import shlex
+
+    from rich.console import Console
+
+    from ygg_compile import hardware
+    from ygg_compile.bench import BenchOptions, run_bench
+    from ygg_compile.report import render_table
+    from ygg_compile.ui import RichReporter, err
+
+    peer_list = [p for p in _split(peers) or [] if p != "none"]
+    if output is None:
+        output = Path("benchmarks/results") / hardware.device_slug("cpu" if artifact is None else _plan_device(artifact))
+    opts = BenchOptions(
+        artifact=artifact, prompts=prompts, categories=_split(categories), limit=limit, methods=_split(methods),
+        peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, rounds=rounds, output=output,
+        resume=resume, command=shlex.join(["ygg", *[a for a in sys.argv[1:] if a != "--debug"]]),
+    )
+    with RichReporter() as ui:
+        results = run_bench(opts, ui)
+    Console(width=None if sys.stdout.isatty() else 200).print(render_table(results))  # piped: keep every column
+    err.print(f"[green]wrote[/] {output}/summary.md, results.json, results.csv, speedup.png, tpot_vs_accepted.png, tw_curves.png")
+
+
+def _plan_device(artifact: Path) -> str:
+    from ygg_runtime.artifact import read_plan
+
+    return read_plan(artifact)["device"]
+
+
+@app.command("inspect")
+def inspect_cmd(
+    artifact: Path = typer.Argument(DEFAULT_DIR, metavar="[DIR]", help="artifact directory"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="a prompt (or a file holding one): run every method on it and draw a tree"),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help="whose tree to draw (default: the plan's method)"),
+    step: int = typer.Option(1, "--step", help="which decoding step's tree to draw"),
+    max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens each method generates on the prompt"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="where the PNGs go (default: DIR-inspect)"),
+) -> None:
+    """Show what the plan is and why: step shapes, modelled costs, T(W) curves, an example tree."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ygg_compile.inspection import inspect_artifact
+
+    if step < 1:
+        raise YggError("--step must be at least 1")
+    text = None
+    if prompt is not None:
+        text = _read_prompt(prompt) if Path(prompt).is_file() else prompt
+        if not text.strip():
+            raise YggError("the prompt is empty")
+    out = output or artifact.with_name(artifact.name + "-inspect")
+    rep = inspect_artifact(artifact, out, text, method, step, max_new_tokens)
+    plan, con = rep.plan, Console(width=None if sys.stdout.isatty() else 200)
+    models = plan["models"]
+    info = Table(show_header=False, title=f"artifact {artifact}", title_justify="left")
+    info.add_column(style="bold")
+    info.add_column()
+    for role in ("target", "draft"):
+        if role in models:
+            m = models[role]
+            info.add_row(role, f"{m['spec']} ({m['parameters'] / 1e6:.0f}M parameters, {m['layers']} layers, {m['source']})")
+    cpu = plan.get("cpu", {})
+    info.add_row("device / dtype", f"{plan['device']} / {plan['dtype']}  (torch {plan['torch_version']}, {cpu.get('model', '?')}, {cpu.get('threads', '?')} threads)")
+    info.add_row("context", f"{plan['max_context']} tokens")
+    info.add_row("default method", f"{plan['method']}  (ygg run --method picks another)")
+    info.add_row("compiled", f"{plan.get('created', '?')} in {plan.get('compile_seconds', '?')} s")
+    prof = plan.get("profile")
+    if prof:
+        for role in ("target", "draft"):
+            if f"{role}_ms" in prof:
+                info.add_row(f"T(W) {role}, ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], prof[f"{role}_ms"])))
+    else:
+        info.add_row("T(W)", "not in this artifact (compiled before profiling): recompile to measure it")
+    con.print(info)
+
+    t = Table(title="methods: one step's forwards and what the objective makes of them", title_justify="left")
+    for col in ("method", "params", "draft forwards (W)", "verify W", "modelled step ms", "break-even E[A]"):
+        t.add_column(col, justify="left" if col in ("method", "params") else "right")
+    measured = any(r.measured_accepted is not None for r in rep.methods)
+    if measured:
+        for col in ("E[A] on prompt", "predicted speed-up", "measured speed-up"):
+            t.add_column(col, justify="right")
+    fmt = lambda v, spec=".2f", suf="": "–" if v is None else f"{v:{spec}}{suf}"  # noqa: E731
+    for r in rep.methods:
+        name = f"[bold]{r.name}[/] (default)" if r.name == plan["method"] else r.name
+        row = [name, ", ".join(f"{k}={v}" for k, v in r.params.items()) or "–",
+               " + ".join(map(str, r.shape.draft_widths)) or "–", str(r.shape.verify_width),
+               fmt(r.step_ms, ".1f"), fmt(r.break_even)]
+        if measured:
+            row += [fmt(r.measured_accepted), fmt(r.predicted_speedup, ".2f", "×"), fmt(r.measured_speedup, ".2f", "×")]
+        t.add_row(*row)
+    con.print(t)
+    con.print("break-even E[A]: the tokens per step a method must average to match plain decoding "
+              "(modelled step time / T_verify(1)); predicted speed-up = E[A] · T_verify(1) / modelled step time.")
+    if rep.tree_caption:
+        con.print(f"tree: {rep.tree_caption}")
+    for f in rep.files:
+        con.print(f"[green]wrote[/] {f}")
+
+
 def _read_prompt(spec: str) -> str:
     if spec == "-":
         text = sys.stdin.read()

@@ -46,3 +46,15 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     if dtype not in names:
         raise YggError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
     return names[dtype]
+
+
+def device_slug(device: str) -> str:
+    """A directory name for results measured here, e.g. cpu-amd-epyc-2t or cuda-nvidia-a100-sxm4-80gb."""
+    import re
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        kind, name, suffix = "cuda", torch.cuda.get_device_name(), ""
+    else:
+        kind, name, suffix = "cpu", cpu_info()["model"], f"-{torch.get_num_threads()}t"
+    name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|\d+-core", "", name.lower())
+    return f"{kind}-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-") + suffix

@@ -51,10 +51,15 @@ class RichReporter(Reporter):
             for key in [k for k in self.tasks if k != description]:
                 self.bar.update(self.tasks.pop(key), visible=False)
 
-    def progress(self, description: str, done: int, total: int) -> None:
+    def progress(self, description: str, done: int, total: int, unit: str = "B") -> None:
         if description not in self.tasks:
             self.tasks[description] = self.bar.add_task(f"  {description}", total=total or None, amount="")
-        amount = f"{done / 2**20:,.0f}/{total / 2**20:,.0f} MiB" if total else ""
+        if not total:
+            amount = ""
+        elif unit == "B":
+            amount = f"{done / 2**20:,.0f}/{total / 2**20:,.0f} MiB"
+        else:
+            amount = f"{done}/{total} {unit}"
         self.bar.update(self.tasks[description], completed=done, total=total or None, amount=amount)
 
     def note(self, text: str) -> None:

@@ -84,6 +84,7 @@ class Decoder:
         raw: bool = False,
         ignore_eos: bool = False,
         on_text: Callable[[str], None] | None = None,
+        on_step: Callable | None = None,
     ) -> Result:
         """Generate exactly what the target alone would (greedy), or a sample from its distribution."""
         start = time.perf_counter()
@@ -101,6 +102,7 @@ class Decoder:
             seed=seed,
             eos_ids=frozenset() if ignore_eos else self.eos_ids,
             on_tokens=on_tokens,
+            on_step=on_step,
         )
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:

@@ -7,11 +7,12 @@ from typing import Callable
 
 import torch
 
-from ygg_runtime.accept import accept_greedy, accept_sampling, warp
+from ygg_runtime.accept import Verdict, accept_greedy, accept_sampling, warp
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.proposers import Proposer, Sampling
 from ygg_runtime.runner import ModelRunner
+from ygg_runtime.tree import TokenTree
 
 
 def generate(
@@ -25,10 +26,12 @@ def generate(
     seed: int | None = None,
     eos_ids: frozenset[int] = frozenset(),
     on_tokens: Callable[[list[int]], None] | None = None,
+    on_step: Callable[[TokenTree, Verdict], None] | None = None,
 ) -> tuple[list[int], Metrics]:
     """Decode up to max_new_tokens after `prompt` (stopping after an eos id); returns the new
     tokens and the metrics. Greedy when temperature == 0, else lossless sampling from the target's
-    distribution at that temperature and top_p."""
+    distribution at that temperature and top_p. on_step sees every verified tree and its verdict
+    (`ygg inspect` draws one)."""
     if not prompt:
         raise YggError("the prompt is empty")
     if max_new_tokens < 1:
@@ -67,6 +70,8 @@ def generate(
             verdict = accept_greedy(tree, logits)
         else:
             verdict = accept_sampling(tree, warp(logits, temperature, top_p), sampling.generator)
+        if on_step is not None:
+            on_step(tree, verdict)
         target.commit(verdict.path)
         proposer.update(tree, verdict)
         last = verdict.path[-1]

@@ -31,8 +31,15 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.model.args.vocab_size
 
-    def reset(self) -> None:
-        self.committed = 0
+    def reset(self, committed: int = 0) -> None:
+        """Forget the sequence. committed > 0 pretends that many tokens are in the cache (whatever
+        its contents): a forward costs the same, which is all latency profiling needs."""
+        self.committed = committed
+
+    def synchronize(self) -> None:
+        """Wait for queued device work, so a wall-clock timer around a forward measures it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor) -> Tensor:

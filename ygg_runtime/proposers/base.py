@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.accept import Verdict, warp
+from ygg_runtime.objective import StepShape
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
 
@@ -42,9 +43,18 @@ class Proposer:
     def update(self, tree: TokenTree, verdict: Verdict) -> None:
         """Learn what the target accepted from `tree`."""
 
+    def step_shape(self) -> StepShape:
+        """The forwards of a typical step, for the objective: plain decoding by default."""
+        return StepShape((), 1)
+
 
 class DraftProposer(Proposer):
     """A proposer driven by a draft model, whose cache follows the accepted sequence."""
+
+    # A step begins by feeding the drafter what it has not seen: the bonus token, and the
+    # accepted leaf when the whole path was accepted. Modelled as 2 (T(1) ≈ T(2) on every curve
+    # measured so far).
+    BEGIN_WIDTH = 2
 
     def __init__(self, drafter: "Drafter"):
         self.drafter = drafter

@@ -1,6 +1,7 @@
 """`chain`: draft k tokens one by one, verify them in one target forward (Leviathan / Chen)."""
 
 from ygg_runtime.errors import YggError
+from ygg_runtime.objective import StepShape
 from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, pick_children
 from ygg_runtime.tree import TokenTree
 
@@ -23,3 +24,6 @@ class Chain(DraftProposer):
             if d + 1 < self.k:
                 logits = self.drafter.expand(tree, [node])[0]
         return tree
+
+    def step_shape(self) -> StepShape:
+        return StepShape((self.BEGIN_WIDTH,) + (1,) * (self.k - 1), self.k + 1)

@@ -4,6 +4,7 @@ The drafter runs once per level over all of that level's nodes; the leaves are n
 """
 
 from ygg_runtime.errors import YggError
+from ygg_runtime.objective import StepShape
 from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, pick_children
 from ygg_runtime.tree import TokenTree
 
@@ -27,3 +28,7 @@ class SpecInfer(DraftProposer):
                 logits = self.drafter.expand(tree, level)
             frontier = level
         return tree
+
+    def step_shape(self) -> StepShape:
+        levels = tuple(self.width**d for d in range(1, self.depth))
+        return StepShape((self.BEGIN_WIDTH,) + levels, self.max_tree_size)

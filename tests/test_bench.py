@@ -1,0 +1,119 @@
+"""`ygg bench` and `ygg inspect` end to end on the tiny pair, as a user types them."""
+
+import csv
+import json
+
+import pytest
+from helpers import assert_one_line_error, ygg
+
+CONTESTANTS = ["ar", "chain", "specinfer", "hf", "hf-assisted", "hf-pld"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "q.jsonl"
+    rows = [{"question_id": 1, "category": "story", "turns": ["Once upon a time"]},
+            {"question_id": 2, "category": "code", "turns": ["def add(a, b):"]},
+            {"question_id": 3, "category": "code", "turns": ["left out by --limit 1"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench(artifact, prompts, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results"
+    proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 20, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc
+
+
+def test_bench_runs_every_method_and_peer_on_every_prompt(bench):
+    out, proc = bench
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["contestants"] == CONTESTANTS
+    assert sorted((r["prompt"], r["contestant"]) for r in results["runs"]) == sorted(
+        (p, c) for p in ("1", "2") for c in CONTESTANTS)
+    assert all(r["generated"] >= 1 and r["tpot_ms"] > 0 for r in results["runs"])
+    assert "ygg bench --artifact" in results["config"]["command"]
+    for name in CONTESTANTS:
+        assert name in proc.stdout  # the terminal table
+
+
+def test_bench_greedy_outputs_all_equal_the_targets_in_float32(bench):
+    out, _ = bench
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    overall = {r["contestant"]: r for r in summary if r["category"] == "all"}
+    assert set(overall) == set(CONTESTANTS)
+    for name, row in overall.items():  # a peer with the checkpoint's own sampling defaults would fail here
+        assert row["same_as_ar"] == row["prompts"] == 2, name
+    assert overall["ar"]["speedup_vs_ar"] == 1.0 and overall["hf-assisted"]["speedup_vs_hf_assisted"] == 1.0
+    assert overall["ar"]["mean_accepted_length"] == 1.0 and overall["hf"]["mean_accepted_length"] == 1.0
+    assert overall["chain"]["mean_accepted_length"] > 1.0
+    assert abs(sum(overall["specinfer"][f"{k}_share"] for k in ("draft", "verify", "other")) - 1) < 1e-6
+
+
+def test_bench_writes_csv_plots_and_summary(bench):  # runs before the resume test rewrites them
+    out, _ = bench
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert {(r["category"], r["contestant"]) for r in rows} == {(c, n) for c in ("code", "story", "all") for n in CONTESTANTS}
+    for png in ("speedup.png", "tpot_vs_accepted.png", "tw_curves.png"):
+        data = (out / png).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, png
+    md = (out / "summary.md").read_text()
+    assert "ygg bench --artifact" in md and "| all | specinfer |" in md and "Fastest per category" in md
+    profile = json.loads((out / "results.json").read_text())["profile"]
+    assert len(profile["target_ms"]) == len(profile["draft_ms"]) == len(profile["widths"])
+    assert not list(out.glob(".*.tmp"))
+
+
+def test_bench_resume_reuses_finished_runs_and_refuses_other_settings(bench, artifact, prompts):
+    out, _ = bench
+    before = (out / "runs.jsonl").read_text()
+    proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 20, "-o", out, "--resume")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "runs.jsonl").read_text() == before  # nothing ran again
+    proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 20, "-o", out, "--resume",
+               "--categories", "code", "--peers", "hf")
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "runs.jsonl").read_text() == before
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    assert {(r["prompt"], r["contestant"]) for r in runs} == {("2", c) for c in ("ar", "chain", "specinfer", "hf")}
+    proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 21, "-o", out, "--resume")
+    assert_one_line_error(proc, "cannot resume", "max_new_tokens")
+
+
+def test_bench_without_peers_on_the_builtin_prompts(artifact, tmp_path):
+    proc = ygg("bench", "--artifact", artifact, "--peers", "none", "--methods", "chain", "-n", 8, "-o", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["contestants"] == ["ar", "chain"]  # ar always runs: it is the baseline
+    assert len({r["category"] for r in results["runs"]}) >= 4
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--prompts", "missing.jsonl"], "does not exist"),
+    (["--peers", "vllm"], "unknown peer 'vllm'"),
+    (["--methods", "medusa"], "not in this artifact"),
+    (["--categories", "poetry"], "no prompts"),
+])
+def test_bench_bad_input_is_one_line(artifact, tmp_path, args, needle):
+    assert_one_line_error(ygg("bench", "--artifact", artifact, "-o", tmp_path / "out", *args), needle)
+
+
+def test_inspect_explains_the_plan_and_draws_a_tree(artifact, tmp_path):
+    proc = ygg("inspect", artifact, "--prompt", "Once upon a time", "--method", "specinfer", "-n", 16, "-o", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("chain", "specinfer", "break-even", "predicted speed-up", "T(W) target"):
+        assert needle in proc.stdout, needle
+    for png in ("tree.png", "tw_curves.png"):
+        data = (tmp_path / png).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000
+
+
+def test_inspect_without_a_prompt_and_a_step_beyond_the_generation(artifact, tmp_path):
+    proc = ygg("inspect", artifact, "-o", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "modelled step ms" in proc.stdout and (tmp_path / "tw_curves.png").exists()
+    proc = ygg("inspect", artifact, "--prompt", "Hi", "-n", 2, "--step", 50, "-o", tmp_path)
+    assert_one_line_error(proc, "--step")

@@ -1,0 +1,129 @@
+"""`ygg inspect`: what an artifact's plan is and why.
+
+For every compiled method: the forwards of one step (drafter widths, verify width), the step time
+the objective models from the artifact's measured T(W) curves, and the accepted length it needs
+to beat plain decoding. Given a prompt, each method also runs on it, so the table shows the
+objective's predicted speed-up next to the measured one, and one drafted tree is drawn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ygg_runtime import objective, proposers
+from ygg_runtime.artifact import read_plan
+from ygg_runtime.errors import YggError
+
+
+@dataclass
+class MethodReport:
+    name: str
+    params: dict
+    shape: objective.StepShape
+    step_ms: float | None = None  # modelled
+    break_even: float | None = None  # E[A] needed to match ar
+    measured_accepted: float | None = None  # on the prompt
+    predicted_speedup: float | None = None  # objective at the measured E[A]
+    measured_speedup: float | None = None  # ar's TPOT / this TPOT on the prompt
+    tpot_ms: float | None = None
+
+
+@dataclass
+class Inspection:
+    plan: dict
+    methods: list[MethodReport]
+    files: list[Path] = field(default_factory=list)
+    tree_caption: str | None = None
+
+
+def step_shape(name: str, params: dict) -> objective.StepShape:
+    """A method's step shape from its plan parameters alone (no model needed)."""
+    cls = proposers.METHODS[name]
+    return cls().step_shape() if name == "ar" else cls(None, **params).step_shape()
+
+
+def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, method: str | None = None,
+                     step: int = 1, max_new_tokens: int = 64) -> Inspection:
+    plan = read_plan(directory)
+    curves = objective.Curves(plan["profile"]) if plan.get("profile") else None
+    reports = []
+    for name, params in plan["methods"].items():
+        r = MethodReport(name, params, step_shape(name, params))
+        if curves is not None:
+            r.step_ms = objective.step_ms(r.shape, curves)
+            r.break_even = objective.break_even(r.shape, curves)
+        reports.append(r)
+    result = Inspection(plan, reports)
+    if curves is None and prompt is None:
+        return result
+    _prepare(out)
+    from ygg_compile import plots
+
+    if curves is not None:
+        _write(out / "tw_curves.png", plots.tw_curves(plan["profile"], "T(W) measured at compile time"), result)
+    if prompt is not None:
+        _run_prompt(directory, plan, prompt, method or plan["method"], step, max_new_tokens, curves, result, out)
+    return result
+
+
+def _run_prompt(directory: Path, plan: dict, prompt: str, method: str, step: int, max_new_tokens: int,
+                curves, result: Inspection, out: Path) -> None:
+    import ygg_runtime
+    from ygg_compile import plots
+
+    if method not in plan["methods"]:
+        raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan['methods'])})")
+    decoder = ygg_runtime.load(directory)
+    ids = decoder.encode(prompt)
+    decoder.generate(ids, max_new_tokens=4, method=method)  # warm-up
+    captured: list = []
+
+    def capture(tree, verdict) -> None:
+        if len(captured) < step:
+            captured.append((tree, verdict))
+
+    tpot = {}
+    for r in result.methods:
+        res = decoder.generate(ids, max_new_tokens=max_new_tokens, method=r.name,
+                               on_step=capture if r.name == method else None)
+        r.measured_accepted, r.tpot_ms = res.metrics.mean_accepted_length, res.tpot_ms
+        tpot[r.name] = res.tpot_ms
+        if curves is not None:
+            r.predicted_speedup = objective.speedup(r.measured_accepted, r.shape, curves)
+    for r in result.methods:
+        if "ar" in tpot and r.tpot_ms:
+            r.measured_speedup = tpot["ar"] / r.tpot_ms
+    if len(captured) < step:
+        raise YggError(f"the generation took only {len(captured)} step(s): ask for an earlier --step or more tokens")
+    tree, verdict = captured[step - 1]
+    label = lambda t: _visible(decoder.codec.decode([t]))  # noqa: E731
+    caption = (f"{method} · step {step}: {len(tree) - 1} drafted nodes, {verdict.accepted} accepted "
+               f"+ bonus '{label(verdict.bonus)}'")
+    png = plots.token_tree([label(t) for t in tree.tokens], tree.parents, tree.draft_probs, verdict.path,
+                           label(verdict.bonus), caption)
+    _write(out / "tree.png", png, result)
+    result.tree_caption = caption
+
+
+def _visible(text: str) -> str:
+    """A token as a short readable label: whitespace made visible, long tokens cut."""
+    text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "␣")
+    return text if len(text) <= 14 else text[:13] + "…"
+
+
+def _prepare(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise YggError(f"cannot write to {out}: {e.strerror or e}") from e
+
+
+def _write(path: Path, data: bytes, result: Inspection) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    except OSError as e:
+        raise YggError(f"cannot write {path}: {e.strerror or e}") from e
+    result.files.append(path)

@@ -1,0 +1,221 @@
+"""What a benchmark run means: per-category summaries with paired speed-ups, and the files and
+tables that show them (results.json/csv, PNG plots, summary.md, the terminal table)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+
+# ---------------------------------------------------------------- aggregation
+
+
+def _median_ratio(num: dict[str, float], den: dict[str, float]) -> float | None:
+    ratios = [num[k] / den[k] for k in den if k in num and den[k] > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[dict]:
+    """Per category (and "all") and contestant: TPOT median and quartiles over the prompts (each
+    prompt's median over rounds), paired speed-ups over `ar` and `hf-assisted`, mean accepted
+    length, acceptance, the time split, and how many greedy outputs equal `ar`'s."""
+    per: dict[tuple[str, str], dict] = {}  # (contestant, prompt) -> rows
+    cats: dict[str, str] = {}
+    for r in rows:
+        per.setdefault((r["contestant"], r["prompt"]), []).append(r)
+        cats[r["prompt"]] = r["category"]
+    tpot = {k: statistics.median(x["tpot_ms"] for x in v) for k, v in per.items()}
+    out = []
+    for cat in sorted(set(cats.values())) + ["all"]:
+        keys = [p for p, c in cats.items() if cat in ("all", c)]
+        base = {p: tpot[("ar", p)] for p in keys if ("ar", p) in tpot}
+        assisted = {p: tpot[("hf-assisted", p)] for p in keys if ("hf-assisted", p) in tpot}
+        for name in contestants:
+            mine = {p: tpot[(name, p)] for p in keys if (name, p) in tpot}
+            if not mine:
+                continue
+            runs = [per[(name, p)][0] for p in mine]
+            values = sorted(mine.values())
+            row = {
+                "category": cat,
+                "contestant": name,
+                "kind": runs[0]["kind"],
+                "prompts": len(mine),
+                "tpot_ms": statistics.median(values),
+                "tpot_p25_ms": _quantile(values, 0.25),
+                "tpot_p75_ms": _quantile(values, 0.75),
+                "speedup_vs_ar": _median_ratio(base, mine),
+                "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
+                "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in runs),
+                "acceptance_rate": _mean([r["acceptance_rate"] for r in runs]),
+                "depth_acceptance": _mean_lists([r["depth_acceptance"] for r in runs]),
+                "generated_tokens": sum(r["generated"] for r in runs),
+            }
+            split = [r for r in runs if r["draft_s"] is not None]
+            if split:
+                total = sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in split) or 1.0
+                for part in ("draft", "verify", "other"):
+                    row[f"{part}_share"] = sum(r[f"{part}_s"] for r in split) / total
+            if greedy and ("ar", runs[0]["prompt"]) in per:
+                divergences = [_first_divergence(per[("ar", p)][0]["tokens"], per[(name, p)][0]["tokens"]) for p in mine]
+                row["same_as_ar"] = sum(d is None for d in divergences)
+                row["first_divergence"] = [d for d in divergences if d is not None]
+            out.append(row)
+    return out
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if len(sorted_values) == 1:
+        return sorted_values[0]
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.mean(values) if values else None
+
+
+def _mean_lists(lists: list[list[float]]) -> list[float]:
+    depth = max((len(x) for x in lists), default=0)
+    return [statistics.mean(x[d] for x in lists if len(x) > d) for d in range(depth)]
+
+
+def winners(summary: list[dict]) -> dict[str, str]:
+    """The contestant with the lowest median TPOT in each category."""
+    best: dict[str, dict] = {}
+    for row in summary:
+        if row["category"] not in best or row["tpot_ms"] < best[row["category"]]["tpot_ms"]:
+            best[row["category"]] = row
+    return {cat: row["contestant"] for cat, row in best.items()}
+
+
+CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "speedup_vs_ar",
+              "speedup_vs_hf_assisted", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
+              "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens"]
+
+
+def write_results(results: dict, out: Path) -> None:
+    from ygg_compile import plots
+
+    _atomic(out / "results.json", json.dumps(results, indent=1).encode())
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, CSV_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    for row in results["summary"]:
+        w.writerow({k: ("/".join(f"{x:.3f}" for x in v) if isinstance(v, list) else
+                        f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
+    _atomic(out / "results.csv", buf.getvalue().encode())
+    _atomic(out / "speedup.png", plots.speedup_bars(results["summary"]))
+    _atomic(out / "tpot_vs_accepted.png", plots.tpot_vs_accepted(results["runs"]))
+    _atomic(out / "tw_curves.png", plots.tw_curves(results["profile"], "T(W) measured during the benchmark"))
+    _atomic(out / "summary.md", summary_markdown(results).encode())
+
+
+def _atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def _fmt(v, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if v is None else f"{v:{spec}}{suffix}"
+
+
+def summary_markdown(results: dict) -> str:
+    cfg, mach, art = results["config"], results["machine"], results["artifact"]
+    greedy = cfg["temperature"] == 0
+    models = art["models"]
+    lines = [
+        "# Yggdrasil benchmark",
+        "",
+        f"- **Models**: target `{models['target']['spec']}` ({models['target']['parameters'] / 1e6:.0f}M), "
+        f"draft `{models.get('draft', {}).get('spec', '–')}`; {mach['dtype']} on {mach['device']}",
+        f"- **Machine**: {mach['cpu']}, {mach['threads']} torch threads ({mach['cores']} cores)"
+        + (f", GPU {mach['gpu']}" if "gpu" in mach else "")
+        + f"; torch {mach['torch']}, transformers {mach.get('transformers', '–')}, Python {mach['python']}; {mach['date']}",
+        f"- **Prompts**: {cfg['prompts']}, {len(cfg['prompt_keys'])} prompts; {cfg['max_new_tokens']} new tokens at most "
+        f"(stopping at end of sequence), temperature {cfg['temperature']}, {cfg['rounds']} round(s), interleaved",
+        f"- **Peak memory** (resident, whole process): {results['peak_rss_gb']:.1f} GB",
+        f"- **Command**: `{cfg['command']}`",
+        "",
+        "TPOT is decode time per generated token (prompt processing excluded), the median over the prompts "
+        "(p25–p75 in brackets). Speed-ups are paired: per prompt, the ratio of TPOTs measured back to back, "
+        "median over the prompts. Mean accepted = tokens per target forward, bonus included.",
+        "",
+        "| category | contestant | prompts | TPOT ms | vs ar | vs hf-assisted | mean accepted | accept rate | draft/verify/other | "
+        + ("= ar |" if greedy else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if greedy else ""),
+    ]
+    for r in results["summary"]:
+        split = "/".join(f"{r[k] * 100:.0f}%" for k in ("draft_share", "verify_share", "other_share")) if "draft_share" in r else "–"
+        same = f"{r['same_as_ar']}/{r['prompts']} |" if greedy and "same_as_ar" in r else ("– |" if greedy else "")
+        lines.append(
+            f"| {r['category']} | {r['contestant']} | {r['prompts']} | {r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f}) | "
+            f"{_fmt(r['speedup_vs_ar'], '.2f', '×')} | {_fmt(r['speedup_vs_hf_assisted'], '.2f', '×')} | "
+            f"{r['mean_accepted_length']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | {split} | {same}"
+        )
+    wins = winners(results["summary"])
+    lines += ["", "**Fastest per category**: " + ", ".join(f"{c}: `{w}`" for c, w in wins.items()), ""]
+    if greedy:
+        lines.append(
+            "`= ar` counts prompts whose greedy output equals `ar`'s token for token. In bfloat16 a wide verify "
+            "forward rounds differently from the one-token path, so an exact tie can flip; fp32 is token-exact "
+            "(the test suite checks it)."
+        )
+        lines.append("")
+    prof = results["profile"]
+    lines += [
+        f"## Forward latency T(W) measured in this run (context {prof['context']} tokens, ms)",
+        "",
+        "| model | " + " | ".join(f"W={w}" for w in prof["widths"]) + " |",
+        "|---|" + "---|" * len(prof["widths"]),
+    ]
+    for role in ("target", "draft"):
+        if f"{role}_ms" in prof:
+            lines.append(f"| {role} | " + " | ".join(f"{t:.1f}" for t in prof[f"{role}_ms"]) + " |")
+    if results["skipped_prompts"]:
+        lines += ["", f"Skipped (longer than the context): {', '.join(results['skipped_prompts'])}"]
+    lines += ["", "![speed-up](speedup.png) ![TPOT vs accepted length](tpot_vs_accepted.png) ![T(W)](tw_curves.png)", ""]
+    return "\n".join(lines)
+
+
+def render_table(results: dict):
+    """The summary as a rich table for the terminal."""
+    from rich.table import Table
+
+    cfg = results["config"]
+    greedy = cfg["temperature"] == 0
+    t = Table(title=f"{results['artifact']['path']} · {results['machine']['dtype']} · {cfg['max_new_tokens']} new tokens · "
+                    f"{len(cfg['prompt_keys'])} prompts")
+    cols = ["category", "contestant", "n", "TPOT ms (p25–p75)", "×ar", "×hf-assisted", "acc. len", "accept", "d/v/o %"]
+    cols += ["= ar"] if greedy else []
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("category", "contestant") else "right", no_wrap=True)
+    wins = winners(results["summary"])
+    last = None
+    for r in results["summary"]:
+        if last is not None and r["category"] != last:
+            t.add_section()
+        last = r["category"]
+        name = f"[bold green]{r['contestant']}[/]" if wins.get(r["category"]) == r["contestant"] else r["contestant"]
+        split = "/".join(f"{r[k] * 100:.0f}" for k in ("draft_share", "verify_share", "other_share")) if "draft_share" in r else "–"
+        row = [r["category"], name, str(r["prompts"]), f"{r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f})",
+               _fmt(r["speedup_vs_ar"], ".2f"), _fmt(r["speedup_vs_hf_assisted"], ".2f"),
+               f"{r['mean_accepted_length']:.2f}", _fmt(r["acceptance_rate"], ".0%"), split]
+        if greedy:
+            row.append(f"{r['same_as_ar']}/{r['prompts']}" if "same_as_ar" in r else "–")
+        t.add_row(*row)
+    return t
+
