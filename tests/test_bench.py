@@ -70,6 +70,8 @@ def test_bench_writes_csv_plots_and_summary(bench):  # runs before the resume te
 def test_bench_resume_reuses_finished_runs_and_refuses_other_settings(bench, artifact, prompts):
     out, _ = bench
     before = (out / "runs.jsonl").read_text()
+    with open(out / "runs.jsonl", "a") as f:
+        f.write('{"prompt": "2", "contest')  # an interrupt mid-write leaves a cut line: dropped on resume
     proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 20, "-o", out, "--resume")
     assert proc.returncode == 0, proc.stderr
     assert (out / "runs.jsonl").read_text() == before  # nothing ran again

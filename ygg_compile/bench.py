@@ -17,6 +17,7 @@ import resource
 import statistics
 import time
 import zlib
+from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,11 +121,11 @@ class Method(Contestant):
 class Peer(Contestant):
     kind = "peer"
 
-    def __init__(self, peers: HFPeers, name: str):
-        self.peers, self.name = peers, name
+    def __init__(self, peers: Callable[[], HFPeers], name: str):
+        self.peers, self.name = peers, name  # loaded on first use: a resumed run may need none
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
-        r = self.peers.generate(self.name, ids, opts.max_new_tokens, opts.temperature, opts.top_p, seed)
+        r = self.peers().generate(self.name, ids, opts.max_new_tokens, opts.temperature, opts.top_p, seed)
         return {"tokens": r.tokens, "tpot_ms": r.tpot_ms, "wall_s": r.wall_s, "prefill_s": r.prefill_s,
                 "steps": r.chunks, "mean_accepted_length": r.mean_accepted_length, "acceptance_rate": None,
                 "depth_acceptance": [], "draft_s": None, "verify_s": None, "other_s": None}
@@ -154,10 +155,15 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     if "ar" not in methods:
         methods.insert(0, "ar")  # every speed-up is over ar, measured in the same run
     contestants: list[Contestant] = [Method(decoder, m) for m in methods]
-    if opts.peers:
-        with ui.step(f"loading peers ({', '.join(opts.peers)}) with transformers"):
-            peers = _load_peers(plan, opts.peers)
-        contestants += [Peer(peers, p) for p in opts.peers]
+    loaded: list[HFPeers] = []
+
+    def peers() -> HFPeers:
+        if not loaded:
+            with ui.step(f"loading peers ({', '.join(opts.peers)}) with transformers"):
+                loaded.append(_load_peers(plan, opts.peers))
+        return loaded[0]
+
+    contestants += [Peer(peers, p) for p in opts.peers]
 
     encoded, skipped = [], []
     room = int(plan["max_context"]) - opts.max_new_tokens - max(decoder.proposer(m).max_tree_size for m in methods)
@@ -171,15 +177,19 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
 
     config = _config(opts, plan, [c.name for c in contestants], [p.key for p, _ in encoded])
     log = out / "runs.jsonl"
-    rows = _resume(log, config) if opts.resume else []
+    earlier, rows = _resume(log, config) if opts.resume else (None, [])
+    if earlier is not None:
+        config["resumed_from"] = earlier.get("command")
     done = {(r["prompt"], r["contestant"], r["round"]) for r in rows}
-    if not opts.resume or not log.exists():
+    if earlier is None:
         log.write_text(json.dumps({"config": config}) + "\n")
     seeds = {p.key: opts.seed + zlib.crc32(p.key.encode()) % 100_000 for p, _ in encoded}  # stable under --resume
 
+    todo = {name for (key, name, r) in _all_runs(encoded, contestants, opts.rounds) if (key, name, r) not in done}
     with ui.step("warming up every contestant"):
         for c in contestants:
-            c.run(encoded[0][1], BenchOptions(opts.artifact, max_new_tokens=WARMUP_TOKENS, temperature=opts.temperature), 0)
+            if c.name in todo:
+                c.run(encoded[0][1], BenchOptions(opts.artifact, max_new_tokens=WARMUP_TOKENS, temperature=opts.temperature), 0)
     total = len(encoded) * len(contestants) * opts.rounds
     label = f"generating {opts.max_new_tokens} tokens × {len(encoded)} prompts × {len(contestants)} contestants"
     count = len(done)
@@ -202,7 +212,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     with ui.step("measuring forward latency T(W) of both models"):
         from ygg_compile.profile import profile_models
 
-        runners = {"target": decoder.target} | ({"draft": decoder._drafter.runner} if decoder._drafter else {})
+        runners = decoder.runners
         context = int(statistics.median(len(ids) for _, ids in encoded))
         widths = tuple(w for w in (1, 2, 4, 8, 16, 32, 64) if context + w <= decoder.target.max_len)
         profile = profile_models(runners, widths, context, progress=lambda d, a, b: ui.progress(d, a, b, unit="rounds"))
@@ -220,6 +230,10 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     with ui.step(f"writing results to {out}"):
         write_results(results, out)
     return results
+
+
+def _all_runs(encoded: list, contestants: list[Contestant], rounds: int) -> list[tuple[str, str, int]]:
+    return [(p.key, c.name, r) for r in range(rounds) for p, _ in encoded for c in contestants]
 
 
 def _prepare_output(out: Path) -> Path:
@@ -271,22 +285,29 @@ def _config(opts: BenchOptions, plan: dict, contestants: list[str], prompt_keys:
     }
 
 
-def _resume(log: Path, config: dict) -> list[dict]:
-    """The earlier runs of an interrupted benchmark that belong to this one."""
+def _resume(log: Path, config: dict) -> tuple[dict | None, list[dict]]:
+    """The earlier run's config and those of its runs that belong to this one."""
     if not log.exists():
-        return []
-    try:
-        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    except json.JSONDecodeError:
-        lines = []
-    if not lines or "config" not in lines[0]:
+        return None, []
+    raw = [line for line in log.read_text().splitlines() if line.strip()]
+    lines = []
+    for n, line in enumerate(raw):
+        try:
+            lines.append(json.loads(line))
+        except json.JSONDecodeError:
+            if n + 1 < len(raw):  # only the last line can be cut short, by an interrupt mid-write
+                raise YggError(f"{log} is corrupt at line {n + 1}: remove it or drop --resume") from None
+            tmp = log.with_name(f".{log.name}.tmp")  # drop it, so later rows do not follow a broken line
+            tmp.write_text("".join(line + "\n" for line in raw[:-1]))
+            tmp.replace(log)
+    if not lines or not isinstance(lines[0], dict) or "config" not in lines[0]:
         raise YggError(f"{log} is not a benchmark log: remove it or drop --resume")
     old = lines[0]["config"]
     differ = [k for k in RESUME_KEYS if old.get(k) != config[k]]
     if differ:
         raise YggError(f"cannot resume {log}: the earlier run had different {', '.join(differ)}")
     keys, names = set(config["prompt_keys"]), set(config["contestants"])
-    return [r for r in lines[1:] if r["prompt"] in keys and r["contestant"] in names]
+    return old, [r for r in lines[1:] if r["prompt"] in keys and r["contestant"] in names]
 
 
 def machine_info(plan: dict) -> dict:

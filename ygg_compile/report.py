@@ -148,7 +148,9 @@ def summary_markdown(results: dict) -> str:
         f"- **Prompts**: {cfg['prompts']}, {len(cfg['prompt_keys'])} prompts; {cfg['max_new_tokens']} new tokens at most "
         f"(stopping at end of sequence), temperature {cfg['temperature']}, {cfg['rounds']} round(s), interleaved",
         f"- **Peak memory** (resident, whole process): {results['peak_rss_gb']:.1f} GB",
-        f"- **Command**: `{cfg['command']}`",
+        f"- **Command**: `{cfg['command']}`"
+        + (f" (continuing `{cfg['resumed_from']}` with `--resume`: runs recorded by either are reported)"
+           if cfg.get("resumed_from") and cfg["resumed_from"] != cfg["command"] else ""),
         "",
         "TPOT is decode time per generated token (prompt processing excluded), the median over the prompts "
         "(p25–p75 in brackets). Speed-ups are paired: per prompt, the ratio of TPOTs measured back to back, "

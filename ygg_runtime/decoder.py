@@ -56,6 +56,11 @@ class Decoder:
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
         self._proposers: dict[str, proposers.Proposer] = {}
 
+    @property
+    def runners(self) -> dict[str, ModelRunner]:
+        """The loaded models by role ("target", and "draft" when there is one)."""
+        return {"target": self.target} | ({"draft": self._drafter.runner} if self._drafter is not None else {})
+
     def proposer(self, method: str) -> proposers.Proposer:
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
