@@ -1,0 +1,60 @@
+"""Verification pruning: the root-connected subtree of k nodes with the largest E[A].
+
+E[A] of a verified tree = Σ over its nodes of the path value (the root's is 1), where a node's path
+value is the probability that its whole root path is accepted. A node can only be verified with its
+parent, so the best k-subtree is a tree knapsack: bottom-up, best[u][j] = the best sum of j nodes
+in u's subtree that include u and stay connected to it; children are merged one at a time, every
+table capped at min(subtree size, k), which keeps the whole DP at O(n·k).
+"""
+
+from __future__ import annotations
+
+
+def best_subtree(parents: list[int], values: list[float], k: int) -> list[int]:
+    """Nodes (ascending, root 0 first) of the root-connected subtree of at most k nodes with the
+    largest Σ values. parents[0] == -1 and parents[i] < i (node order is topological)."""
+    n = len(parents)
+    k = max(1, min(k, n))
+    children: list[list[int]] = [[] for _ in range(n)]
+    for v in range(1, n):
+        children[parents[v]].append(v)
+    # best[u][j]: (value, how) for j nodes; how[c] = nodes given to child c (0 = child left out)
+    best: list[list[float]] = [[]] * n
+    split: list[list[list[int]]] = [[]] * n  # split[u][i][j]: nodes of child i when u's table had j after merging it
+    for u in range(n - 1, -1, -1):
+        table = [float("-inf"), values[u]]  # index = node count
+        steps = []
+        for c in children[u]:
+            child = best[c]
+            size = min(k, len(table) - 1 + len(child) - 1)
+            merged = table + [float("-inf")] * (size + 1 - len(table))
+            take = [0] * (size + 1)
+            for a in range(1, len(table)):
+                if table[a] == float("-inf"):
+                    continue
+                for b in range(1, min(len(child) - 1, size - a) + 1):
+                    value = table[a] + child[b]
+                    if value > merged[a + b]:
+                        merged[a + b], take[a + b] = value, b
+            table = merged
+            steps.append(take)
+        best[u], split[u] = table, steps
+    root = best[0]
+    j = max(range(1, len(root)), key=lambda m: (root[m], -m))  # ties: the smaller tree
+    chosen: list[int] = []
+    _collect(0, j, children, split, chosen)
+    return sorted(chosen)
+
+
+def _collect(u: int, j: int, children: list[list[int]], split: list[list[list[int]]], out: list[int]) -> None:
+    out.append(u)
+    for i in range(len(children[u]) - 1, -1, -1):  # undo the merges from the last child back
+        b = split[u][i][j] if j < len(split[u][i]) else 0
+        if b:
+            _collect(children[u][i], b, children, split, out)
+            j -= b
+
+
+def expected_accepted(values: list[float], nodes: list[int]) -> float:
+    """E[A] of verifying `nodes` (tokens per step, bonus included)."""
+    return sum(values[v] for v in nodes)
