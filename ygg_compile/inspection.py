@@ -120,10 +120,10 @@ def _prepare(out: Path) -> None:
 
 
 def _write(path: Path, data: bytes, result: Inspection) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
+    from ygg_compile.report import write_atomic
+
     try:
-        tmp.write_bytes(data)
-        tmp.replace(path)
+        write_atomic(path, data)
     except OSError as e:
         raise YggError(f"cannot write {path}: {e.strerror or e}") from e
     result.files.append(path)

@@ -109,21 +109,22 @@ CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_
 def write_results(results: dict, out: Path) -> None:
     from ygg_compile import plots
 
-    _atomic(out / "results.json", json.dumps(results, indent=1).encode())
+    write_atomic(out / "results.json", json.dumps(results, indent=1).encode())
     buf = io.StringIO()
     w = csv.DictWriter(buf, CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
     for row in results["summary"]:
         w.writerow({k: ("/".join(f"{x:.3f}" for x in v) if isinstance(v, list) else
                         f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()})
-    _atomic(out / "results.csv", buf.getvalue().encode())
-    _atomic(out / "speedup.png", plots.speedup_bars(results["summary"]))
-    _atomic(out / "tpot_vs_accepted.png", plots.tpot_vs_accepted(results["runs"]))
-    _atomic(out / "tw_curves.png", plots.tw_curves(results["profile"], "T(W) measured during the benchmark"))
-    _atomic(out / "summary.md", summary_markdown(results).encode())
+    write_atomic(out / "results.csv", buf.getvalue().encode())
+    write_atomic(out / "speedup.png", plots.speedup_bars(results["summary"]))
+    write_atomic(out / "tpot_vs_accepted.png", plots.tpot_vs_accepted(results["runs"]))
+    write_atomic(out / "tw_curves.png", plots.tw_curves(results["profile"], "T(W) measured during the benchmark"))
+    write_atomic(out / "summary.md", summary_markdown(results).encode())
 
 
-def _atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write via a temporary sibling and a rename: readers never see a half-written file."""
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
