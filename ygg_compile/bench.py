@@ -17,16 +17,16 @@ import resource
 import statistics
 import time
 import zlib
-from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from ygg_compile import hardware
 from ygg_compile.build import Reporter
 from ygg_compile.peers import PEERS, HFPeers
-from ygg_compile.report import summarize, write_results
+from ygg_compile.report import output_dir, summarize, write_results
 from ygg_runtime.errors import YggError
 
 BUILTIN_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
@@ -145,7 +145,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         if peer not in PEERS:
             raise YggError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)}, or none)")
     prompts = load_prompts(opts.prompts, opts.categories, opts.limit)
-    out = _prepare_output(opts.output)
+    out = output_dir(opts.output, "benchmark results")
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
     plan = decoder.info
@@ -185,10 +185,9 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         log.write_text(json.dumps({"config": config}) + "\n")
     seeds = {p.key: opts.seed + zlib.crc32(p.key.encode()) % 100_000 for p, _ in encoded}  # stable under --resume
 
-    todo = {name for (key, name, r) in _all_runs(encoded, contestants, opts.rounds) if (key, name, r) not in done}
     with ui.step("warming up every contestant"):
         for c in contestants:
-            if c.name in todo:
+            if any((p.key, c.name, r) not in done for r in range(opts.rounds) for p, _ in encoded):
                 c.run(encoded[0][1], BenchOptions(opts.artifact, max_new_tokens=WARMUP_TOKENS, temperature=opts.temperature), 0)
     total = len(encoded) * len(contestants) * opts.rounds
     label = f"generating {opts.max_new_tokens} tokens × {len(encoded)} prompts × {len(contestants)} contestants"
@@ -210,12 +209,10 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
                     ui.progress(label, count, total, unit="runs")
 
     with ui.step("measuring forward latency T(W) of both models"):
-        from ygg_compile.profile import profile_models
+        from ygg_compile.profile import fitting_widths, profile_models
 
-        runners = decoder.runners
         context = int(statistics.median(len(ids) for _, ids in encoded))
-        widths = tuple(w for w in (1, 2, 4, 8, 16, 32, 64) if context + w <= decoder.target.max_len)
-        profile = profile_models(runners, widths, context, progress=lambda d, a, b: ui.progress(d, a, b, unit="rounds"))
+        profile = profile_models(decoder.runners, fitting_widths(context, decoder.target.max_len), context, ui=ui)
 
     results = {
         "config": config,
@@ -230,21 +227,6 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     with ui.step(f"writing results to {out}"):
         write_results(results, out)
     return results
-
-
-def _all_runs(encoded: list, contestants: list[Contestant], rounds: int) -> list[tuple[str, str, int]]:
-    return [(p.key, c.name, r) for r in range(rounds) for p, _ in encoded for c in contestants]
-
-
-def _prepare_output(out: Path) -> Path:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise YggError(f"cannot write benchmark results to {out}: {e.strerror or e}") from e
-    return out
 
 
 def _load_peers(plan: dict, peers: list[str]) -> HFPeers:

@@ -184,15 +184,15 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
 
 def _profile(tmp: Path, device: str, max_context: int, ui: Reporter) -> dict:
     """T(W) of the converted models as the runtime will run them (see ygg_compile.profile)."""
-    from ygg_compile.profile import DEFAULT_WIDTHS, profile_models
+    from ygg_compile.profile import fitting_widths, profile_models
     from ygg_runtime.model import load_model
     from ygg_runtime.runner import ModelRunner
 
     context = min(256, max_context // 2)
-    widths = tuple(w for w in DEFAULT_WIDTHS if context + w <= max_context)
+    widths = fitting_widths(context, max_context)
     runners = {role: ModelRunner(load_model(tmp / role, device), context + widths[-1]) for role in ("target", "draft")}
     try:
-        return profile_models(runners, widths, context, progress=lambda d, done, total: ui.progress(d, done, total, unit="rounds"))
+        return profile_models(runners, widths, context, ui=ui)
     finally:
         del runners
         gc.collect()

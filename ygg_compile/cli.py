@@ -138,7 +138,7 @@ def bench_cmd(
 
     peer_list = [p for p in _split(peers) or [] if p != "none"]
     if output is None:
-        output = Path("benchmarks/results") / hardware.device_slug("cpu" if artifact is None else _plan_device(artifact))
+        output = Path("benchmarks/results") / hardware.device_slug(_plan_device(artifact))
     opts = BenchOptions(
         artifact=artifact, prompts=prompts, categories=_split(categories), limit=limit, methods=_split(methods),
         peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, rounds=rounds, output=output,
@@ -170,6 +170,7 @@ def inspect_cmd(
     from rich.table import Table
 
     from ygg_compile.inspection import inspect_artifact
+    from ygg_compile.report import fmt
 
     if step < 1:
         raise YggError("--step must be at least 1")
@@ -210,7 +211,6 @@ def inspect_cmd(
     if measured:
         for col in ("E[A] on prompt", "predicted speed-up", "measured speed-up"):
             t.add_column(col, justify="right")
-    fmt = lambda v, spec=".2f", suf="": "–" if v is None else f"{v:{spec}}{suf}"  # noqa: E731
     for r in rep.methods:
         name = f"[bold]{r.name}[/] (default)" if r.name == plan["method"] else r.name
         row = [name, ", ".join(f"{k}={v}" for k, v in r.params.items()) or "–",

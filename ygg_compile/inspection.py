@@ -37,19 +37,13 @@ class Inspection:
     tree_caption: str | None = None
 
 
-def step_shape(name: str, params: dict) -> objective.StepShape:
-    """A method's step shape from its plan parameters alone (no model needed)."""
-    cls = proposers.METHODS[name]
-    return cls().step_shape() if name == "ar" else cls(None, **params).step_shape()
-
-
 def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, method: str | None = None,
                      step: int = 1, max_new_tokens: int = 64) -> Inspection:
     plan = read_plan(directory)
     curves = objective.Curves(plan["profile"]) if plan.get("profile") else None
     reports = []
     for name, params in plan["methods"].items():
-        r = MethodReport(name, params, step_shape(name, params))
+        r = MethodReport(name, params, proposers.unbound(name, params).step_shape())
         if curves is not None:
             r.step_ms = objective.step_ms(r.shape, curves)
             r.break_even = objective.break_even(r.shape, curves)
@@ -57,8 +51,10 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
     result = Inspection(plan, reports)
     if curves is None and prompt is None:
         return result
-    _prepare(out)
     from ygg_compile import plots
+    from ygg_compile.report import output_dir
+
+    output_dir(out, "inspect's figures")
 
     if curves is not None:
         _write(out / "tw_curves.png", plots.tw_curves(plan["profile"], "T(W) measured at compile time"), result)
@@ -110,13 +106,6 @@ def _visible(text: str) -> str:
     """A token as a short readable label: whitespace made visible, long tokens cut."""
     text = text.replace("\n", "\\n").replace("\t", "\\t").replace(" ", "␣")
     return text if len(text) <= 14 else text[:13] + "…"
-
-
-def _prepare(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise YggError(f"cannot write to {out}: {e.strerror or e}") from e
 
 
 def _write(path: Path, data: bytes, result: Inspection) -> None:

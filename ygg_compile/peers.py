@@ -39,7 +39,6 @@ class _Clock:
     """A transformers streamer that only records when each chunk of tokens arrived."""
 
     def __init__(self) -> None:
-        self.start = 0.0
         self.marks: list[tuple[float, int]] = []  # (time, tokens in the chunk)
         self._prompt_seen = False
 
@@ -107,7 +106,7 @@ class HFPeers:
             torch.manual_seed(seed)
         x = torch.tensor([ids], device=self.device)
         clock = _Clock()
-        clock.start = start = time.perf_counter()
+        start = time.perf_counter()
         out = self.target.generate(x, attention_mask=torch.ones_like(x), generation_config=cfg, streamer=clock, **extra)
         end = time.perf_counter()
         tokens = out[0, len(ids):].tolist()

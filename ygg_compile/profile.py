@@ -13,9 +13,15 @@ from typing import Callable
 
 import torch
 
+from ygg_compile.build import Reporter
 from ygg_runtime.runner import ModelRunner
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def fitting_widths(context: int, max_len: int, widths: tuple[int, ...] = DEFAULT_WIDTHS) -> tuple[int, ...]:
+    """The widths whose forward still fits a cache of max_len after `context` tokens."""
+    return tuple(w for w in widths if context + w <= max_len)
 
 
 def forward_times(
@@ -56,12 +62,13 @@ def profile_models(
     widths: tuple[int, ...] = DEFAULT_WIDTHS,
     context: int = 256,
     repeats: int = 3,
-    progress: Callable[[str, int, int], None] | None = None,
+    ui: Reporter | None = None,
 ) -> dict:
     """T(W) of each model (e.g. {"target": ..., "draft": ...}) as a plan/result section."""
     out = {"context": context, "threads": torch.get_num_threads(), "repeats": repeats, "widths": list(widths)}
     for role, runner in runners.items():
         label = f"timing {role} forwards (W = {widths[0]}..{widths[-1]})"
-        times = forward_times(runner, widths, context, repeats, progress=(lambda d, t: progress(label, d, t)) if progress else None)
+        report = (lambda done, total: ui.progress(label, done, total, unit="rounds")) if ui else None
+        times = forward_times(runner, widths, context, repeats, progress=report)
         out[f"{role}_ms"] = [round(times[w], 3) for w in widths]
     return out

@@ -9,6 +9,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ygg_runtime.errors import YggError
+
 # ---------------------------------------------------------------- aggregation
 
 
@@ -123,6 +125,18 @@ def write_results(results: dict, out: Path) -> None:
     write_atomic(out / "summary.md", summary_markdown(results).encode())
 
 
+def output_dir(out: Path, what: str) -> Path:
+    """Create `out` and make sure files can be written there, before any long work starts."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise YggError(f"cannot write {what} to {out}: {e.strerror or e}") from e
+    return out
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write via a temporary sibling and a rename: readers never see a half-written file."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -130,7 +144,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp.replace(path)
 
 
-def _fmt(v, spec: str = ".2f", suffix: str = "") -> str:
+def fmt(v, spec: str = ".2f", suffix: str = "") -> str:
+    """A number for a table cell; "–" where there is none (a peer has no acceptance rate)."""
     return "–" if v is None else f"{v:{spec}}{suffix}"
 
 
@@ -166,8 +181,8 @@ def summary_markdown(results: dict) -> str:
         same = f"{r['same_as_ar']}/{r['prompts']} |" if greedy and "same_as_ar" in r else ("– |" if greedy else "")
         lines.append(
             f"| {r['category']} | {r['contestant']} | {r['prompts']} | {r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f}) | "
-            f"{_fmt(r['speedup_vs_ar'], '.2f', '×')} | {_fmt(r['speedup_vs_hf_assisted'], '.2f', '×')} | "
-            f"{r['mean_accepted_length']:.2f} | {_fmt(r['acceptance_rate'], '.0%')} | {split} | {same}"
+            f"{fmt(r['speedup_vs_ar'], '.2f', '×')} | {fmt(r['speedup_vs_hf_assisted'], '.2f', '×')} | "
+            f"{r['mean_accepted_length']:.2f} | {fmt(r['acceptance_rate'], '.0%')} | {split} | {same}"
         )
     wins = winners(results["summary"])
     lines += ["", "**Fastest per category**: " + ", ".join(f"{c}: `{w}`" for c, w in wins.items()), ""]
@@ -215,8 +230,8 @@ def render_table(results: dict):
         name = f"[bold green]{r['contestant']}[/]" if wins.get(r["category"]) == r["contestant"] else r["contestant"]
         split = "/".join(f"{r[k] * 100:.0f}" for k in ("draft_share", "verify_share", "other_share")) if "draft_share" in r else "–"
         row = [r["category"], name, str(r["prompts"]), f"{r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f})",
-               _fmt(r["speedup_vs_ar"], ".2f"), _fmt(r["speedup_vs_hf_assisted"], ".2f"),
-               f"{r['mean_accepted_length']:.2f}", _fmt(r["acceptance_rate"], ".0%"), split]
+               fmt(r["speedup_vs_ar"], ".2f"), fmt(r["speedup_vs_hf_assisted"], ".2f"),
+               f"{r['mean_accepted_length']:.2f}", fmt(r["acceptance_rate"], ".0%"), split]
         if greedy:
             row.append(f"{r['same_as_ar']}/{r['prompts']}" if "same_as_ar" in r else "–")
         t.add_row(*row)

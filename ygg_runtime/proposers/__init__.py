@@ -21,13 +21,18 @@ def build(name: str, params: dict, drafter: Drafter | None) -> Proposer:
     return cls(drafter, **params)
 
 
+def unbound(name: str, params: dict) -> Proposer:
+    """A proposer without its drafter: enough to check its parameters and read its step shape."""
+    if name not in METHODS:
+        raise YggError(f"unknown method '{name}' (choose from {', '.join(METHODS)})")
+    cls = METHODS[name]
+    return cls() if cls is AR else cls(None, **params)
+
+
 def validate(methods: dict[str, dict]) -> None:
     """Refuse unknown methods or parameters before anything is written (constructors check values)."""
     for name, params in methods.items():
-        if name not in METHODS:
-            raise YggError(f"unknown method '{name}' (choose from {', '.join(METHODS)})")
-        if name != "ar":
-            METHODS[name](None, **params)
+        unbound(name, params)
 
 
 __all__ = ["METHODS", "DEFAULT_PARAMS", "Drafter", "Proposer", "Sampling", "build"]
