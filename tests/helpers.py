@@ -33,7 +33,11 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> N
         assert needle in lines[0], lines[0]
 
 
-METHODS = [("ar", {}), ("chain", {"k": 4}), ("specinfer", {"width": 2, "depth": 3}), ("specinfer", {"width": 3, "depth": 2})]
+# A Sequoia-shaped static tree: ranks 0,1 under the root, 0,1 under the first child, 0 below.
+SEQUOIA_TREE = {"parents": [-1, 0, 0, 1, 1, 2, 3], "ranks": [0, 0, 1, 0, 1, 0, 0]}
+METHODS = [("ar", {}), ("chain", {"k": 4}), ("specinfer", {"width": 2, "depth": 3}), ("specinfer", {"width": 3, "depth": 2}),
+           ("sequoia", SEQUOIA_TREE), ("egt", {"depth": 4, "draft_width": 4, "top_k": 4, "verify_widths": [1, 2, 4, 8, 16]}),
+           ("egt", {"depth": 3, "draft_width": 2, "top_k": 2, "verify_widths": [4]})]
 
 
 def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:

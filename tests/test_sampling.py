@@ -56,7 +56,10 @@ def sample_counts(target, draft, method, params, temperature) -> tuple[torch.Ten
 
 
 CASES = [("chain", {"k": 3}, 1.0), ("chain", {"k": 3}, 0.7), ("specinfer", {"width": 2, "depth": 2}, 1.0),
-         ("specinfer", {"width": 3, "depth": 2}, 0.7)]
+         ("specinfer", {"width": 3, "depth": 2}, 0.7),
+         ("egt", {"depth": 2, "draft_width": 2, "top_k": 3, "verify_widths": [2, 4, 8]}, 1.0),
+         ("egt", {"depth": 3, "draft_width": 4, "top_k": 2, "verify_widths": [4, 8]}, 0.7),
+         ("sequoia", {"parents": [-1, 0, 0, 1], "ranks": [0, 0, 1, 0]}, 1.0)]
 
 
 @pytest.mark.parametrize("method,params,temperature", CASES, ids=lambda x: str(x))

@@ -63,20 +63,20 @@ def tpot_vs_accepted(runs: list[dict]) -> bytes:
 
 
 def tw_curves(profile: dict, title: str = "Forward latency T(W)") -> bytes:
-    """Measured ms per forward against the number of new tokens W, for each model."""
+    """Measured ms per forward against the number of new tokens W, per model and context length."""
     fig, ax = plt.subplots(figsize=(6, 4))
     widths = profile["widths"]
     for role, style in (("target", "o-"), ("draft", "s--")):
-        if f"{role}_ms" in profile:
-            ax.plot(widths, profile[f"{role}_ms"], style, label=role)
+        for ctx, row in zip(profile["contexts"], profile.get(f"{role}_ms") or []):
+            ax.plot(widths, row, style, label=f"{role} @ {ctx}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(widths, [str(w) for w in widths])
     ax.set_xlabel("W (new tokens in one forward)")
     ax.set_ylabel("ms per forward")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{title} (context {profile['context']}, {profile['threads']} threads)")
+    ax.set_title(f"{title} ({profile['threads']} threads)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8, title="model @ context", title_fontsize=8)
     return _png(fig)
 
 

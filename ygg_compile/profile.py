@@ -1,27 +1,46 @@
-"""Measured forward latency T(W): one forward over W new tokens after a context of C tokens.
+"""Measured latency: T(W), one forward over W new tokens after a context of C tokens, and T_other(W),
+the CPU work of a step around a verify of W nodes.
 
 These curves are what every latency-aware choice reads (DESIGN.md §2). Widths are interleaved
 within each repeat, so a slow drift of a shared machine hits every width alike, and the median of
-the repeats is kept.
+the repeats is kept. One profile per (device, model, dtype) is kept under `profiles/<device>/` and
+reused by every compile that matches it (same weights, dtype, torch, CPU/GPU, threads).
 """
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
+import yaml
 
+from ygg_compile import hardware
 from ygg_compile.build import Reporter
+from ygg_compile.report import write_atomic
+from ygg_runtime.accept import accept_greedy
 from ygg_runtime.runner import ModelRunner
+from ygg_runtime.tree import TokenTree
 
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_CONTEXTS = (64, 512, 2048)
+PROFILE_FORMAT = 1
 
 
 def fitting_widths(context: int, max_len: int, widths: tuple[int, ...] = DEFAULT_WIDTHS) -> tuple[int, ...]:
     """The widths whose forward still fits a cache of max_len after `context` tokens."""
     return tuple(w for w in widths if context + w <= max_len)
+
+
+def plan_grid(max_context: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The widths and context lengths to measure for an artifact serving max_context tokens."""
+    widths = fitting_widths(min(DEFAULT_CONTEXTS), max_context) or (1,)
+    contexts = tuple(c for c in DEFAULT_CONTEXTS if c + widths[-1] <= max_context)
+    return widths, contexts or (max(0, max_context - widths[-1]),)
 
 
 def forward_times(
@@ -57,6 +76,77 @@ def forward_times(
     return {w: statistics.median(v) for w, v in samples.items()}
 
 
+def step_overhead(runner: ModelRunner, widths: tuple[int, ...], repeats: int = 5) -> dict[int, float]:
+    """Median ms of a step's CPU work around a W-node verify with this model: building the tree and
+    its ancestor mask, picking the drafter's top children, the acceptance walk over [W, vocab]
+    logits, and compacting an accepted path in every layer's cache."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = runner.vocab_size
+    out = {}
+    for w in widths:
+        logits = torch.randn(w, vocab, generator=gen)
+        samples = []
+        for _ in range(repeats):
+            runner.reset(64)
+            start = time.perf_counter()
+            tree = TokenTree(0)
+            for i in range(1, w):
+                tree.add((i - 1) // 2, i, 0.5)  # a binary tree: paths of depth log2(W)
+            tree.ancestor_mask()
+            torch.softmax(logits[: min(w, 8)], dim=-1).topk(min(8, vocab))
+            accept_greedy(tree, logits)
+            runner.commit(tree.path_to(w - 1))
+            samples.append(1000.0 * (time.perf_counter() - start))
+        out[w] = statistics.median(samples)
+    runner.reset()
+    return out
+
+
+def measure(
+    runner: ModelRunner,
+    widths: tuple[int, ...],
+    contexts: tuple[int, ...],
+    repeats: int = 3,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """T(W) at every context and T_other(W) of one model: the measured part of a profile file."""
+    rounds = len(contexts)
+    rows = []
+    for i, context in enumerate(contexts):
+        sub = (lambda done, total, i=i: progress(i * total + done, rounds * total)) if progress else None
+        times = forward_times(runner, widths, context, repeats, progress=sub)
+        rows.append([round(times[w], 3) for w in widths])
+    other = step_overhead(runner, widths)
+    return {
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "widths": list(widths),
+        "contexts": list(contexts),
+        "forward_ms": rows,
+        "other_ms": [round(other[w], 3) for w in widths],
+    }
+
+
+def combine(target: dict, draft: dict | None, widths: tuple[int, ...], contexts: tuple[int, ...]) -> dict:
+    """The plan's profile section (what `objective.Curves` reads) from per-model profiles, taking
+    the widths and contexts asked for. A step's CPU work counts both models' share."""
+
+    def pick(p: dict, key: str) -> list:
+        cols = [p["widths"].index(w) for w in widths]
+        if key == "other_ms":
+            return [p[key][c] for c in cols]
+        return [[p[key][p["contexts"].index(ctx)][c] for c in cols] for ctx in contexts]
+
+    out = {"threads": target["threads"], "repeats": target["repeats"], "widths": list(widths), "contexts": list(contexts),
+           "target_ms": pick(target, "forward_ms")}
+    other = pick(target, "other_ms")
+    if draft is not None:
+        out["draft_ms"] = pick(draft, "forward_ms")
+        other = [a + b for a, b in zip(other, pick(draft, "other_ms"))]
+    out["other_ms"] = [round(o, 3) for o in other]
+    return out
+
+
 def profile_models(
     runners: dict[str, ModelRunner],
     widths: tuple[int, ...] = DEFAULT_WIDTHS,
@@ -64,11 +154,74 @@ def profile_models(
     repeats: int = 3,
     ui: Reporter | None = None,
 ) -> dict:
-    """T(W) of each model (e.g. {"target": ..., "draft": ...}) as a plan/result section."""
-    out = {"context": context, "threads": torch.get_num_threads(), "repeats": repeats, "widths": list(widths)}
+    """T(W) of both loaded models at one context, as a plan/result profile section (`ygg bench`)."""
+    measured = {}
     for role, runner in runners.items():
         label = f"timing {role} forwards (W = {widths[0]}..{widths[-1]})"
-        report = (lambda done, total: ui.progress(label, done, total, unit="rounds")) if ui else None
-        times = forward_times(runner, widths, context, repeats, progress=report)
-        out[f"{role}_ms"] = [round(times[w], 3) for w in widths]
-    return out
+        report = (lambda done, total, label=label: ui.progress(label, done, total, unit="rounds")) if ui else None
+        measured[role] = measure(runner, widths, (context,), repeats, progress=report)
+    return combine(measured["target"], measured.get("draft"), widths, (context,))
+
+
+# --- the committed profile files -------------------------------------------------------------
+
+
+def profiles_dir() -> Path:
+    """$YGG_PROFILES, else the checkout's `profiles/` (committed), else the user cache."""
+    if os.environ.get("YGG_PROFILES"):
+        return Path(os.environ["YGG_PROFILES"])
+    repo = Path(__file__).resolve().parents[1] / "profiles"
+    if repo.is_dir():
+        return repo
+    from ygg_compile.sources import cache_dir
+
+    return cache_dir() / "profiles"
+
+
+def fingerprint(device: str) -> dict:
+    """What a profile's numbers depend on besides the model: the same fingerprint means reusable."""
+    info = {"device": device, "torch_version": str(torch.__version__), "threads": torch.get_num_threads()}
+    if device.startswith("cuda"):
+        return info | {"gpu": torch.cuda.get_device_name()}
+    cpu = hardware.cpu_info()
+    return info | {"cpu": cpu["model"], "isa": cpu["isa"]}
+
+
+def profile_path(root: Path, device: str, model: dict, dtype: str) -> Path:
+    name = Path(model["spec"].rstrip("/")).name.lower()
+    name = re.sub(r"[^a-z0-9.]+", "-", name).strip("-") or "model"
+    return Path(root) / hardware.device_slug(device) / f"{name}-{model['sha256'][:8]}-{dtype}.yaml"
+
+
+def load_matching(path: Path, model: dict, dtype: str, device: str, widths, contexts) -> tuple[dict | None, str]:
+    """The stored profile at `path` when it was measured for these weights on this machine and
+    covers the widths and contexts asked for; else None and why not."""
+    if not path.is_file():
+        return None, "no stored profile"
+    try:
+        stored = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, OSError) as e:
+        return None, f"unreadable ({str(e).splitlines()[0]})"
+    if not isinstance(stored, dict) or stored.get("format") != PROFILE_FORMAT:
+        return None, "another profile format"
+    if stored.get("model", {}).get("sha256") != model["sha256"] or stored.get("dtype") != dtype:
+        return None, "other weights or dtype"
+    if stored.get("fingerprint") != fingerprint(device):
+        return None, "measured on another machine, torch or thread count"
+    if not set(widths) <= set(stored["widths"]) or not set(contexts) <= set(stored["contexts"]):
+        return None, "does not cover the widths and contexts needed"
+    return stored, ""
+
+
+def save(path: Path, measured: dict, model: dict, dtype: str, device: str) -> dict:
+    stored = {
+        "format": PROFILE_FORMAT,
+        "model": {k: model[k] for k in ("spec", "sha256", "arch", "parameters", "layers")},
+        "dtype": dtype,
+        "fingerprint": fingerprint(device),
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **measured,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, yaml.safe_dump(stored, sort_keys=False, width=200).encode())
+    return stored

@@ -195,14 +195,14 @@ def summary_markdown(results: dict) -> str:
         lines.append("")
     prof = results["profile"]
     lines += [
-        f"## Forward latency T(W) measured in this run (context {prof['context']} tokens, ms)",
+        f"## Forward latency T(W) measured in this run (context {prof['contexts'][0]} tokens, ms)",
         "",
         "| model | " + " | ".join(f"W={w}" for w in prof["widths"]) + " |",
         "|---|" + "---|" * len(prof["widths"]),
     ]
     for role in ("target", "draft"):
         if f"{role}_ms" in prof:
-            lines.append(f"| {role} | " + " | ".join(f"{t:.1f}" for t in prof[f"{role}_ms"]) + " |")
+            lines.append(f"| {role} | " + " | ".join(f"{t:.1f}" for t in prof[f"{role}_ms"][0]) + " |")
     if results["skipped_prompts"]:
         lines += ["", f"Skipped (longer than the context): {', '.join(results['skipped_prompts'])}"]
     lines += ["", "![speed-up](speedup.png) ![TPOT vs accepted length](tpot_vs_accepted.png) ![T(W)](tw_curves.png)", ""]

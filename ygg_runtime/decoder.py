@@ -9,6 +9,7 @@ from typing import Callable
 from ygg_runtime import engine, proposers
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
+from ygg_runtime.objective import Curves
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import StreamDecoder, TextCodec
 
@@ -65,7 +66,9 @@ class Decoder:
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
         if method not in self._proposers:
-            self._proposers[method] = proposers.build(method, self.methods[method], self._drafter)
+            profile = self.info.get("profile")
+            curves = Curves(profile) if profile else None
+            self._proposers[method] = proposers.build(method, self.methods[method], self._drafter, curves)
         return self._proposers[method]
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:

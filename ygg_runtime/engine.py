@@ -64,7 +64,7 @@ def generate(
         ts = time.perf_counter()
         tree = proposer.propose(seq, sampling)
         td = time.perf_counter()
-        logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask())
+        logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask(), tree.verify_width)
         tv = time.perf_counter()
         if sampling is None:
             verdict = accept_greedy(tree, logits)

@@ -21,22 +21,39 @@ class StepShape:
 
 
 class Curves:
-    """Measured T_verify(W) and T_draft(W) in ms, linear between measured widths (and beyond the
-    last one, extrapolated from the last two: wide forwards grow linearly once compute-bound)."""
+    """Measured T_verify(W), T_draft(W) and T_other(W) in ms (`ygg_compile.profile`): linear between
+    measured widths (beyond the last one extrapolated from the last two: wide forwards grow linearly
+    once compute-bound) and between measured context lengths (clamped at both ends). `context` is
+    the length used when a call does not name one."""
 
-    def __init__(self, profile: dict):
+    def __init__(self, profile: dict, context: int | None = None):
         self.widths = list(profile["widths"])
-        self.target_ms = list(profile["target_ms"])
-        self.draft_ms = list(profile.get("draft_ms") or [])
-        self.other_ms = float(profile.get("other_ms", 0.0))  # per-step CPU work, once measured
+        self.contexts = list(profile["contexts"])
+        self.target_ms = [list(row) for row in profile["target_ms"]]
+        self.draft_ms = [list(row) for row in profile.get("draft_ms") or []]
+        self.other = list(profile.get("other_ms") or [0.0] * len(self.widths))  # per verify width
+        self.context = context if context is not None else self.contexts[0]
 
-    def t_verify(self, w: int) -> float:
-        return _interp(self.widths, self.target_ms, w)
+    def t_verify(self, w: int, context: int | None = None) -> float:
+        return self._at(self.target_ms, w, context)
 
-    def t_draft(self, w: int) -> float:
+    def t_draft(self, w: int, context: int | None = None) -> float:
         if not self.draft_ms:
             raise ValueError("the profile has no draft model curve")
-        return _interp(self.widths, self.draft_ms, w)
+        return self._at(self.draft_ms, w, context)
+
+    def t_other(self, w: int) -> float:
+        """CPU work of a step around a verify of w nodes: tree, masks, acceptance, compaction."""
+        return _interp(self.widths, self.other, w)
+
+    def _at(self, rows: list[list[float]], w: int, context: int | None) -> float:
+        ctx = self.context if context is None else context
+        per_context = [_interp(self.widths, row, w) for row in rows]
+        if len(per_context) == 1 or ctx <= self.contexts[0]:
+            return per_context[0]
+        if ctx >= self.contexts[-1]:
+            return per_context[-1]
+        return _interp(self.contexts, per_context, ctx)
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:
@@ -47,16 +64,40 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
-def step_ms(shape: StepShape, curves: Curves) -> float:
-    """Modelled wall time of one step."""
-    return sum(curves.t_draft(w) for w in shape.draft_widths) + curves.t_verify(shape.verify_width) + curves.other_ms
+def step_ms(shape: StepShape, curves: Curves, context: int | None = None) -> float:
+    """Modelled wall time of one step at a context length."""
+    drafting = sum(curves.t_draft(w, context) for w in shape.draft_widths)
+    return drafting + curves.t_verify(shape.verify_width, context) + curves.t_other(shape.verify_width)
 
 
-def speedup(expected_accepted: float, shape: StepShape, curves: Curves) -> float:
+def plain_ms(curves: Curves, context: int | None = None) -> float:
+    """One step of plain decoding: the denominator of every speed-up."""
+    return step_ms(StepShape((), 1), curves, context)
+
+
+def speedup(expected_accepted: float, shape: StepShape, curves: Curves, context: int | None = None) -> float:
     """Modelled speed-up over plain decoding of a step shape that yields E[A] tokens per step."""
-    return expected_accepted * curves.t_verify(1) / step_ms(shape, curves)
+    return expected_accepted * plain_ms(curves, context) / step_ms(shape, curves, context)
 
 
-def break_even(shape: StepShape, curves: Curves) -> float:
+def break_even(shape: StepShape, curves: Curves, context: int | None = None) -> float:
     """The E[A] a step shape needs to match plain decoding (speed-up 1)."""
-    return step_ms(shape, curves) / curves.t_verify(1)
+    return step_ms(shape, curves, context) / plain_ms(curves, context)
+
+
+class AcceptanceMap:
+    """P(a drafted child is accepted | its parent was) as a function of its draft probability,
+    learnt on calibration text (`ygg_compile.calibrate`); the identity q ↦ q until calibrated.
+    Monotone and within [0, 1], so path values only decrease along a path."""
+
+    def __init__(self, points: list[list[float]] | None = None):
+        pts = sorted(points or [[0.0, 0.0], [1.0, 1.0]])
+        self.qs = [float(q) for q, _ in pts]
+        self.accept = [min(1.0, max(0.0, float(a))) for _, a in pts]
+
+    def __call__(self, q: float) -> float:
+        if q <= self.qs[0]:
+            return self.accept[0]
+        if q >= self.qs[-1]:
+            return self.accept[-1]
+        return _interp(self.qs, self.accept, q)

@@ -13,37 +13,56 @@ from __future__ import annotations
 def best_subtree(parents: list[int], values: list[float], k: int) -> list[int]:
     """Nodes (ascending, root 0 first) of the root-connected subtree of at most k nodes with the
     largest Σ values. parents[0] == -1 and parents[i] < i (node order is topological)."""
-    n = len(parents)
-    k = max(1, min(k, n))
-    children: list[list[int]] = [[] for _ in range(n)]
-    for v in range(1, n):
-        children[parents[v]].append(v)
-    # best[u][j]: (value, how) for j nodes; how[c] = nodes given to child c (0 = child left out)
-    best: list[list[float]] = [[]] * n
-    split: list[list[list[int]]] = [[]] * n  # split[u][i][j]: nodes of child i when u's table had j after merging it
-    for u in range(n - 1, -1, -1):
-        table = [float("-inf"), values[u]]  # index = node count
-        steps = []
-        for c in children[u]:
-            child = best[c]
-            size = min(k, len(table) - 1 + len(child) - 1)
-            merged = table + [float("-inf")] * (size + 1 - len(table))
-            take = [0] * (size + 1)
-            for a in range(1, len(table)):
-                if table[a] == float("-inf"):
-                    continue
-                for b in range(1, min(len(child) - 1, size - a) + 1):
-                    value = table[a] + child[b]
-                    if value > merged[a + b]:
-                        merged[a + b], take[a + b] = value, b
-            table = merged
-            steps.append(take)
-        best[u], split[u] = table, steps
-    root = best[0]
-    j = max(range(1, len(root)), key=lambda m: (root[m], -m))  # ties: the smaller tree
-    chosen: list[int] = []
-    _collect(0, j, children, split, chosen)
-    return sorted(chosen)
+    return Pruning(parents, values, k).nodes(k)
+
+
+class Pruning:
+    """The knapsack solved once for every size up to k, so a caller can weigh each compiled verify
+    width against its cost (`value(j)`) and then take that width's subtree (`nodes(j)`)."""
+
+    def __init__(self, parents: list[int], values: list[float], k: int):
+        n = len(parents)
+        self.k = k = max(1, min(k, n))
+        self.children: list[list[int]] = [[] for _ in range(n)]
+        for v in range(1, n):
+            self.children[parents[v]].append(v)
+        # best[u][j]: the best value of j nodes; split[u][i][j]: nodes given to child i when u's
+        # table held j nodes after merging it (0 = child left out)
+        best: list[list[float]] = [[]] * n
+        self.split: list[list[list[int]]] = [[]] * n
+        for u in range(n - 1, -1, -1):
+            table = [float("-inf"), values[u]]  # index = node count
+            steps = []
+            for c in self.children[u]:
+                child = best[c]
+                size = min(k, len(table) - 1 + len(child) - 1)
+                merged = table + [float("-inf")] * (size + 1 - len(table))
+                take = [0] * (size + 1)
+                for a in range(1, len(table)):
+                    if table[a] == float("-inf"):
+                        continue
+                    for b in range(1, min(len(child) - 1, size - a) + 1):
+                        value = table[a] + child[b]
+                        if value > merged[a + b]:
+                            merged[a + b], take[a + b] = value, b
+                table = merged
+                steps.append(take)
+            best[u], self.split[u] = table, steps
+        self.root = best[0]
+
+    def _size(self, j: int) -> int:
+        """The best node count ≤ j (ties: the smaller tree)."""
+        j = max(1, min(j, len(self.root) - 1))
+        return max(range(1, j + 1), key=lambda m: (self.root[m], -m))
+
+    def value(self, j: int) -> float:
+        """E[A] of the best subtree of at most j nodes."""
+        return self.root[self._size(j)]
+
+    def nodes(self, j: int) -> list[int]:
+        chosen: list[int] = []
+        _collect(0, self._size(j), self.children, self.split, chosen)
+        return sorted(chosen)
 
 
 def _collect(u: int, j: int, children: list[list[int]], split: list[list[list[int]]], out: list[int]) -> None:

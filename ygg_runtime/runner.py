@@ -42,10 +42,17 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor) -> Tensor:
+    def forward(
+        self, tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor, width: int = 0
+    ) -> Tensor:
         """Run W new tokens. offsets[i]: tree slot of token i (cache slot committed + offsets[i]);
         depths[i]: its depth below the committed prefix (position committed + depths[i]);
-        tree_mask [W, T] bool: which of the T tree slots token i sees. Returns logits [W, vocab]."""
+        tree_mask [W, T] bool: which of the T tree slots token i sees. Returns logits [W, vocab].
+        width > W pads the forward to that many tokens (a compiled width) with masked slots placed
+        after the tree, which see only the prefix and themselves and whose outputs are dropped."""
+        n = len(tokens)
+        if width > n:
+            tokens, offsets, depths, tree_mask = _pad(tokens, offsets, depths, tree_mask, width)
         w, t = tree_mask.shape
         base = self.committed
         if base + t > self.max_len:
@@ -59,7 +66,7 @@ class ModelRunner:
         positions = torch.tensor(depths, device=dev) + base
         slots = torch.tensor(offsets, device=dev) + base
         self.calls.append(w)
-        return self.model(x, positions, slots, mask)[0]
+        return self.model(x, positions, slots, mask)[0, :n]
 
     def forward_chain(self, tokens: list[int]) -> Tensor:
         """Run tokens as a plain causal continuation of the committed prefix (not committed)."""
@@ -77,3 +84,15 @@ class ModelRunner:
             part = tokens[i : i + chunk]
             self.forward_chain(part)
             self.commit(list(range(len(part))))
+
+
+def _pad(tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor, width: int):
+    """Extend a forward to `width` tokens with dummies in fresh slots after the tree's."""
+    n, t = tree_mask.shape
+    extra = width - n
+    slots = max(t, max(offsets) + 1)
+    mask = torch.zeros(width, slots + extra, dtype=torch.bool)
+    mask[:n, :t] = tree_mask
+    idx = torch.arange(extra)
+    mask[n + idx, slots + idx] = True
+    return tokens + [0] * extra, offsets + list(range(slots, slots + extra)), depths + [0] * extra, mask

@@ -32,6 +32,8 @@ class TokenTree:
     children: list[list[int]] = field(default_factory=list)
     # Draft distribution q at a node whose children were sampled from it (sampling rules only).
     draft_dists: dict[int, Tensor] = field(default_factory=dict)
+    verify_width: int = 0  # pad the target's forward to this compiled width (0: exactly len(tree))
+    origin: list[int] | None = None  # for a pruned tree: each node's index in the tree it came from
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -41,16 +43,31 @@ class TokenTree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, parent: int, token: int, prob: float) -> int:
+    def add(self, parent: int, token: int, prob: float, accept: float | None = None) -> int:
+        """A child of `parent` drafted with probability `prob`; `accept` is its estimated chance of
+        being accepted once its parent is (the draft probability itself when not given)."""
         node = len(self.tokens)
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
         self.draft_probs.append(prob)
-        self.path_values.append(self.path_values[parent] * prob)
+        self.path_values.append(self.path_values[parent] * (prob if accept is None else accept))
         self.children.append([])
         self.children[parent].append(node)
         return node
+
+    def subtree(self, nodes: list[int]) -> "TokenTree":
+        """The tree made of `nodes` (root-connected, ascending), children kept in their order;
+        `origin` maps its nodes back to this tree's."""
+        if self.draft_dists:
+            raise ValueError("only trees with deterministic children can be pruned")
+        new = {old: i for i, old in enumerate(nodes)}
+        sub = TokenTree(self.root_token, self.child_rule, origin=list(nodes))
+        for old in nodes[1:]:
+            parent = self.parents[old]
+            node = sub.add(new[parent], self.tokens[old], self.draft_probs[old])
+            sub.path_values[node] = self.path_values[old]
+        return sub
 
     @property
     def depth(self) -> int:

@@ -96,10 +96,12 @@ class Drafter:
         self.fed = {0}
         return self._fit(logits[-1:])[0]
 
-    def expand(self, tree: TokenTree, nodes: list[int]) -> Tensor:
-        """Run the drafter over tree nodes (their ancestors already fed); logits [len(nodes), V]."""
+    def expand(self, tree: TokenTree, nodes: list[int], width: int = 0) -> Tensor:
+        """Run the drafter over tree nodes (their ancestors already fed), padded to `width`;
+        logits [len(nodes), V]."""
         mask = tree.ancestor_mask()[nodes]
-        logits = self.runner.forward([tree.tokens[i] for i in nodes], nodes, [tree.depths[i] for i in nodes], mask)
+        tokens, depths = [tree.tokens[i] for i in nodes], [tree.depths[i] for i in nodes]
+        logits = self.runner.forward(tokens, nodes, depths, mask, width)
         self.fed.update(nodes)
         return self._fit(logits)
 
@@ -121,6 +123,11 @@ class Drafter:
             pad = logits.new_full((logits.shape[0], self.target_vocab - v), float("-inf"))
             return torch.cat([logits, pad], dim=-1)
         return logits
+
+
+def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
+    """The smallest compiled width that holds n tokens (n itself when none is wide enough)."""
+    return next((w for w in sorted(widths) if w >= n), n)
 
 
 def pick_children(
