@@ -24,11 +24,11 @@ $(VENV)/.installed-qwen: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[qwen]'
 	touch $@
 
-# Compile the Qwen2.5-Coder 0.5B -> 1.5B pair, then answer a code and a prose prompt with
-# specinfer and with plain decoding (ar), printing the statistics of each.
+# Compile the Qwen2.5-Coder 0.5B -> 1.5B pair (reusing the committed latency profiles of this CPU),
+# then answer a code and a prose prompt with egt and with plain decoding (ar), printing the statistics.
 demo: install-qwen
 	$(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
-	@for p in demo/code.txt demo/prose.txt; do for m in specinfer ar; do \
+	@for p in demo/code.txt demo/prose.txt; do for m in egt ar; do \
 		echo; echo "=== $$p · $$m ==="; \
 		$(BIN)/ygg run $$p --artifact $(ART) --method $$m --max-new-tokens 128 --stats || exit 1; \
 	done; done

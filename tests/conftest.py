@@ -9,6 +9,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 # Converted GGUF checkpoints are cached here between test runs (the user cache is left alone).
 os.environ.setdefault("YGG_CACHE", str(REPO / ".cache" / "ygg-test"))
+# Latency profiles the tests measure stay out of the committed profiles/.
+os.environ.setdefault("YGG_PROFILES", str(REPO / ".cache" / "ygg-test" / "profiles"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 

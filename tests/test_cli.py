@@ -21,15 +21,17 @@ def prompt_file(tmp_path):
 
 def test_compile_writes_a_complete_artifact(artifact):
     plan = yaml.safe_load((artifact / "plan.yaml").read_text())
-    assert plan["format_version"] == 1 and plan["dtype"] == "float32" and plan["method"] == "chain"
-    assert set(plan["methods"]) == {"ar", "chain", "specinfer"}
+    assert plan["format_version"] == 2 and plan["dtype"] == "float32" and plan["method"] == "chain"
+    assert set(plan["methods"]) == {"ar", "chain", "specinfer", "sequoia", "egt"}
+    assert plan["calibration"]["steps"] > 0 and plan["calibration"]["tokens"] > 0
+    assert "calibration.safetensors" in plan["files"]
     for rel, meta in plan["files"].items():
         assert (artifact / rel).stat().st_size == meta["bytes"]
     assert {"draft/model.safetensors", "target/model.safetensors", "tokenizer.json"} <= set(plan["files"])
     assert [p.name for p in artifact.parent.iterdir()] == ["tiny"]  # no temporary directory left
 
 
-@pytest.mark.parametrize("method", ["ar", "chain", "specinfer"])
+@pytest.mark.parametrize("method", ["ar", "chain", "specinfer", "sequoia", "egt"])
 def test_run_json_is_the_targets_greedy_output(pair, artifact, prompt_file, method):
     proc = ygg("run", prompt_file, "--artifact", artifact, "--method", method, "-n", 40, "--json", "--ignore-eos")
     assert proc.returncode == 0, proc.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,8 +24,9 @@ from ygg_compile import hardware, sources
 from ygg_compile.convert import convert_state
 from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
 from ygg_runtime.errors import YggError
-from ygg_runtime import proposers
+from ygg_runtime import objective, proposers
 from ygg_runtime.proposers import DEFAULT_PARAMS
+from ygg_runtime.text import TextCodec
 
 CHAT_PROBE = "\x00YGG-PROMPT\x00"
 TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode ✓", "  leading spaces\tand tabs\n\n"]
@@ -37,9 +39,13 @@ class CompileOptions:
     output: Path = Path("artifacts/default")
     device: str = "cpu"
     dtype: str = "auto"
-    method: str = "specinfer"
+    method: str = "egt"
     methods: dict[str, dict] = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_PARAMS.items()})
     max_context: int = 4096
+    calib: Path | None = None  # calibration prompts (None: the shipped set)
+    calib_tokens: int = 48  # new tokens per calibration prompt
+    reprofile: bool = False  # measure T(W) even when a matching stored profile exists
+    profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
 
 
 class Reporter:
@@ -60,12 +66,18 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     ui = ui or Reporter()
     sources.quiet_transformers()
     proposers.validate(opts.methods)
-    if opts.method not in opts.methods:
-        raise YggError(f"default method '{opts.method}' is not one of the compiled methods ({', '.join(opts.methods)})")
+    planned = ("sequoia", "egt")
+    if opts.method not in (*opts.methods, *planned):
+        raise YggError(f"default method '{opts.method}' is not one of the compiled methods ({', '.join([*opts.methods, *planned])})")
+    if opts.calib_tokens < 1:
+        raise YggError("--calib-tokens must be at least 1")
     device = hardware.resolve_device(opts.device)
     dtype = hardware.resolve_dtype(opts.dtype, device)
     out = Path(opts.output)
     _check_output(out)
+    from ygg_compile import calibrate
+
+    calib_prompts = calibrate.load_prompts(opts.calib)
     started = time.time()
     with _staging(out) as tmp:
         with ui.step("resolving draft model"):
@@ -82,8 +94,16 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         with ui.step("writing tokenizer"):
             tok_info = _write_tokenizer(tokenizer, target, tmp)
             tok_info["eos_token_ids"] = sorted(set(tok_info["eos_token_ids"]) | set(models["target"]["eos_token_ids"]))
-        with ui.step("measuring forward latency T(W) of both models"):
-            profile = _profile(tmp, device, max_context, ui)
+        runners = _load_runners(tmp, device, max_context)
+        profile = _profiles(runners, models, device, str(dtype).removeprefix("torch."), max_context, opts, ui)
+        with ui.step(f"calibrating on {len(calib_prompts)} prompts ({opts.calib_tokens} tokens each)"):
+            codec = TextCodec(tmp / tok_info["file"], tok_info["chat_prefix"], tok_info["chat_suffix"])
+            calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, opts.calib_tokens, ui)
+            calibrate.save_steps(calib, tmp / "calibration.safetensors")
+        del runners
+        gc.collect()
+        with ui.step("planning egt and sequoia with the objective"):
+            methods, planning = _plan(calib, profile, opts)
         with ui.step("hashing artifact files"):
             files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         plan = {
@@ -98,8 +118,18 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             "cpu": hardware.cpu_info(),
             "max_context": max_context,
             "method": opts.method,
-            "methods": opts.methods,
+            "methods": methods,
             "profile": profile,
+            "calibration": {
+                "source": str(opts.calib) if opts.calib else "builtin",
+                "prompts": calib.prompts,
+                "tokens": calib.tokens,
+                "steps": len(calib.steps),
+                "seconds": round(calib.seconds, 1),
+                "probe_tokens_per_step": round(calib.tokens / max(1, len(calib.steps)), 3),
+                "file": "calibration.safetensors" if calib.steps else None,
+            },
+            "planning": planning,
             "tokenizer": tok_info,
             "files": files,
         }
@@ -182,20 +212,58 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
     }
 
 
-def _profile(tmp: Path, device: str, max_context: int, ui: Reporter) -> dict:
-    """T(W) of the converted models as the runtime will run them (see ygg_compile.profile)."""
-    from ygg_compile.profile import fitting_widths, profile_models
+def _load_runners(tmp: Path, device: str, max_context: int) -> dict:
     from ygg_runtime.model import load_model
     from ygg_runtime.runner import ModelRunner
 
-    context = min(256, max_context // 2)
-    widths = fitting_widths(context, max_context)
-    runners = {role: ModelRunner(load_model(tmp / role, device), context + widths[-1]) for role in ("target", "draft")}
-    try:
-        return profile_models(runners, widths, context, ui=ui)
-    finally:
-        del runners
-        gc.collect()
+    from ygg_compile.calibrate import PROBE_ROOM
+
+    # Room past max_context for the calibration probe's wide trees (slots, not positions).
+    return {role: ModelRunner(load_model(tmp / role, device), max_context + PROBE_ROOM) for role in ("target", "draft")}
+
+
+def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context: int, opts: CompileOptions,
+              ui: Reporter) -> dict:
+    """The plan's latency profile: each model's stored profile when one matches this machine,
+    else measured now and stored (see ygg_compile.profile)."""
+    from ygg_compile import profile as prof
+
+    widths, contexts = prof.plan_grid(max_context)
+    root = Path(opts.profiles) if opts.profiles else prof.profiles_dir()
+    found, files = {}, {}
+    for role in ("target", "draft"):
+        path = prof.profile_path(root, device, models[role], dtype)
+        stored, why = (None, "--reprofile") if opts.reprofile else prof.load_matching(path, models[role], dtype, device, widths, contexts)
+        if stored is None:
+            label = f"measuring {role} T(W) at contexts {', '.join(map(str, contexts))} ({why})"
+            with ui.step(label):
+                report = lambda done, total, label=label: ui.progress(label, done, total, unit="rounds")  # noqa: E731
+                measured = prof.measure(runners[role], widths, contexts, progress=report)
+                try:
+                    stored = prof.save(path, measured, models[role], dtype, device)
+                except OSError as e:
+                    raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
+        else:
+            ui.note(f"{role}: reusing the measured profile {path}")
+        found[role], files[role] = stored, str(path)
+    return prof.combine(found["target"], found["draft"], widths, contexts) | {"files": files}
+
+
+def _plan(calib, profile: dict, opts: CompileOptions) -> tuple[dict, dict]:
+    """egt and sequoia parameters from calibration and the curves, with the candidates' table."""
+    from ygg_compile import calibrate
+
+    curves = objective.Curves(profile)
+    widths = tuple(profile["widths"])
+    context = int(statistics.median(s.context for s in calib.steps)) if calib.steps else profile["contexts"][0]
+    accept = calibrate.acceptance_map(calib)
+    ranks = calib.rank_acceptance()
+    verify = tuple(w for w in widths if w <= calibrate.PROBE_VERIFY)
+    egt, egt_rows = calibrate.plan_egt(calib, curves, accept, verify, widths) if calib.steps else ({"depth": 0}, [])
+    seq, seq_rows = calibrate.plan_sequoia(ranks, curves, widths, context)
+    methods = {**opts.methods, "sequoia": seq, "egt": egt}
+    planning = {"context": context, "rank_acceptance": [round(x, 4) for x in ranks], "egt": egt_rows, "sequoia": seq_rows}
+    return methods, planning
 
 
 def _eos_ids(hf) -> set[int]:

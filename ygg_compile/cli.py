@@ -27,13 +27,19 @@ def compile_cmd(
     draft: str = typer.Option(..., "--draft", help="draft model: alias, local HF directory, .gguf file or Hub id"),
     target: str = typer.Option(..., "--target", help="target model (same forms as --draft)"),
     output: Path = typer.Option(DEFAULT_DIR, "-o", "--output", help="artifact directory to write"),
-    method: str = typer.Option("specinfer", "--method", help="default method of the artifact: ar, chain, specinfer"),
+    method: str = typer.Option("egt", "--method", help="default method of the artifact: egt, sequoia, specinfer, chain or ar"),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
     max_context: int = typer.Option(4096, "--max-context", help="longest prompt + generation the artifact serves"),
     chain_k: int = typer.Option(4, "--chain-k", help="chain: drafted tokens per step"),
     tree_width: int = typer.Option(2, "--tree-width", help="specinfer: children per node"),
     tree_depth: int = typer.Option(3, "--tree-depth", help="specinfer: tree depth"),
+    calib: Optional[Path] = typer.Option(
+        None, "--calib", help="calibration prompts: .jsonl (turns/prompt), text (prompts split by --- lines) or a directory; default: a shipped set"
+    ),
+    calib_tokens: int = typer.Option(48, "--calib-tokens", help="tokens the target generates per calibration prompt"),
+    reprofile: bool = typer.Option(False, "--reprofile", help="measure T(W) even if profiles/ holds a matching profile"),
+    profiles: Optional[Path] = typer.Option(None, "--profiles", help="directory of stored latency profiles (default: the checkout's profiles/)"),
 ) -> None:
     """Convert a draft/target pair and write an artifact that `ygg run` loads."""
     from ygg_compile.build import CompileOptions, compile_artifact
@@ -48,6 +54,10 @@ def compile_cmd(
         method=method,
         methods={"ar": {}, "chain": {"k": chain_k}, "specinfer": {"width": tree_width, "depth": tree_depth}},
         max_context=max_context,
+        calib=calib,
+        calib_tokens=calib_tokens,
+        reprofile=reprofile,
+        profiles=profiles,
     )
     with RichReporter() as ui:
         plan = compile_artifact(opts, ui)
@@ -57,13 +67,29 @@ def compile_cmd(
         f"draft {models['draft']['spec']} ({models['draft']['parameters'] / 1e6:.0f}M), {plan['dtype']} on "
         f"{plan['device']}, default method {plan['method']} — try: ygg run prompt.txt --artifact {output} --stats"
     )
+    err.print(plan_summary(plan))
+
+
+def plan_summary(plan: dict) -> str:
+    """One line on what the objective chose, from the plan's candidate tables."""
+    egt, seq = plan["methods"]["egt"], plan["methods"]["sequoia"]
+    best = max(plan["planning"]["egt"], key=lambda r: r["speedup"]) if plan["planning"]["egt"] else None
+    sbest = max(plan["planning"]["sequoia"], key=lambda r: r["speedup"])
+    cal = plan["calibration"]
+    egt_text = ("egt: depth 0 (no tree pays for itself: plain decoding)" if not egt["depth"] else
+                f"egt: depth {egt['depth']} × {egt['draft_width']} nodes/round, verify ≈{egt['verify_width']} "
+                f"({best['tokens_per_step']:.2f} tokens/step replayed, modelled {best['speedup']:.2f}×)")
+    seq_text = (f"sequoia: {len(seq['parents'])}-node tree, depth {sbest['depth']} (E[A] {sbest['expected_accepted']:.2f}, "
+                f"modelled {sbest['speedup']:.2f}×)")
+    return (f"plan — {egt_text}; {seq_text}; calibrated on {cal['prompts']} prompts, {cal['steps']} probe steps "
+            f"in {cal['seconds']:.0f} s")
 
 
 @app.command("run")
 def run_cmd(
     prompt_file: str = typer.Argument(..., metavar="PROMPT_FILE", help="file holding the prompt, or - for stdin"),
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="ar, chain or specinfer (default: the plan's)"),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help="egt, sequoia, specinfer, chain or ar (default: the plan's)"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="tokens to generate at most"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples losslessly"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),

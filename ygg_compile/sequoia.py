@@ -28,39 +28,52 @@ class StaticTree:
 
 def optimal_tree(p: list[float], budget: int, max_depth: int) -> StaticTree:
     """The E[A]-maximal tree of at most `budget` nodes (root included) and depth ≤ max_depth."""
-    budget, ranks = max(1, budget), len(p)
-    # c[d][n]: best E[A] of n nodes within depth d; G[d][i][m]: best Σ p[j]·c[d-1][s_j] over children
-    # of rank ≥ i sharing m nodes. Bottom-up, so deep budgets need no recursion.
-    c = [[0.0] + [1.0] * budget]
-    G: list[list[list[float]]] = [[]]
-    for d in range(1, max_depth + 1):
-        g = [[0.0] * budget for _ in range(ranks + 1)]
-        for i in range(ranks - 1, -1, -1):
-            for m in range(1, budget):
-                best = g[i + 1][m]
-                for s in range(1, m + 1):
-                    best = max(best, p[i] * c[d - 1][s] + g[i + 1][m - s])
-                g[i][m] = best
-        G.append(g)
-        c.append([0.0] + [1.0 + g[0][n - 1] for n in range(1, budget + 1)])
+    return SequoiaTables(p, budget, max_depth).tree(budget, max_depth)
 
-    parents: list[int] = []
-    rks: list[int] = []
 
-    def build(n: int, d: int, parent: int, rank: int) -> None:
-        node = len(parents)
-        parents.append(parent)
-        rks.append(rank)
-        m, i = n - 1, 0
-        while d > 0 and m > 0 and i < ranks:
-            g = G[d]
-            if g[i][m] == g[i + 1][m]:
-                i += 1
-                continue
-            s = next(s for s in range(1, m + 1) if p[i] * c[d - 1][s] + g[i + 1][m - s] == g[i][m])
-            build(s, d - 1, node, i)
-            m, i = m - s, i + 1
+class SequoiaTables:
+    """The DP solved once up to a budget and a depth, so every smaller (budget, depth) is a lookup.
 
-    n = max(range(1, budget + 1), key=lambda b: (c[max_depth][b], -b))  # a bigger tree only if it helps
-    build(n, max_depth, -1, 0)
-    return StaticTree(tuple(parents), tuple(rks), c[max_depth][n])
+    c[d][n]: the best E[A] of n nodes within depth d; G[d][i][m]: the best Σ p[j]·c[d-1][s_j] over
+    children of rank ≥ i sharing m nodes. Bottom-up, so deep budgets need no recursion.
+    """
+
+    def __init__(self, p: list[float], budget: int, max_depth: int):
+        self.p, self.budget, self.ranks = list(p), max(1, budget), len(p)
+        budget, ranks = self.budget, self.ranks
+        self.c = [[0.0] + [1.0] * budget]
+        self.G: list[list[list[float]]] = [[]]
+        for d in range(1, max_depth + 1):
+            g = [[0.0] * budget for _ in range(ranks + 1)]
+            for i in range(ranks - 1, -1, -1):
+                for m in range(1, budget):
+                    best = g[i + 1][m]
+                    for s in range(1, m + 1):
+                        best = max(best, p[i] * self.c[d - 1][s] + g[i + 1][m - s])
+                    g[i][m] = best
+            self.G.append(g)
+            self.c.append([0.0] + [1.0 + g[0][n - 1] for n in range(1, budget + 1)])
+
+    def tree(self, budget: int, depth: int) -> StaticTree:
+        """The best tree of at most `budget` nodes within `depth` (a bigger one only if it helps)."""
+        c, p = self.c, self.p
+        n = max(range(1, min(budget, self.budget) + 1), key=lambda b: (c[depth][b], -b))
+        parents: list[int] = []
+        rks: list[int] = []
+
+        def build(n: int, d: int, parent: int, rank: int) -> None:
+            node = len(parents)
+            parents.append(parent)
+            rks.append(rank)
+            m, i = n - 1, 0
+            while d > 0 and m > 0 and i < self.ranks:
+                g = self.G[d]
+                if g[i][m] == g[i + 1][m]:
+                    i += 1
+                    continue
+                s = next(s for s in range(1, m + 1) if p[i] * c[d - 1][s] + g[i + 1][m - s] == g[i][m])
+                build(s, d - 1, node, i)
+                m, i = m - s, i + 1
+
+        build(n, depth, -1, 0)
+        return StaticTree(tuple(parents), tuple(rks), c[depth][n])

@@ -13,7 +13,7 @@ from ygg_runtime.model import load_model
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: multi-context profiles, calibration, egt and sequoia plans
 PLAN_FILE = "plan.yaml"
 DEFAULT_DIR = Path("artifacts/default")
 

@@ -56,29 +56,42 @@ class EGT(DraftProposer):
             super().prefill(tokens)
 
     def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
-        tree = TokenTree(seq[-1], child_rule="deterministic")
-        self.last_tree = tree
         if self.depth == 0:
-            return tree
+            self.last_tree = TokenTree(seq[-1], child_rule="deterministic")
+            return self.last_tree
+
+        def expand(tree: TokenTree, picks: list[int]) -> list[tuple[list[float], list[int]]]:
+            return [self._top(row) for row in self.drafter.expand(tree, picks, self.draft_width)]
+
+        self.last_tree = self.grow(seq[-1], self._top(self.drafter.begin(seq)), expand)
+        return self.prune(self.last_tree, len(seq))
+
+    def grow(self, root_token: int, root_children: tuple[list[float], list[int]], expand) -> TokenTree:
+        """The drafted tree: the root's children, then depth - 1 rounds that each expand the
+        draft_width best unexpanded nodes. expand(tree, nodes) gives each node's top children as
+        (draft probs, tokens); `ygg_compile.calibrate` replays recorded trees through it."""
+        tree = TokenTree(root_token, child_rule="deterministic")
         frontier: list[tuple[float, int]] = []  # (-path value, node): unexpanded nodes
-        self._add_children(tree, 0, self.drafter.begin(seq), frontier)
+        self._add_children(tree, 0, root_children, frontier)
         for _ in range(self.depth - 1):
-            picks = [heapq.heappop(frontier)[1] for _ in range(min(self.draft_width, len(frontier)))]
+            # ascending node order keeps each row's ancestors before it
+            picks = sorted(heapq.heappop(frontier)[1] for _ in range(min(self.draft_width, len(frontier))))
             if not picks:
                 break
-            picks.sort()  # ascending node order keeps each row's ancestors before it
-            logits = self.drafter.expand(tree, picks, self.draft_width)
-            for node, row in zip(picks, logits):
-                self._add_children(tree, node, row, frontier)
-        return self._prune(tree, len(seq))
+            for node, children in zip(picks, expand(tree, picks)):
+                self._add_children(tree, node, children, frontier)
+        return tree
 
-    def _add_children(self, tree: TokenTree, node: int, logits: torch.Tensor, frontier: list) -> None:
+    def _top(self, logits: torch.Tensor) -> tuple[list[float], list[int]]:
         top = torch.softmax(logits.float(), dim=-1).topk(min(self.top_k, logits.shape[-1]))
-        for q, token in zip(top.values.tolist(), top.indices.tolist()):
+        return top.values.tolist(), top.indices.tolist()
+
+    def _add_children(self, tree: TokenTree, node: int, children: tuple[list[float], list[int]], frontier: list) -> None:
+        for q, token in zip(*children):
             child = tree.add(node, token, q, self.accept(q))
             heapq.heappush(frontier, (-tree.path_values[child], child))
 
-    def _prune(self, tree: TokenTree, context: int) -> TokenTree:
+    def prune(self, tree: TokenTree, context: int) -> TokenTree:
         """The verified subtree: for each compiled verify width its E[A]-best subtree, the width
         with the most tokens per modelled ms (all drafting of the step counted) chosen."""
         widest = self.verify_widths[-1]
@@ -94,17 +107,15 @@ class EGT(DraftProposer):
         pruning = Pruning([index.get(tree.parents[v], -1) for v in nodes], [tree.path_values[v] for v in nodes], widest)
         width = self.verify_widths[-1]
         if self.curves is not None:
-            drafting = self.curves.t_draft(self.BEGIN_WIDTH, context) + (self.depth - 1) * self.curves.t_draft(
-                self.draft_width, context
-            )
-
-            def rate(w: int) -> float:
-                return pruning.value(w) / (drafting + self.curves.t_verify(w, context) + self.curves.t_other(w))
-
-            width = max(self.verify_widths, key=rate)
+            drafts = self.step_shape().draft_widths
+            width = max(self.verify_widths, key=lambda w: pruning.value(w) / self.step_ms(drafts, w, context))
         sub = tree.subtree([nodes[i] for i in pruning.nodes(width)])
         sub.verify_width = fit_width(len(sub), self.verify_widths)
         return sub
+
+    def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int) -> float:
+        """The objective's modelled time of a step (`self.curves` required)."""
+        return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context)
 
     def update(self, tree: TokenTree, verdict: Verdict) -> None:
         if self.depth:

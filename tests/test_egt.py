@@ -1,0 +1,155 @@
+"""EGT with static shapes, the objective on measured curves, calibration and its replays."""
+
+import random
+
+import pytest
+import tiny
+import torch
+from helpers import decode, hf_greedy, noised_runtime, runner, to_runtime
+
+from ygg_compile import calibrate
+from ygg_runtime import objective
+from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
+from ygg_runtime.proposers import Drafter, build
+from ygg_runtime.prune import Pruning, best_subtree
+
+COMPILED = (1, 2, 4, 8, 16)
+# A made-up profile in which a verify of 16 costs double one of 4: the objective must trade.
+PROFILE = {"widths": list(COMPILED), "contexts": [16, 256], "threads": 2,
+           "target_ms": [[10, 10, 11, 14, 22], [12, 12, 13, 17, 26]],
+           "draft_ms": [[3, 3, 3, 4, 6], [4, 4, 4, 5, 7]], "other_ms": [0.2, 0.2, 0.3, 0.4, 0.6]}
+
+
+@pytest.fixture(scope="module")
+def models():
+    hf = tiny.hf_model("llama", seed=30)
+    target = to_runtime(hf)
+    return hf, runner(target), runner(noised_runtime(target, 0.05, seed=31))
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (int(torch.randint(1, 200, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def test_every_egt_forward_has_a_compiled_width_whatever_the_context(models):
+    """Instrument both models' forwards: egt pads every drafter round and every verify to a
+    compiled width, at short and long contexts, with few candidates (top_k 2 < draft width) and
+    the objective choosing verify widths per step; the output stays the target's own."""
+    from ygg_runtime.engine import generate
+
+    hf, target, draft = models
+    chosen = []
+    for params in ({"depth": 4, "draft_width": 8, "top_k": 2, "verify_widths": [1, 4, 16]},
+                   {"depth": 3, "draft_width": 4, "top_k": 3, "verify_widths": list(COMPILED)}):
+        drafter = Drafter(draft, target.vocab_size)
+        egt = build("egt", params, drafter, Curves(PROFILE))
+        for prompt in prompts(4, seed=32):
+            target.calls.clear()
+            draft.calls.clear()
+            out, m = generate(target, egt, prompt, max_new_tokens=48, on_step=lambda t, v: chosen.append(t.verify_width))
+            assert out == hf_greedy(hf, prompt, 48)
+            prefill = {len(prompt) - 1} if len(prompt) > 1 else set()
+            steps_target = target.calls[1:] if prefill else target.calls
+            assert set(steps_target) <= set(params["verify_widths"]), steps_target
+            rounds = draft.calls[1:] if prefill else draft.calls
+            assert set(rounds) <= set(COMPILED) and params["draft_width"] in rounds, rounds
+    assert len(set(chosen)) > 1, chosen  # the objective traded widths step by step
+
+
+def test_egt_depth_zero_is_plain_decoding_and_never_runs_the_drafter(models):
+    hf, target, draft = models
+    draft.calls.clear()
+    prompt = prompts(1, seed=33)[0]
+    out, m = decode(target, draft, "egt", {"depth": 0}, prompt, 24)
+    assert out == hf_greedy(hf, prompt, 24) and m.steps == 24 and draft.calls == []
+
+
+def test_objective_interpolates_context_and_keeps_plain_decoding_at_one():
+    c = Curves(PROFILE)
+    assert c.t_verify(4, 16) == 11 and c.t_verify(4, 256) == 13
+    assert c.t_verify(4, 136) == pytest.approx(12) and c.t_verify(4, 10_000) == 13  # clamped past the last
+    assert c.t_verify(6, 16) == pytest.approx(12.5)  # linear between widths
+    plain = StepShape((), 1)
+    assert objective.speedup(1.0, plain, c, 100) == pytest.approx(1.0)
+    shape = StepShape((2, 4, 4), 16)
+    assert objective.break_even(shape, c, 16) == pytest.approx((3 + 3 + 3 + 22 + 0.6) / 10.2)
+
+
+def test_pruning_every_size_from_one_table_matches_the_single_size_search():
+    rng = random.Random(5)
+    for _ in range(50):
+        n = rng.randint(1, 30)
+        parents = [-1] + [rng.randrange(v) for v in range(1, n)]
+        values = [1.0] + [rng.random() for _ in range(1, n)]
+        pruning = Pruning(parents, values, 16)
+        for k in range(1, 17):
+            assert pruning.nodes(k) == best_subtree(parents, values, k)
+
+
+def test_acceptance_map_is_monotone_and_bounded():
+    m = AcceptanceMap([[0.0, 0.0], [0.2, 0.1], [0.5, 0.7], [1.0, 0.95]])
+    qs = [i / 100 for i in range(101)]
+    vals = [m(q) for q in qs]
+    assert all(0 <= a <= 1 for a in vals) and vals == sorted(vals) and m(0.35) == pytest.approx(0.4)
+    assert AcceptanceMap()(0.3) == pytest.approx(0.3)  # uncalibrated: the draft probability itself
+
+
+@pytest.fixture(scope="module")
+def probe(models):
+    hf, target, draft = models
+
+    class Codec:
+        def encode(self, text):
+            return list(text.encode())[:60]
+
+    texts = ["def add(a, b):\n    return a + b\n", "Once upon a time there was a", "SELECT name FROM users WHERE"]
+    from ygg_compile.build import Reporter
+
+    return calibrate.run_probe(target, draft, Codec(), texts, 24, Reporter())
+
+
+def test_calibration_replay_of_the_probe_itself_reproduces_every_step(probe):
+    """Replaying the probe's own shape on its recorded trees gives exactly the accepted lengths
+    the real run had: the replay runs the runtime's growth, pruning and acceptance."""
+    egt = build("egt", {"depth": calibrate.PROBE_DEPTH, "draft_width": calibrate.PROBE_WIDTH,
+                        "top_k": calibrate.PROBE_TOP_K, "verify_widths": [calibrate.PROBE_VERIFY]}, Drafter(None, 1))
+    assert len(probe.steps) > 10
+    assert [calibrate.replay(egt, s)[0] for s in probe.steps] == [s.accepted for s in probe.steps]
+    for prompt in range(probe.prompts):  # every prompt decoded its 24 tokens, the last step cut to fit
+        lengths = [s.accepted for s in probe.steps if s.prompt == prompt]
+        assert sum(lengths[:-1]) < 24 <= sum(lengths)
+
+
+def test_calibration_statistics_and_the_plan_from_them(probe):
+    ranks = probe.rank_acceptance()
+    assert 0 < sum(ranks) <= 1 and ranks[0] == max(ranks)
+    points = calibrate.acceptance_map(probe)
+    accept = [a for _, a in points]
+    assert accept == sorted(accept) and 0 <= accept[0] and accept[-1] <= 1
+    curves = Curves(PROFILE)
+    params, rows = calibrate.plan_egt(probe, curves, points, COMPILED, COMPILED)
+    best = max(rows, key=lambda r: r["speedup"])
+    assert params["depth"] == best["depth"] and rows[0]["depth"] == 0 and rows[0]["speedup"] == 1.0
+    deeper = [r["tokens_per_step"] for r in rows if r["draft_width"] == 1]
+    assert deeper == sorted(deeper)  # a deeper chain never yields fewer tokens
+    seq, table = calibrate.plan_sequoia(ranks, curves, COMPILED, 64)
+    assert seq["parents"][0] == -1 and max(r["speedup"] for r in table) >= 1.0
+
+
+def test_a_useless_drafter_plans_depth_zero(models):
+    """An unrelated random drafter: no tree pays for itself, so egt and sequoia fall back to plain."""
+    hf, target, _ = models
+    useless = runner(to_runtime(tiny.hf_model("llama", seed=99)))
+
+    class Codec:
+        def encode(self, text):
+            return list(text.encode())
+
+    from ygg_compile.build import Reporter
+
+    calib = calibrate.run_probe(target, useless, Codec(), ["the quick brown fox", "import os\n"], 16, Reporter())
+    curves = Curves(PROFILE)
+    params, _ = calibrate.plan_egt(calib, curves, calibrate.acceptance_map(calib), COMPILED, COMPILED)
+    seq, _ = calibrate.plan_sequoia(calib.rank_acceptance(), curves, COMPILED, 64)
+    assert params["depth"] == 0 and seq["parents"] == [-1]
