@@ -36,16 +36,17 @@ demo: install-qwen
 test: install
 	$(BIN)/python -m pytest -q
 
-# Every compiled method and the Hugging Face peers on Spec-Bench (8 prompts in each of six categories,
+# Every compiled method and the Hugging Face peers on Spec-Bench (10 prompts in each of six categories,
 # 128 new tokens, interleaved, medians); results under benchmarks/results/<device>/. Run it alone on
-# the machine. BENCH_FLAGS=--resume continues an interrupted run.
+# the machine. BENCH_FLAGS=--resume continues an interrupted run, or extends it to more categories.
 SPEC_BENCH ?= ../shared/data/spec_bench/question.jsonl
 BENCH_CATEGORIES ?= coding,writing,math_reasoning,qa,translation,summarization
+BENCH_LIMIT ?= 10
 BENCH_FLAGS ?=
 bench: install-qwen
 	test -f $(ART)/plan.yaml || $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 $(BENCH_FLAGS) \
-		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit 8)
+		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
 
 clean:
 	rm -rf $(VENV) .cache artifacts
