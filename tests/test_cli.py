@@ -1,8 +1,10 @@
 """`ygg compile` then `ygg run`, as a user types them, and every bad input ends in one line."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import tiny
@@ -129,7 +131,7 @@ def test_runtime_never_imports_compile_time_libraries(artifact):
     code = (
         "import sys, ygg_runtime\n"
         f"d = ygg_runtime.load({str(artifact)!r})\n"
-        "d.generate('hello', max_new_tokens=4, method='specinfer')\n"
+        "d.generate('hello', max_new_tokens=4, method='egt')\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('transformers', 'sklearn', 'ygg_compile')]\n"
         "assert not bad, bad\n"
     )
@@ -149,3 +151,68 @@ def test_unknown_default_method_is_refused_before_writing(tmp_path, pair):
     proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--method", "medusa")
     assert_one_line_error(proc, "default method 'medusa' is not one of the compiled methods")
     assert not out.exists()
+
+
+@pytest.fixture()
+def small_calib(tmp_path):
+    """Two calibration prompts in the text form (split by a --- line): keeps a compile quick."""
+    path = tmp_path / "calib.txt"
+    path.write_text("def square(x):\n    return x * x\n---\nThe weather today is\n")
+    return path
+
+
+def test_compile_reuses_a_matching_profile_and_reprofile_measures_again(tmp_path, pair, artifact, small_calib):
+    """The `artifact` fixture measured and stored both profiles; a second compile of the same pair
+    reuses them, --reprofile measures again, and a profile from another machine is not reused."""
+    args = ["compile", "--draft", pair["draft"], "--target", pair["target"], "--dtype", "float32",
+            "--max-context", 256, "--calib", small_calib, "--calib-tokens", 8]
+    again = ygg(*args, "-o", tmp_path / "a")
+    assert again.returncode == 0, again.stderr
+    said = again.stderr.replace("\n", " ")
+    assert said.count("reusing the measured profile") == 2 and "measuring" not in said
+    plan = yaml.safe_load((tmp_path / "a" / "plan.yaml").read_text())
+    assert plan["calibration"]["prompts"] == 2 and plan["calibration"]["source"] == str(small_calib)
+    stored = Path(plan["profile"]["files"]["target"])
+    assert stored.is_file() and stored.is_relative_to(os.environ["YGG_PROFILES"])
+    before = stored.read_text()
+    forced = ygg(*args, "-o", tmp_path / "b", "--reprofile")
+    assert forced.returncode == 0, forced.stderr
+    said = forced.stderr.replace("\n", " ")
+    assert "measuring target T(W)" in said and "--reprofile" in said
+    assert stored.read_text() != before  # measured anew (the timestamp at least)
+    other = yaml.safe_load(stored.read_text())
+    other["fingerprint"]["threads"] += 1
+    stored.write_text(yaml.safe_dump(other))
+    moved = ygg(*args, "-o", tmp_path / "c")
+    said = moved.stderr.replace("\n", " ")
+    assert moved.returncode == 0 and "measuring target T(W)" in said and "another machine" in said
+
+
+@pytest.mark.parametrize("content, needle", [(None, "does not exist"), ("", "no calibration prompts"),
+                                             ("\n---\n  \n", "no calibration prompts")])
+def test_bad_calibration_input_is_one_line_before_writing(tmp_path, pair, content, needle):
+    calib = tmp_path / "calib.txt"
+    if content is not None:
+        calib.write_text(content)
+    out = tmp_path / "out"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--calib", calib)
+    assert_one_line_error(proc, needle)
+    assert not out.exists()
+
+
+def test_calibration_prompts_from_text_jsonl_and_directories(tmp_path):
+    from ygg_compile.calibrate import load_prompts
+
+    (tmp_path / "a.txt").write_text("first prompt\n---\nsecond\nprompt\n")
+    (tmp_path / "b.jsonl").write_text('{"turns": ["third"]}\n{"prompt": "fourth"}\n')
+    (tmp_path / "ignored.bin").write_bytes(b"\x00")
+    assert load_prompts(tmp_path / "a.txt") == ["first prompt", "second\nprompt"]
+    assert load_prompts(tmp_path) == ["first prompt", "second\nprompt", "third", "fourth"]
+    builtin = load_prompts(None)
+    assert len(builtin) >= 10
+    spec_bench = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+    if spec_bench.exists():  # written by us: nothing shared with the benchmark's prompts
+        import json
+
+        bench = {json.loads(line)["turns"][0].strip() for line in spec_bench.read_text().splitlines() if line.strip()}
+        assert not bench & set(builtin)

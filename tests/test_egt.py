@@ -69,7 +69,11 @@ def test_objective_interpolates_context_and_keeps_plain_decoding_at_one():
     c = Curves(PROFILE)
     assert c.t_verify(4, 16) == 11 and c.t_verify(4, 256) == 13
     assert c.t_verify(4, 136) == pytest.approx(12) and c.t_verify(4, 10_000) == 13  # clamped past the last
-    assert c.t_verify(6, 16) == pytest.approx(12.5)  # linear between widths
+    assert c.t_verify(6, 16) == 14  # a forward of 6 is padded to the compiled 8
+    slow_one = dict(PROFILE, target_ms=[[15, 10, 11, 14, 22], [15, 12, 13, 17, 26]])
+    assert objective.undominated(PROFILE["widths"], slow_one["target_ms"]) == [2, 4, 8, 16]
+    padded = Curves(slow_one | {"target_widths": [2, 4, 8, 16]})
+    assert padded.t_verify(1, 16) == 10 and objective.plain_ms(padded, 16) == pytest.approx(10.2)
     plain = StepShape((), 1)
     assert objective.speedup(1.0, plain, c, 100) == pytest.approx(1.0)
     shape = StepShape((2, 4, 4), 16)
@@ -153,3 +157,56 @@ def test_a_useless_drafter_plans_depth_zero(models):
     params, _ = calibrate.plan_egt(calib, curves, calibrate.acceptance_map(calib), COMPILED, COMPILED)
     seq, _ = calibrate.plan_sequoia(calib.rank_acceptance(), curves, COMPILED, 64)
     assert params["depth"] == 0 and seq["parents"] == [-1]
+
+
+@pytest.mark.real
+def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path, smollm2_dir, smollm2_tokenizer):
+    """SmolLM2-135M drafted by its own first layer (embeddings and head included, so a third of
+    the target's cost for little agreement): the objective keeps egt at depth 0 or 1, and at depth
+    0 `ygg run --method egt` is plain decoding, token for token."""
+    import json
+
+    import yaml
+    from helpers import ygg
+    from transformers import AutoModelForCausalLM
+
+    draft = tmp_path / "smollm2-1-layer"
+    AutoModelForCausalLM.from_pretrained(smollm2_dir, num_hidden_layers=1).save_pretrained(draft)
+    smollm2_tokenizer.save_pretrained(draft)
+    calib = tmp_path / "calib.txt"
+    calib.write_text("Write a haiku about autumn.\n---\nWhat is the capital of France?\n---\ndef is_even(n):\n")
+    out = tmp_path / "art"
+    proc = ygg("compile", "--draft", draft, "--target", "smollm2-135m", "-o", out, "--max-context", 1024,
+               "--calib", calib, "--calib-tokens", 24)
+    assert proc.returncode == 0, proc.stderr
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    egt = plan["methods"]["egt"]
+    assert egt["depth"] <= 1, plan["planning"]["egt"]
+    if egt["depth"] == 0:
+        runs = {m: json.loads(ygg("run", calib, "-a", out, "-m", m, "-n", 16, "--json", "--ignore-eos").stdout) for m in ("egt", "ar")}
+        assert runs["egt"]["token_ids"] == runs["ar"]["token_ids"] and runs["egt"]["steps"] == 16
+
+
+def test_runners_pad_every_forward_to_their_compiled_widths_and_outputs_stay_the_targets(models):
+    """The artifact gives each runner its compiled widths (W = 1 left out where W = 2 is faster):
+    a one-token forward then runs as two, with the same logits, and greedy output is unchanged."""
+    hf, target, draft = models
+    prompt = prompts(1, seed=34)[0]
+    target.reset()
+    target.prefill(prompt[:-1])
+    plain = target.forward_chain(prompt[-1:])
+    try:
+        target.widths, draft.widths = (2, 4, 8, 16), (2, 4, 8)
+        target.reset()
+        target.prefill(prompt[:-1])
+        target.calls.clear()
+        padded = target.forward_chain(prompt[-1:])
+        assert target.calls == [2] and torch.allclose(plain, padded, atol=1e-5)
+        ref = hf_greedy(hf, prompt, 32)
+        for method, params in (("ar", {}), ("egt", {"depth": 3, "draft_width": 2, "top_k": 2, "verify_widths": [2, 4, 8]})):
+            target.calls.clear()
+            draft.calls.clear()
+            assert decode(target, draft, method, params, prompt, 32)[0] == ref
+            assert set(target.calls[1:]) <= {2, 4, 8, 16} and set(draft.calls[1:]) <= {2, 4, 8}
+    finally:
+        target.widths = draft.widths = ()

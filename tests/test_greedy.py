@@ -45,7 +45,7 @@ def test_tiny_greedy_equals_hf_generate(tiny_pair, method, params):
 @pytest.mark.real
 def test_smollm2_greedy_equals_hf_generate(smollm2_hf, smollm2_tokenizer):
     """On a real model, with drafters that always accept (the target itself), mostly reject (its
-    first 3 of 30 layers) and sometimes accept (a noised copy)."""
+    first 3 of 30 layers) and sometimes accept (a noised copy), for every method with a drafter."""
     target = to_runtime(smollm2_hf)
     drafts = {
         "self": to_runtime(smollm2_hf),
@@ -63,9 +63,10 @@ def test_smollm2_greedy_equals_hf_generate(smollm2_hf, smollm2_tokenizer):
         assert decode(tr, None, "ar", {}, prompt, n_new)[0] == ref
         for name, draft in drafts.items():
             dr = runner(draft)
-            for method, params in METHODS[1:3]:
+            for method, params in METHODS[1:3] + METHODS[4:6]:  # chain, specinfer, sequoia, egt
                 out, m = decode(tr, dr, method, params, prompt, n_new)
                 assert out == ref, f"{method} with the {name} drafter diverged on {text[:20]!r}"
-                lengths.setdefault(name, []).append(m.mean_accepted_length)
+                if method in ("chain", "specinfer"):  # the drafters' regimes, on the simplest shapes
+                    lengths.setdefault(name, []).append(m.mean_accepted_length)
     mean = {k: sum(v) / len(v) for k, v in lengths.items()}
     assert mean["self"] > 3.5 and mean["truncated"] < 1.6 and 1.6 < mean["noised"] < 3.5, mean

@@ -28,6 +28,7 @@ from ygg_compile.build import Reporter
 from ygg_compile.peers import PEERS, HFPeers
 from ygg_compile.report import output_dir, summarize, write_results
 from ygg_runtime.errors import YggError
+from ygg_runtime.engine import step_room
 
 BUILTIN_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
 WARMUP_TOKENS = 8
@@ -166,7 +167,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     contestants += [Peer(peers, p) for p in opts.peers]
 
     encoded, skipped = [], []
-    room = int(plan["max_context"]) - opts.max_new_tokens - max(decoder.proposer(m).max_tree_size for m in methods)
+    room = int(plan["max_context"]) - opts.max_new_tokens - max(step_room(decoder.target, decoder.proposer(m)) for m in methods)
     for p in prompts:
         ids = decoder.encode(p.text)
         (encoded if len(ids) <= room else skipped).append((p, ids))

@@ -235,7 +235,8 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
         path = prof.profile_path(root, device, models[role], dtype)
         stored, why = (None, "--reprofile") if opts.reprofile else prof.load_matching(path, models[role], dtype, device, widths, contexts)
         if stored is None:
-            label = f"measuring {role} T(W) at contexts {', '.join(map(str, contexts))} ({why})"
+            ui.note(f"{role}: measuring its latency profile ({why})")
+            label = f"measuring {role} T(W) at contexts {', '.join(map(str, contexts))}"
             with ui.step(label):
                 report = lambda done, total, label=label: ui.progress(label, done, total, unit="rounds")  # noqa: E731
                 measured = prof.measure(runners[role], widths, contexts, progress=report)
@@ -246,7 +247,11 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
         else:
             ui.note(f"{role}: reusing the measured profile {path}")
         found[role], files[role] = stored, str(path)
-    return prof.combine(found["target"], found["draft"], widths, contexts) | {"files": files}
+    out = prof.combine(found["target"], found["draft"], widths, contexts)
+    compiled = {f"{role}_widths": objective.undominated(out["widths"], out[f"{role}_ms"]) for role in ("target", "draft")}
+    for role in ("target", "draft"):  # calibration runs the forwards as `ygg run` will
+        runners[role].widths = tuple(compiled[f"{role}_widths"])
+    return out | compiled | {"files": files}
 
 
 def _plan(calib, profile: dict, opts: CompileOptions) -> tuple[dict, dict]:
@@ -254,13 +259,13 @@ def _plan(calib, profile: dict, opts: CompileOptions) -> tuple[dict, dict]:
     from ygg_compile import calibrate
 
     curves = objective.Curves(profile)
-    widths = tuple(profile["widths"])
+    verify_widths, draft_widths = tuple(profile["target_widths"]), tuple(profile["draft_widths"])
     context = int(statistics.median(s.context for s in calib.steps)) if calib.steps else profile["contexts"][0]
     accept = calibrate.acceptance_map(calib)
     ranks = calib.rank_acceptance()
-    verify = tuple(w for w in widths if w <= calibrate.PROBE_VERIFY)
-    egt, egt_rows = calibrate.plan_egt(calib, curves, accept, verify, widths) if calib.steps else ({"depth": 0}, [])
-    seq, seq_rows = calibrate.plan_sequoia(ranks, curves, widths, context)
+    verify = tuple(w for w in verify_widths if w <= calibrate.PROBE_VERIFY) or verify_widths[:1]
+    egt, egt_rows = calibrate.plan_egt(calib, curves, accept, verify, draft_widths) if calib.steps else ({"depth": 0}, [])
+    seq, seq_rows = calibrate.plan_sequoia(ranks, curves, verify_widths, context)
     methods = {**opts.methods, "sequoia": seq, "egt": egt}
     planning = {"context": context, "rank_acceptance": [round(x, 4) for x in ranks], "egt": egt_rows, "sequoia": seq_rows}
     return methods, planning

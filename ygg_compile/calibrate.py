@@ -231,8 +231,9 @@ def plan_egt(calib: Calibration, curves: Curves, accept: list[list[float]], veri
     Returns the egt parameters and the table of candidates."""
     plain = sum(objective.plain_ms(curves, s.context) for s in calib.steps) / max(1, len(calib.steps))
     rows = [{"depth": 0, "draft_width": 0, "tokens_per_step": 1.0, "step_ms": round(plain, 2), "speedup": 1.0, "verify_width": 1}]
+    tried = [w for w in EGT_WIDTHS if w in draft_widths] or [min(draft_widths)]
     for depth in range(1, PROBE_DEPTH + 1):
-        for w in (w for w in EGT_WIDTHS if w in draft_widths and (depth > 1 or w == EGT_WIDTHS[0])):
+        for w in tried[: 1 if depth == 1 else None]:  # depth 1 has no round after the root's
             egt = EGT(None, depth, w, PROBE_TOP_K, verify_widths, accept=accept, curves=curves)
             got, ms, plain_total, widths = 0, 0.0, 0.0, []
             for s in calib.steps:

@@ -221,14 +221,28 @@ def inspect_cmd(
     info.add_row("context", f"{plan['max_context']} tokens")
     info.add_row("default method", f"{plan['method']}  (ygg run --method picks another)")
     info.add_row("compiled", f"{plan.get('created', '?')} in {plan.get('compile_seconds', '?')} s")
-    prof = plan.get("profile")
-    if prof:
-        for role in ("target", "draft"):
-            if f"{role}_ms" in prof:
-                info.add_row(f"T(W) {role}, ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], prof[f"{role}_ms"])))
-    else:
-        info.add_row("T(W)", "not in this artifact (compiled before profiling): recompile to measure it")
+    prof = plan["profile"]
+    for role in ("target", "draft"):
+        for ctx, row in zip(prof["contexts"], prof.get(f"{role}_ms") or []):
+            info.add_row(f"T(W) {role} @ {ctx}, ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], row)))
+    info.add_row("T_other(W), ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], prof["other_ms"])))
+    cal = plan["calibration"]
+    info.add_row("calibration", f"{cal['prompts']} prompts ({cal['source']}), {cal['tokens']} target tokens, "
+                 f"{cal['steps']} probe steps, {cal['probe_tokens_per_step']:.2f} tokens/step, {cal['seconds']:.0f} s")
+    info.add_row("rank acceptance", "  ".join(f"{p:.3f}" for p in plan["planning"]["rank_acceptance"]))
     con.print(info)
+
+    egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan['planning']['context']})",
+                title_justify="left")
+    for col in ("depth", "draft width", "tokens/step", "modelled step ms", "usual verify W", "modelled speed-up"):
+        egt.add_column(col, justify="right")
+    chosen = plan["methods"]["egt"]
+    for r in sorted(plan["planning"]["egt"], key=lambda r: -r["speedup"]):
+        mark = r["depth"] == chosen["depth"] and (r["depth"] == 0 or r["draft_width"] == chosen["draft_width"])
+        cells = [str(r["depth"]), str(r["draft_width"]), f"{r['tokens_per_step']:.2f}", f"{r['step_ms']:.1f}",
+                 str(r["verify_width"]), f"{r['speedup']:.2f}×"]
+        egt.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
+    con.print(egt)
 
     t = Table(title="methods: one step's forwards and what the objective makes of them", title_justify="left")
     for col in ("method", "params", "draft forwards (W)", "verify W", "modelled step ms", "break-even E[A]"):
@@ -239,7 +253,7 @@ def inspect_cmd(
             t.add_column(col, justify="right")
     for r in rep.methods:
         name = f"[bold]{r.name}[/] (default)" if r.name == plan["method"] else r.name
-        row = [name, ", ".join(f"{k}={v}" for k, v in r.params.items()) or "–",
+        row = [name, _short_params(r.name, r.params),
                " + ".join(map(str, r.shape.draft_widths)) or "–", str(r.shape.verify_width),
                fmt(r.step_ms, ".1f"), fmt(r.break_even)]
         if measured:
@@ -247,11 +261,20 @@ def inspect_cmd(
         t.add_row(*row)
     con.print(t)
     con.print("break-even E[A]: the tokens per step a method must average to match plain decoding "
-              "(modelled step time / T_verify(1)); predicted speed-up = E[A] · T_verify(1) / modelled step time.")
+              "(modelled step time / plain step time, at the calibration context); predicted speed-up = E[A] · plain step / modelled step.")
     if rep.tree_caption:
         con.print(f"tree: {rep.tree_caption}")
     for f in rep.files:
         con.print(f"[green]wrote[/] {f}")
+
+
+def _short_params(name: str, params: dict) -> str:
+    """A method's parameters in a table cell (sequoia's tree and egt's map summarised)."""
+    if name == "sequoia":
+        return f"{len(params['parents'])}-node tree"
+    if name == "egt":
+        return f"depth={params['depth']}, draft_width={params.get('draft_width')}, top_k={params.get('top_k')}"
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "–"
 
 
 def _read_prompt(spec: str) -> str:

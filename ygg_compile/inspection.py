@@ -40,24 +40,19 @@ class Inspection:
 def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, method: str | None = None,
                      step: int = 1, max_new_tokens: int = 64) -> Inspection:
     plan = read_plan(directory)
-    curves = objective.Curves(plan["profile"]) if plan.get("profile") else None
+    curves = objective.Curves(plan["profile"], context=plan["planning"]["context"])
     reports = []
     for name, params in plan["methods"].items():
         r = MethodReport(name, params, proposers.unbound(name, params).step_shape())
-        if curves is not None:
-            r.step_ms = objective.step_ms(r.shape, curves)
-            r.break_even = objective.break_even(r.shape, curves)
+        r.step_ms = objective.step_ms(r.shape, curves)
+        r.break_even = objective.break_even(r.shape, curves)
         reports.append(r)
     result = Inspection(plan, reports)
-    if curves is None and prompt is None:
-        return result
     from ygg_compile import plots
     from ygg_compile.report import output_dir
 
     output_dir(out, "inspect's figures")
-
-    if curves is not None:
-        _write(out / "tw_curves.png", plots.tw_curves(plan["profile"], "T(W) measured at compile time"), result)
+    _write(out / "tw_curves.png", plots.tw_curves(plan["profile"], "T(W) measured at compile time"), result)
     if prompt is not None:
         _run_prompt(directory, plan, prompt, method or plan["method"], step, max_new_tokens, curves, result, out)
     return result
@@ -85,8 +80,7 @@ def _run_prompt(directory: Path, plan: dict, prompt: str, method: str, step: int
                                on_step=capture if r.name == method else None)
         r.measured_accepted, r.tpot_ms = res.metrics.mean_accepted_length, res.tpot_ms
         tpot[r.name] = res.tpot_ms
-        if curves is not None:
-            r.predicted_speedup = objective.speedup(r.measured_accepted, r.shape, curves)
+        r.predicted_speedup = objective.speedup(r.measured_accepted, r.shape, curves, len(ids))
     for r in result.methods:
         if "ar" in tpot and r.tpot_ms:
             r.measured_speedup = tpot["ar"] / r.tpot_ms

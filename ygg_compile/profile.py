@@ -54,6 +54,7 @@ def forward_times(
     """Median ms of one causal forward over W new tokens at `context` committed tokens, per width.
     The runner is left reset (nothing committed)."""
     context = max(0, min(context, runner.max_len - max(widths)))
+    compiled, runner.widths = runner.widths, ()  # time each width as it is, unpadded
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, runner.vocab_size, (max(widths),), generator=gen).tolist()
     samples: dict[int, list[float]] = {w: [] for w in widths}
@@ -73,6 +74,7 @@ def forward_times(
                 progress(r + 1, rounds)
     finally:
         runner.reset()
+        runner.widths = compiled
     return {w: statistics.median(v) for w, v in samples.items()}
 
 

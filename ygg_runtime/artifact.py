@@ -56,6 +56,10 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None) -> Deco
     max_len = int(plan["max_context"])
     target = ModelRunner(load_model(directory / "target", device), max_len)
     drafter = ModelRunner(load_model(directory / "draft", device), max_len) if (directory / "draft").is_dir() else None
+    prof = plan.get("profile", {})
+    target.widths = tuple(prof.get("target_widths", ()))
+    if drafter is not None:
+        drafter.widths = tuple(prof.get("draft_widths", ()))
     tok = plan["tokenizer"]
     codec = TextCodec(directory / tok["file"], tok.get("chat_prefix"), tok.get("chat_suffix"))
     return Decoder(

@@ -11,8 +11,13 @@ from ygg_runtime.accept import Verdict, accept_greedy, accept_sampling, warp
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.proposers import Proposer, Sampling
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.runner import ModelRunner, fit_width
 from ygg_runtime.tree import TokenTree
+
+
+def step_room(target: ModelRunner, proposer: Proposer) -> int:
+    """Cache slots a step needs past the sequence: the largest tree, padded to a compiled width."""
+    return fit_width(proposer.max_tree_size, target.widths)
 
 
 def generate(
@@ -38,11 +43,11 @@ def generate(
         raise YggError("--max-new-tokens must be at least 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise YggError("temperature must be >= 0 and top-p in (0, 1]")
-    need = len(prompt) + max_new_tokens + proposer.max_tree_size
-    if need > target.max_len:
+    room = step_room(target, proposer)
+    if len(prompt) + max_new_tokens + room > target.max_len:
         raise YggError(
             f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
-            f"{target.max_len - proposer.max_tree_size} tokens; shorten the prompt or lower --max-new-tokens"
+            f"{target.max_len - room} tokens; shorten the prompt or lower --max-new-tokens"
         )
     sampling = None
     if temperature > 0:

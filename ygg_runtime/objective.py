@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from ygg_runtime.runner import fit_width
+
 
 @dataclass(frozen=True)
 class StepShape:
@@ -33,14 +35,17 @@ class Curves:
         self.draft_ms = [list(row) for row in profile.get("draft_ms") or []]
         self.other = list(profile.get("other_ms") or [0.0] * len(self.widths))  # per verify width
         self.context = context if context is not None else self.contexts[0]
+        # The widths each model's forwards are padded to (all measured ones until compile picks).
+        self.target_widths = tuple(profile.get("target_widths") or self.widths)
+        self.draft_widths = tuple(profile.get("draft_widths") or self.widths)
 
     def t_verify(self, w: int, context: int | None = None) -> float:
-        return self._at(self.target_ms, w, context)
+        return self._at(self.target_ms, fit_width(w, self.target_widths), context)
 
     def t_draft(self, w: int, context: int | None = None) -> float:
         if not self.draft_ms:
             raise ValueError("the profile has no draft model curve")
-        return self._at(self.draft_ms, w, context)
+        return self._at(self.draft_ms, fit_width(w, self.draft_widths), context)
 
     def t_other(self, w: int) -> float:
         """CPU work of a step around a verify of w nodes: tree, masks, acceptance, compaction."""
@@ -54,6 +59,14 @@ class Curves:
         if ctx >= self.contexts[-1]:
             return per_context[-1]
         return _interp(self.contexts, per_context, ctx)
+
+
+def undominated(widths: list[int], rows: list[list[float]]) -> list[int]:
+    """The widths worth compiling: drop a width when a wider one is no slower (averaged over the
+    measured contexts), so that its forwards are padded to the wider, faster one instead. On
+    CPUs whose one-token matmul path is slower than the two-token one, W = 1 goes."""
+    mean = [sum(col) / len(col) for col in zip(*rows)]
+    return [w for i, w in enumerate(widths) if all(mean[j] > mean[i] for j in range(i + 1, len(widths)))]
 
 
 def _interp(xs: list[int], ys: list[float], x: float) -> float:

@@ -18,6 +18,11 @@ from ygg_runtime.model import Transformer
 SPAN_BUCKET = 256
 
 
+def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
+    """The smallest compiled width that holds n tokens (n itself when none is wide enough)."""
+    return next((w for w in sorted(widths) if w >= n), n)
+
+
 class ModelRunner:
     def __init__(self, model: Transformer, max_len: int):
         self.model = model
@@ -26,6 +31,10 @@ class ModelRunner:
         self.max_len = max_len
         self.committed = 0
         self.calls: list[int] = []  # width of every forward, for tests and metrics
+        # The plan's compiled widths for this model: every forward is padded up to one of them
+        # (a narrower one that is slower than a wider one on this machine is left out). Empty:
+        # forwards run at their own width.
+        self.widths: tuple[int, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -51,6 +60,7 @@ class ModelRunner:
         width > W pads the forward to that many tokens (a compiled width) with masked slots placed
         after the tree, which see only the prefix and themselves and whose outputs are dropped."""
         n = len(tokens)
+        width = max(width, fit_width(n, self.widths)) if self.widths else width
         if width > n:
             tokens, offsets, depths, tree_mask = _pad(tokens, offsets, depths, tree_mask, width)
         w, t = tree_mask.shape

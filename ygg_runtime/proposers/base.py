@@ -125,11 +125,6 @@ class Drafter:
         return logits
 
 
-def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
-    """The smallest compiled width that holds n tokens (n itself when none is wide enough)."""
-    return next((w for w in sorted(widths) if w >= n), n)
-
-
 def pick_children(
     tree: TokenTree, node: int, logits: Tensor, k: int, sampling: Sampling | None
 ) -> list[int]:

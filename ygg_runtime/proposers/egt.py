@@ -20,7 +20,8 @@ from ygg_runtime import objective
 from ygg_runtime.accept import Verdict
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, fit_width
+from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling
+from ygg_runtime.runner import fit_width
 from ygg_runtime.prune import Pruning
 from ygg_runtime.tree import TokenTree
 

@@ -12,7 +12,8 @@ import torch
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import StepShape
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, fit_width
+from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling
+from ygg_runtime.runner import fit_width
 from ygg_runtime.tree import TokenTree
 
 
