@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,8 +144,6 @@ def run_probe(
     target: ModelRunner, draft: ModelRunner, codec: TextCodec, prompts: list[str], tokens: int, ui: Reporter
 ) -> Calibration:
     """Decode every prompt with the probe and record each step."""
-    import time
-
     drafter = Drafter(draft, target.vocab_size)
     probe = EGT(drafter, PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, [PROBE_VERIFY])
     seen: dict[str, torch.Tensor] = {}
@@ -153,7 +152,7 @@ def run_probe(
         target.model.norm.register_forward_hook(lambda m, a, out: seen.__setitem__("hidden", out[0, 0])),
     ]
     steps: list[ProbeStep] = []
-    start, made = time.time(), 0
+    start, made, used = time.time(), 0, 0
     try:
         for i, text in enumerate(prompts):
             ids = codec.encode(text)
@@ -175,12 +174,12 @@ def run_probe(
                 context[0] += verdict.accepted + 1
 
             out, _ = engine.generate(target, probe, ids, max_new_tokens=tokens, on_step=record)
-            made += len(out)
+            made, used = made + len(out), used + 1
             ui.progress("calibrating on the target's own continuations", i + 1, len(prompts), unit="prompts")
     finally:
         for h in hooks:
             h.remove()
-    return Calibration(steps, len(prompts), made, time.time() - start)
+    return Calibration(steps, used, made, time.time() - start)
 
 
 def acceptance_map(calib: Calibration) -> list[list[float]]:
