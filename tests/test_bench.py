@@ -6,7 +6,7 @@ import json
 import pytest
 from helpers import assert_one_line_error, ygg
 
-CONTESTANTS = ["ar", "chain", "specinfer", "hf", "hf-assisted", "hf-pld"]
+CONTESTANTS = ["ar", "chain", "specinfer", "sequoia", "egt", "hf", "hf-assisted", "hf-pld"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -63,7 +63,8 @@ def test_bench_writes_csv_plots_and_summary(bench):  # runs before the resume te
     md = (out / "summary.md").read_text()
     assert "ygg bench --artifact" in md and "| all | specinfer |" in md and "Fastest per category" in md
     profile = json.loads((out / "results.json").read_text())["profile"]
-    assert len(profile["target_ms"]) == len(profile["draft_ms"]) == len(profile["widths"])
+    assert len(profile["contexts"]) == len(profile["target_ms"]) == len(profile["draft_ms"]) == 1
+    assert len(profile["target_ms"][0]) == len(profile["draft_ms"][0]) == len(profile["other_ms"]) == len(profile["widths"])
     assert not list(out.glob(".*.tmp"))
 
 
@@ -80,7 +81,7 @@ def test_bench_resume_reuses_finished_runs_and_refuses_other_settings(bench, art
     assert proc.returncode == 0, proc.stderr
     assert (out / "runs.jsonl").read_text() == before
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert {(r["prompt"], r["contestant"]) for r in runs} == {("2", c) for c in ("ar", "chain", "specinfer", "hf")}
+    assert {(r["prompt"], r["contestant"]) for r in runs} == {("2", c) for c in ("ar", "chain", "specinfer", "sequoia", "egt", "hf")}
     proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 21, "-o", out, "--resume")
     assert_one_line_error(proc, "cannot resume", "max_new_tokens")
 
