@@ -243,7 +243,7 @@ def plan_egt(calib: Calibration, curves: Curves, accept: list[list[float]], veri
                 widths.append(vw)
             rows.append({"depth": depth, "draft_width": w, "tokens_per_step": round(got / len(calib.steps), 3),
                          "step_ms": round(ms / len(calib.steps), 2), "speedup": round(plain_total / ms, 3),
-                         "verify_width": int(statistics.median(widths))})
+                         "verify_width": int(statistics.median_low(widths))})
     best = max(rows, key=lambda r: r["speedup"])
     params = {"depth": best["depth"], "draft_width": max(1, best["draft_width"]), "top_k": PROBE_TOP_K,
               "verify_widths": list(verify_widths), "verify_width": best["verify_width"], "accept": accept}
