@@ -8,6 +8,7 @@ import torch
 from helpers import decode, hf_greedy, noised_runtime, runner, to_runtime
 
 from ygg_compile import calibrate
+from ygg_compile.build import Reporter
 from ygg_runtime import objective
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.proposers import Drafter, build
@@ -18,6 +19,13 @@ COMPILED = (1, 2, 4, 8, 16)
 PROFILE = {"widths": list(COMPILED), "contexts": [16, 256], "threads": 2,
            "target_ms": [[10, 10, 11, 14, 22], [12, 12, 13, 17, 26]],
            "draft_ms": [[3, 3, 3, 4, 6], [4, 4, 4, 5, 7]], "other_ms": [0.2, 0.2, 0.3, 0.4, 0.6]}
+
+
+class ByteCodec:
+    """The tiny models' byte-level stand-in for the artifact's TextCodec."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
 
 
 @pytest.fixture(scope="module")
@@ -103,14 +111,8 @@ def test_acceptance_map_is_monotone_and_bounded():
 def probe(models):
     hf, target, draft = models
 
-    class Codec:
-        def encode(self, text):
-            return list(text.encode())[:60]
-
     texts = ["def add(a, b):\n    return a + b\n", "Once upon a time there was a", "SELECT name FROM users WHERE"]
-    from ygg_compile.build import Reporter
-
-    return calibrate.run_probe(target, draft, Codec(), texts, 24, Reporter())
+    return calibrate.run_probe(target, draft, ByteCodec(), texts, 24, Reporter())
 
 
 def test_calibration_replay_of_the_probe_itself_reproduces_every_step(probe):
@@ -146,13 +148,7 @@ def test_a_useless_drafter_plans_depth_zero(models):
     hf, target, _ = models
     useless = runner(to_runtime(tiny.hf_model("llama", seed=99)))
 
-    class Codec:
-        def encode(self, text):
-            return list(text.encode())
-
-    from ygg_compile.build import Reporter
-
-    calib = calibrate.run_probe(target, useless, Codec(), ["the quick brown fox", "import os\n"], 16, Reporter())
+    calib = calibrate.run_probe(target, useless, ByteCodec(), ["the quick brown fox", "import os\n"], 16, Reporter())
     curves = Curves(PROFILE)
     params, _ = calibrate.plan_egt(calib, curves, calibrate.acceptance_map(calib), COMPILED, COMPILED)
     seq, _ = calibrate.plan_sequoia(calib.rank_acceptance(), curves, COMPILED, 64)

@@ -163,7 +163,7 @@ def run_probe(
 
             def record(tree, verdict, i=i, context=context):
                 full = probe.last_tree
-                origin = tree.origin or list(range(len(tree)))
+                origin = tree.origin  # the probe verifies a pruned tree
                 best = seen["logits"][: len(tree)].argmax(-1).tolist()
                 children = {v: list(kids) for v, kids in enumerate(full.children) if kids}
                 steps.append(ProbeStep(
@@ -214,7 +214,7 @@ def replay(egt: EGT, step: ProbeStep) -> tuple[int, int]:
     sub = egt.prune(tree, step.context)
     node, accepted = 0, 0
     while True:
-        p = probe_node(tree, sub.origin[node]) if sub.origin else None
+        p = probe_node(tree, sub.origin[node])
         if p is None or p not in step.argmax:
             break
         nxt = next((c for c in sub.children[node] if sub.tokens[c] == step.argmax[p]), None)

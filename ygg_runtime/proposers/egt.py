@@ -120,8 +120,7 @@ class EGT(DraftProposer):
 
     def update(self, tree: TokenTree, verdict: Verdict) -> None:
         if self.depth:
-            origin = tree.origin or list(range(len(tree)))
-            self.drafter.finish(Verdict([origin[v] for v in verdict.path], verdict.bonus))
+            self.drafter.finish(Verdict([tree.origin[v] for v in verdict.path], verdict.bonus))  # a pruned tree
 
     def step_shape(self) -> StepShape:
         if self.depth == 0:
