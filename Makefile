@@ -44,7 +44,9 @@ BENCH_CATEGORIES ?= coding,writing,math_reasoning,qa,translation,summarization
 BENCH_LIMIT ?= 10
 BENCH_FLAGS ?=
 bench: install-qwen
-	test -f $(ART)/plan.yaml || $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
+	@# (re)compile when the artifact is missing, incomplete or of an older format
+	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
+		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 $(BENCH_FLAGS) \
 		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
 

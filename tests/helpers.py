@@ -81,4 +81,49 @@ def noised_runtime(model: Transformer, scale: float, seed: int) -> Transformer:
     return m
 
 
-__all__ = ["YGG", "ygg", "assert_one_line_error", "METHODS", "hf_greedy", "runner", "decode", "truncated", "noised_runtime", "to_runtime"]
+# A made-up profile in which a verify of 16 costs double one of 4: the objective must trade.
+COMPILED = (1, 2, 4, 8, 16)
+PROFILE = {"widths": list(COMPILED), "contexts": [16, 256], "threads": 2,
+           "target_ms": [[10, 10, 11, 14, 22], [12, 12, 13, 17, 26]],
+           "draft_ms": [[3, 3, 3, 4, 6], [4, 4, 4, 5, 7]], "other_ms": [0.2, 0.2, 0.3, 0.4, 0.6]}
+
+
+def random_predictor(dim: int, depths: int = 6, seed: int = 0, scale: float = 3.0) -> dict[str, torch.Tensor]:
+    """Depth predictor tensors with random weights: reach that swings with the hidden state, so
+    egt's depth changes from step to step (tests of the runtime path, not of training)."""
+    g = torch.Generator().manual_seed(seed)
+    return {"mean": torch.zeros(dim), "scale": torch.ones(dim),
+            "w0": torch.randn(dim, 16, generator=g) * scale / dim**0.5, "b0": torch.zeros(16),
+            "w1": torch.randn(16, depths, generator=g) * scale / 4, "b1": torch.linspace(1.0, -1.0, depths)}
+
+
+def depth_policy(depths: int = 6, draft_width: int = 2, factor: float = 1.0) -> dict:
+    """A plan's egt depth policy; factor > 1 makes every depth look more rewarding (the tiny
+    models draft as slowly as they verify, where no honest factor would ever leave depth 0)."""
+    return {"file": "predictor.safetensors", "draft_width": draft_width, "factors": [factor] * (depths + 1),
+            "verify_widths": [1, 4, 8, 8, 16, 16, 16][: depths + 1]}
+
+
+def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
+    """A copy of `artifact` whose egt runs a random-weight depth predictor, planned on the fixed
+    PROFILE curves (a measured tiny-model profile is noise, which would decide the depths)."""
+    import json
+    import shutil
+
+    import yaml
+    from safetensors.torch import save_file
+
+    shutil.copytree(artifact, out)
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    dim = json.loads((out / "target" / "config.json").read_text())["dim"]
+    save_file(random_predictor(dim, seed=seed), str(out / "predictor.safetensors"))
+    plan["methods"]["egt"] |= {"depth_policy": depth_policy(factor=4.0), "verify_widths": list(COMPILED)}
+    plan["profile"] |= {k: v for k, v in PROFILE.items() if k != "threads"} | {"target_widths": list(COMPILED),
+                                                                              "draft_widths": list(COMPILED)}
+    plan["files"]["predictor.safetensors"] = {"sha256": "", "bytes": (out / "predictor.safetensors").stat().st_size}
+    (out / "plan.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+    return out
+
+
+__all__ = ["YGG", "ygg", "assert_one_line_error", "METHODS", "hf_greedy", "runner", "decode", "truncated", "noised_runtime", "to_runtime",
+           "COMPILED", "PROFILE", "random_predictor", "depth_policy", "with_random_predictor"]

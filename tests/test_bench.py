@@ -6,7 +6,7 @@ import json
 import pytest
 from helpers import assert_one_line_error, ygg
 
-CONTESTANTS = ["ar", "chain", "specinfer", "sequoia", "egt", "hf", "hf-assisted", "hf-pld"]
+PEERS = ["hf", "hf-assisted", "hf-pld"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -21,6 +21,15 @@ def prompts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def contestants(artifact):
+    """Every compiled method, egt-fixed when egt has a depth predictor to ablate, the peers."""
+    import yaml
+
+    plan = yaml.safe_load((artifact / "plan.yaml").read_text())
+    return [*plan["methods"], *(["egt-fixed"] if plan["methods"]["egt"].get("depth_policy") else []), *PEERS]
+
+
+@pytest.fixture(scope="module")
 def bench(artifact, prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "results"
     proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 20, "-o", out)
@@ -28,23 +37,23 @@ def bench(artifact, prompts, tmp_path_factory):
     return out, proc
 
 
-def test_bench_runs_every_method_and_peer_on_every_prompt(bench):
+def test_bench_runs_every_method_and_peer_on_every_prompt(bench, contestants):
     out, proc = bench
     results = json.loads((out / "results.json").read_text())
-    assert results["config"]["contestants"] == CONTESTANTS
+    assert results["config"]["contestants"] == contestants
     assert sorted((r["prompt"], r["contestant"]) for r in results["runs"]) == sorted(
-        (p, c) for p in ("1", "2") for c in CONTESTANTS)
+        (p, c) for p in ("1", "2") for c in contestants)
     assert all(r["generated"] >= 1 and r["tpot_ms"] > 0 for r in results["runs"])
     assert "ygg bench --artifact" in results["config"]["command"]
-    for name in CONTESTANTS:
+    for name in contestants:
         assert name in proc.stdout  # the terminal table
 
 
-def test_bench_greedy_outputs_all_equal_the_targets_in_float32(bench):
+def test_bench_greedy_outputs_all_equal_the_targets_in_float32(bench, contestants):
     out, _ = bench
     summary = json.loads((out / "results.json").read_text())["summary"]
     overall = {r["contestant"]: r for r in summary if r["category"] == "all"}
-    assert set(overall) == set(CONTESTANTS)
+    assert set(overall) == set(contestants)
     for name, row in overall.items():  # a peer with the checkpoint's own sampling defaults would fail here
         assert row["same_as_ar"] == row["prompts"] == 2, name
     assert overall["ar"]["speedup_vs_ar"] == 1.0 and overall["hf-assisted"]["speedup_vs_hf_assisted"] == 1.0
@@ -53,10 +62,10 @@ def test_bench_greedy_outputs_all_equal_the_targets_in_float32(bench):
     assert abs(sum(overall["specinfer"][f"{k}_share"] for k in ("draft", "verify", "other")) - 1) < 1e-6
 
 
-def test_bench_writes_csv_plots_and_summary(bench):  # runs before the resume test rewrites them
+def test_bench_writes_csv_plots_and_summary(bench, contestants):  # runs before the resume test rewrites them
     out, _ = bench
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert {(r["category"], r["contestant"]) for r in rows} == {(c, n) for c in ("code", "story", "all") for n in CONTESTANTS}
+    assert {(r["category"], r["contestant"]) for r in rows} == {(c, n) for c in ("code", "story", "all") for n in contestants}
     for png in ("speedup.png", "tpot_vs_accepted.png", "tw_curves.png"):
         data = (out / png).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000, png
@@ -68,7 +77,7 @@ def test_bench_writes_csv_plots_and_summary(bench):  # runs before the resume te
     assert not list(out.glob(".*.tmp"))
 
 
-def test_bench_resume_reuses_finished_runs_and_refuses_other_settings(bench, artifact, prompts):
+def test_bench_resume_reuses_finished_runs_and_refuses_other_settings(bench, artifact, prompts, contestants):
     out, _ = bench
     before = (out / "runs.jsonl").read_text()
     with open(out / "runs.jsonl", "a") as f:
@@ -81,7 +90,7 @@ def test_bench_resume_reuses_finished_runs_and_refuses_other_settings(bench, art
     assert proc.returncode == 0, proc.stderr
     assert (out / "runs.jsonl").read_text() == before
     runs = json.loads((out / "results.json").read_text())["runs"]
-    assert {(r["prompt"], r["contestant"]) for r in runs} == {("2", c) for c in ("ar", "chain", "specinfer", "sequoia", "egt", "hf")}
+    assert {(r["prompt"], r["contestant"]) for r in runs} == {("2", c) for c in contestants if c not in ("hf-assisted", "hf-pld")}
     proc = ygg("bench", "--artifact", artifact, "--prompts", prompts, "--limit", 1, "-n", 21, "-o", out, "--resume")
     assert_one_line_error(proc, "cannot resume", "max_new_tokens")
 

@@ -11,6 +11,8 @@ import tiny
 import yaml
 from helpers import assert_one_line_error, hf_greedy, ygg
 
+from ygg_runtime.artifact import FORMAT_VERSION
+
 PROMPT = "Once upon a time"
 
 
@@ -23,7 +25,7 @@ def prompt_file(tmp_path):
 
 def test_compile_writes_a_complete_artifact(artifact):
     plan = yaml.safe_load((artifact / "plan.yaml").read_text())
-    assert plan["format_version"] == 2 and plan["dtype"] == "float32" and plan["method"] == "chain"
+    assert plan["format_version"] == FORMAT_VERSION and plan["dtype"] == "float32" and plan["method"] == "chain"
     assert set(plan["methods"]) == {"ar", "chain", "specinfer", "sequoia", "egt"}
     assert plan["calibration"]["steps"] > 0 and plan["calibration"]["tokens"] > 0
     assert "calibration.safetensors" in plan["files"]

@@ -5,7 +5,7 @@ import random
 import pytest
 import tiny
 import torch
-from helpers import decode, hf_greedy, noised_runtime, runner, to_runtime
+from helpers import COMPILED, PROFILE, decode, hf_greedy, noised_runtime, runner, to_runtime
 
 from ygg_compile import calibrate
 from ygg_compile.build import Reporter
@@ -14,11 +14,6 @@ from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.proposers import Drafter, build
 from ygg_runtime.prune import Pruning, best_subtree
 
-COMPILED = (1, 2, 4, 8, 16)
-# A made-up profile in which a verify of 16 costs double one of 4: the objective must trade.
-PROFILE = {"widths": list(COMPILED), "contexts": [16, 256], "threads": 2,
-           "target_ms": [[10, 10, 11, 14, 22], [12, 12, 13, 17, 26]],
-           "draft_ms": [[3, 3, 3, 4, 6], [4, 4, 4, 5, 7]], "other_ms": [0.2, 0.2, 0.3, 0.4, 0.6]}
 
 
 class ByteCodec:
@@ -134,7 +129,7 @@ def test_calibration_statistics_and_the_plan_from_them(probe):
     accept = [a for _, a in points]
     assert accept == sorted(accept) and 0 <= accept[0] and accept[-1] <= 1
     curves = Curves(PROFILE)
-    params, rows = calibrate.plan_egt(probe, curves, points, COMPILED, COMPILED)
+    params, rows = calibrate.plan_egt(calibrate.replay_all(probe, curves, points, COMPILED, COMPILED), points, COMPILED)
     best = max(rows, key=lambda r: r["speedup"])
     assert params["depth"] == best["depth"] and rows[0]["depth"] == 0 and rows[0]["speedup"] == 1.0
     deeper = [r["tokens_per_step"] for r in rows if r["draft_width"] == 1]
@@ -150,7 +145,8 @@ def test_a_useless_drafter_plans_depth_zero(models):
 
     calib = calibrate.run_probe(target, useless, ByteCodec(), ["the quick brown fox", "import os\n"], 16, Reporter())
     curves = Curves(PROFILE)
-    params, _ = calibrate.plan_egt(calib, curves, calibrate.acceptance_map(calib), COMPILED, COMPILED)
+    accept = calibrate.acceptance_map(calib)
+    params, _ = calibrate.plan_egt(calibrate.replay_all(calib, curves, accept, COMPILED, COMPILED), accept, COMPILED)
     seq, _ = calibrate.plan_sequoia(calib.rank_acceptance(), curves, COMPILED, 64)
     assert params["depth"] == 0 and seq["parents"] == [-1]
 

@@ -102,21 +102,26 @@ class Contestant:
         raise NotImplementedError
 
 
+# Contestants that run a compiled method another way: (method, use the depth predictor).
+ABLATIONS = {"egt-fixed": ("egt", False)}  # egt at its planned fixed depth: what the predictor adds
+
+
 class Method(Contestant):
     kind = "ygg"
 
-    def __init__(self, decoder, method: str):
-        self.decoder, self.name = decoder, method
+    def __init__(self, decoder, name: str):
+        self.decoder, self.name = decoder, name
+        self.method, self.predictor = ABLATIONS.get(name, (name, True))
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
         res = self.decoder.generate(ids, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
-                                    top_p=opts.top_p, seed=seed, method=self.name)
+                                    top_p=opts.top_p, seed=seed, method=self.method, predictor=self.predictor)
         m = res.metrics
         return {"tokens": res.token_ids, "tpot_ms": m.tpot_ms, "wall_s": res.wall_s, "prefill_s": m.prefill_s,
                 "steps": m.steps, "mean_accepted_length": m.mean_accepted_length,
                 "acceptance_rate": m.acceptance_rate if m.drafted_tokens else None,
-                "depth_acceptance": m.depth_acceptance, "draft_s": m.draft_s, "verify_s": m.verify_s,
-                "other_s": m.other_s}
+                "depth_acceptance": m.depth_acceptance, "mean_tree_depth": m.mean_tree_depth,
+                "draft_s": m.draft_s, "verify_s": m.verify_s, "other_s": m.other_s}
 
 
 class Peer(Contestant):
@@ -150,9 +155,11 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
     plan = decoder.info
-    methods = opts.methods or list(decoder.methods)
+    methods = opts.methods or list(decoder.methods) + (["egt-fixed"] if decoder.predictor is not None else [])
     for m in methods:
-        decoder.proposer(m)  # refuses a method the artifact lacks, in one line
+        decoder.proposer(*ABLATIONS.get(m, (m, True)))  # refuses a method the artifact lacks, in one line
+    if "egt-fixed" in methods and decoder.predictor is None:
+        raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
     if "ar" not in methods:
         methods.insert(0, "ar")  # every speed-up is over ar, measured in the same run
     contestants: list[Contestant] = [Method(decoder, m) for m in methods]
@@ -167,7 +174,8 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     contestants += [Peer(peers, p) for p in opts.peers]
 
     encoded, skipped = [], []
-    room = int(plan["max_context"]) - opts.max_new_tokens - max(step_room(decoder.target, decoder.proposer(m)) for m in methods)
+    room = int(plan["max_context"]) - opts.max_new_tokens - max(
+        step_room(decoder.target, decoder.proposer(*ABLATIONS.get(m, (m, True)))) for m in methods)
     for p in prompts:
         ids = decoder.encode(p.text)
         (encoded if len(ids) <= room else skipped).append((p, ids))

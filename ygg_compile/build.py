@@ -45,6 +45,8 @@ class CompileOptions:
     calib: Path | None = None  # calibration prompts (None: the shipped set)
     calib_tokens: int = 48  # new tokens per calibration prompt
     reprofile: bool = False  # measure T(W) even when a matching stored profile exists
+    predictor: bool = True  # train egt's depth predictor (False: egt keeps one planned depth)
+    force_predictor: bool = False  # use it even when it does not beat the fixed depth (ablation)
     profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
 
 
@@ -100,10 +102,14 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             codec = TextCodec(tmp / tok_info["file"], tok_info["chat_prefix"], tok_info["chat_suffix"])
             calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, opts.calib_tokens, ui)
             calibrate.save_steps(calib, tmp / "calibration.safetensors")
+        agreement = None
+        if opts.predictor and calib.texts:
+            with ui.step(f"reading {sum(map(len, calib.texts.values()))} calibration positions for the depth predictor"):
+                agreement = calibrate.agreement(runners["target"], runners["draft"], calib.texts)
         del runners
         gc.collect()
-        with ui.step("planning egt and sequoia with the objective"):
-            methods, planning = _plan(calib, profile, opts)
+        with ui.step("planning egt and sequoia with the objective" + (", training the depth predictor" if opts.predictor else "")):
+            methods, planning = _plan(calib, agreement, profile, opts, tmp)
         with ui.step("hashing artifact files"):
             files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         plan = {
@@ -254,9 +260,10 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
     return out | compiled | {"files": files}
 
 
-def _plan(calib, profile: dict, opts: CompileOptions) -> tuple[dict, dict]:
-    """egt and sequoia parameters from calibration and the curves, with the candidates' table."""
-    from ygg_compile import calibrate
+def _plan(calib, agreement, profile: dict, opts: CompileOptions, tmp: Path) -> tuple[dict, dict]:
+    """egt and sequoia parameters from calibration and the curves, with the candidates' table;
+    egt's depth predictor trained and saved into `tmp` when it beats egt's fixed depth."""
+    from ygg_compile import calibrate, predictor
 
     curves = objective.Curves(profile)
     verify_widths, draft_widths = tuple(profile["target_widths"]), tuple(profile["draft_widths"])
@@ -264,10 +271,27 @@ def _plan(calib, profile: dict, opts: CompileOptions) -> tuple[dict, dict]:
     accept = calibrate.acceptance_map(calib)
     ranks = calib.rank_acceptance()
     verify = tuple(w for w in verify_widths if w <= calibrate.PROBE_VERIFY) or verify_widths[:1]
-    egt, egt_rows = calibrate.plan_egt(calib, curves, accept, verify, draft_widths) if calib.steps else ({"depth": 0}, [])
+    egt, egt_rows, report = {"depth": 0}, [], {"used": False, "why": "--no-predictor"}
+    if calib.steps:
+        replays = calibrate.replay_all(calib, curves, accept, verify, draft_widths)
+        egt, egt_rows = calibrate.plan_egt(replays, accept, verify)
+        if opts.predictor:
+            trained = predictor.train(calib, agreement) if agreement is not None else None
+            report = {"used": False, "why": "too little calibration data (use more --calib prompts or --calib-tokens)"}
+            if trained is not None:
+                policy, report = predictor.plan_policy(trained, calib, agreement, replays, curves, egt, verify)
+                report |= trained.metrics
+                if not report["used"]:
+                    report["why"] = ("slower than the fixed depth on held-out prompts"
+                                     + ("; used anyway: --force-predictor" if opts.force_predictor else ""))
+                if report["used"] or opts.force_predictor:
+                    predictor.save(trained, tmp / predictor.FILE)
+                    egt["depth_policy"] = policy
+                    report["used"] = True
     seq, seq_rows = calibrate.plan_sequoia(ranks, curves, verify_widths, context)
     methods = {**opts.methods, "sequoia": seq, "egt": egt}
-    planning = {"context": context, "rank_acceptance": [round(x, 4) for x in ranks], "egt": egt_rows, "sequoia": seq_rows}
+    planning = {"context": context, "rank_acceptance": [round(x, 4) for x in ranks], "egt": egt_rows,
+                "predictor": report, "sequoia": seq_rows}
     return methods, planning
 
 

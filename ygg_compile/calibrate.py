@@ -11,8 +11,14 @@ every verified node, the accepted length and the target's final hidden state at 
 - every smaller `egt` shape replayed on the recorded trees with the same code the runtime runs, so
   its tokens per step are measured, not modelled; the objective then picks depth and draft width
   (depth 0, plain decoding, included);
-- per-step accepted lengths with the hidden state, kept in calibration.safetensors for the depth
-  predictor.
+- per-step accepted lengths with the hidden state, kept in calibration.safetensors.
+
+The probe yields one labelled step per ~5 tokens, and each costs a deep draft plus a wide verify:
+too few for the depth predictor. So every calibration text (prompt and the target's continuation)
+is also run once through both models teacher-forced (`agreement`): at every position, the target's
+hidden state and the rank of the target's greedy token among the drafter's candidates, from which
+the predictor's labels — how many of the next tokens a tree would get accepted — follow for every
+position at the price of two prefills.
 """
 
 from __future__ import annotations
@@ -94,7 +100,10 @@ class ProbeStep:
     accepted: int  # tokens the step yielded (bonus included)
     context: int
     prompt: int
-    hidden: torch.Tensor = field(repr=False)
+    # The target's final hidden state at the last accepted position before this step (what the
+    # runtime's depth predictor sees when it picks this step's depth); None on a first step
+    # without a prefill.
+    hidden: torch.Tensor | None = field(repr=False)
 
 
 @dataclass
@@ -103,6 +112,7 @@ class Calibration:
     prompts: int
     tokens: int
     seconds: float
+    texts: dict[int, list[int]] = field(default_factory=dict)  # prompt -> its tokens and the target's continuation
 
     def labelled_children(self) -> tuple[list[float], list[int]]:
         """(draft prob, accepted?) of every child of a node the target reached and verified."""
@@ -147,11 +157,9 @@ def run_probe(
     drafter = Drafter(draft, target.vocab_size)
     probe = EGT(drafter, PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, [PROBE_VERIFY])
     seen: dict[str, torch.Tensor] = {}
-    hooks = [
-        target.model.register_forward_hook(lambda m, a, out: seen.__setitem__("logits", out[0])),
-        target.model.norm.register_forward_hook(lambda m, a, out: seen.__setitem__("hidden", out[0, 0])),
-    ]
+    hooks = [target.model.register_forward_hook(lambda m, a, out: seen.__setitem__("logits", out[0][0]))]
     steps: list[ProbeStep] = []
+    texts: dict[int, list[int]] = {}
     start, made, used = time.time(), 0, 0
     try:
         for i, text in enumerate(prompts):
@@ -169,17 +177,96 @@ def run_probe(
                 steps.append(ProbeStep(
                     full.parents, full.tokens, full.draft_probs, children,
                     {origin[v]: best[v] for v in range(len(tree))}, verdict.accepted + 1, context[0], i,
-                    seen["hidden"].float().clone(),
+                    None if probe.hidden is None else probe.hidden.float().clone(),
                 ))
                 context[0] += verdict.accepted + 1
 
             out, _ = engine.generate(target, probe, ids, max_new_tokens=tokens, on_step=record)
+            texts[i] = ids + out
             made, used = made + len(out), used + 1
             ui.progress("calibrating on the target's own continuations", i + 1, len(prompts), unit="prompts")
     finally:
         for h in hooks:
             h.remove()
-    return Calibration(steps, used, made, time.time() - start)
+    return Calibration(steps, used, made, time.time() - start, texts)
+
+
+@dataclass
+class Agreement:
+    """Every calibration text run teacher-forced through both models, one row per position p
+    (predicting token p + 1): the target's final hidden state there and `rank`, the rank of the
+    target's greedy token among the drafter's (RANK_CAP: not in its top RANK_CAP). Along the
+    target's own continuation a tree rooted at p gets token p + d accepted only if every token
+    before it was, so the run of small ranks from p is how deep a tree rooted there would be
+    accepted (`run`). Positions in a prefix every text shares (a chat template's) are left out:
+    they would be the same sample many times."""
+
+    hidden: torch.Tensor  # [N, dim] float32
+    rank: torch.Tensor  # [N] int: rank at each position
+    prompt: list[int]  # [N] the calibration prompt of each row
+    position: list[int]  # [N] p within its text
+    ends: dict[int, int]  # prompt -> its text's length (runs are cut there)
+
+    def run(self, top: int, limit: int) -> torch.Tensor:
+        """[N] how many of the next tokens (≤ limit) have the target's token within the drafter's
+        top `top`: the accepted length of a tree with `top` children per node."""
+        ok = (self.rank < top).tolist()
+        out, length = [0] * len(ok), 0
+        for i in range(len(ok) - 1, -1, -1):  # rows are in text order: count runs backwards
+            same_text = i + 1 < len(ok) and self.prompt[i + 1] == self.prompt[i] and self.position[i + 1] == self.position[i] + 1
+            length = (length + 1 if same_text else 1) if ok[i] else 0
+            out[i] = min(length, limit)
+        return torch.tensor(out)
+
+    def complete(self, limit: int) -> list[int]:
+        """Rows whose next `limit` tokens all lie inside the text (their label is not cut short)."""
+        return [i for i, (q, p) in enumerate(zip(self.prompt, self.position)) if p + limit < self.ends[q] - 1]
+
+    def row(self, prompt: int, position: int) -> int | None:
+        if not hasattr(self, "_index"):
+            self._index = {(q, p): i for i, (q, p) in enumerate(zip(self.prompt, self.position))}
+        return self._index.get((prompt, position))
+
+
+RANK_CAP = 255
+
+
+def agreement(target: ModelRunner, draft: ModelRunner, texts: dict[int, list[int]], chunk: int = 64) -> Agreement:
+    """Run every text through both models teacher-forced (chunks of `chunk` tokens) and record
+    hidden states and ranks (see `Agreement`)."""
+    shared = _common_prefix(list(texts.values())) if len(texts) > 1 else 0
+    fit = Drafter(draft, target.vocab_size).fit
+    hidden, rank, prompt, position, ends = [], [], [], [], {}
+    for q, seq in texts.items():
+        ends[q] = len(seq)
+        t_logits, d_logits, t_hidden = [], [], []
+        for role, runner in (("target", target), ("draft", draft)):
+            runner.reset()
+            for i in range(0, len(seq), chunk):
+                part = seq[i : i + chunk]
+                logits = runner.forward_chain(part)
+                runner.commit(list(range(len(part))))
+                if role == "target":
+                    t_logits.append(logits.argmax(-1))
+                    t_hidden.append(runner.hidden.float())
+                else:
+                    d_logits.append(fit(logits.float()))
+        best = torch.cat(t_logits)
+        d = torch.cat(d_logits)
+        r = (d > d.gather(1, best[:, None])).sum(1).clamp(max=RANK_CAP)
+        keep = list(range(shared, len(seq) - 1))
+        hidden.append(torch.cat(t_hidden)[keep])
+        rank.append(r[keep])
+        prompt += [q] * len(keep)
+        position += keep
+    target.reset()
+    draft.reset()
+    return Agreement(torch.cat(hidden), torch.cat(rank), prompt, position, ends)
+
+
+def _common_prefix(seqs: list[list[int]]) -> int:
+    n = min(len(s) for s in seqs)
+    return next((i for i in range(n) if len({s[i] for s in seqs}) > 1), n)
 
 
 def acceptance_map(calib: Calibration) -> list[list[float]]:
@@ -224,26 +311,53 @@ def replay(egt: EGT, step: ProbeStep) -> tuple[int, int]:
     return accepted + 1, sub.verify_width
 
 
-def plan_egt(calib: Calibration, curves: Curves, accept: list[list[float]], verify_widths: tuple[int, ...],
-             draft_widths: tuple[int, ...]) -> tuple[dict, list[dict]]:
-    """Replay every (depth, draft width) on the probe steps; the objective picks the fastest.
-    Returns the egt parameters and the table of candidates."""
-    plain = sum(objective.plain_ms(curves, s.context) for s in calib.steps) / max(1, len(calib.steps))
-    rows = [{"depth": 0, "draft_width": 0, "tokens_per_step": 1.0, "step_ms": round(plain, 2), "speedup": 1.0, "verify_width": 1}]
+@dataclass
+class Replays:
+    """Every candidate egt shape replayed on every probe step, and timed by the objective:
+    runs[(depth, draft width)][step] = (tokens the step yields, verify width, modelled ms)."""
+
+    runs: dict[tuple[int, int], list[tuple[int, int, float]]]
+    plain_ms: list[float]  # plain decoding's step at each step's context
+    widths: list[int]  # the draft widths tried (depth 1 is replayed at the first only)
+
+    def at(self, depth: int, width: int) -> list[tuple[int, int, float]]:
+        if depth == 0:
+            return [(1, 1, ms) for ms in self.plain_ms]
+        return self.runs[(depth, self.widths[0] if depth == 1 else width)]
+
+    def speedup(self, picks: list[tuple[int, int, int]]) -> float:
+        """Modelled speed-up over plain decoding of running (step, depth, width) for each pick."""
+        got = [self.at(d, w)[i] for i, d, w in picks]
+        return sum(n * self.plain_ms[i] for (i, _, _), (n, _, _) in zip(picks, got)) / sum(ms for _, _, ms in got)
+
+
+def replay_all(calib: Calibration, curves: Curves, accept: list[list[float]], verify_widths: tuple[int, ...],
+               draft_widths: tuple[int, ...]) -> Replays:
+    """Replay every (depth ≤ PROBE_DEPTH, draft width) egt on every probe step."""
     tried = [w for w in EGT_WIDTHS if w in draft_widths] or [min(draft_widths)]
+    runs = {}
     for depth in range(1, PROBE_DEPTH + 1):
         for w in tried[: 1 if depth == 1 else None]:  # depth 1 has no round after the root's
             egt = EGT(None, depth, w, PROBE_TOP_K, verify_widths, accept=accept, curves=curves)
-            got, ms, plain_total, widths = 0, 0.0, 0.0, []
+            draft = egt.step_shape().draft_widths
+            runs[(depth, w)] = []
             for s in calib.steps:
                 n, vw = replay(egt, s)
-                got += n
-                ms += egt.step_ms(egt.step_shape().draft_widths, vw, s.context)
-                plain_total += n * objective.plain_ms(curves, s.context)
-                widths.append(vw)
-            rows.append({"depth": depth, "draft_width": w, "tokens_per_step": round(got / len(calib.steps), 3),
-                         "step_ms": round(ms / len(calib.steps), 2), "speedup": round(plain_total / ms, 3),
-                         "verify_width": int(statistics.median_low(widths))})
+                runs[(depth, w)].append((n, vw, egt.step_ms(draft, vw, s.context)))
+    return Replays(runs, [objective.plain_ms(curves, s.context) for s in calib.steps], tried)
+
+
+def plan_egt(replays: Replays, accept: list[list[float]], verify_widths: tuple[int, ...]) -> tuple[dict, list[dict]]:
+    """The fixed (depth, draft width) with the best modelled speed-up over all probe steps.
+    Returns the egt parameters and the table of candidates (depth 0 first)."""
+    steps = range(len(replays.plain_ms))
+    rows = []
+    for depth, w in [(0, 0), *replays.runs]:
+        runs = replays.at(depth, w)
+        rows.append({"depth": depth, "draft_width": w, "tokens_per_step": round(sum(n for n, _, _ in runs) / len(runs), 3),
+                     "step_ms": round(sum(ms for _, _, ms in runs) / len(runs), 2),
+                     "speedup": round(replays.speedup([(i, depth, w) for i in steps]), 3),
+                     "verify_width": int(statistics.median_low(vw for _, vw, _ in runs))})
     best = max(rows, key=lambda r: r["speedup"])
     params = {"depth": best["depth"], "draft_width": max(1, best["draft_width"]), "top_k": PROBE_TOP_K,
               "verify_widths": list(verify_widths), "verify_width": best["verify_width"], "accept": accept}
@@ -271,16 +385,18 @@ def plan_sequoia(p: list[float], curves: Curves, widths: tuple[int, ...], contex
 
 
 def save_steps(calib: Calibration, path: Path) -> None:
-    """Per-step hidden states and accepted lengths, the depth predictor's training data."""
+    """Per-step hidden states and accepted lengths (the depth predictor's training data), for
+    anyone who wants to study or retrain it; steps without a hidden state are left out."""
     from safetensors.torch import save_file
 
-    if not calib.steps:
+    steps = [s for s in calib.steps if s.hidden is not None]
+    if not steps:
         return
     save_file({
-        "hidden": torch.stack([s.hidden for s in calib.steps]).to(torch.float16),
-        "accepted": torch.tensor([s.accepted for s in calib.steps], dtype=torch.int32),
-        "context": torch.tensor([s.context for s in calib.steps], dtype=torch.int32),
-        "prompt": torch.tensor([s.prompt for s in calib.steps], dtype=torch.int32),
+        "hidden": torch.stack([s.hidden for s in steps]).to(torch.float16),
+        "accepted": torch.tensor([s.accepted for s in steps], dtype=torch.int32),
+        "context": torch.tensor([s.context for s in steps], dtype=torch.int32),
+        "prompt": torch.tensor([s.prompt for s in steps], dtype=torch.int32),
     }, str(path), metadata={"probe": json.dumps({"depth": PROBE_DEPTH, "width": PROBE_WIDTH, "top_k": PROBE_TOP_K,
                                                   "verify": PROBE_VERIFY})})
 

@@ -40,11 +40,15 @@ def compile_cmd(
     calib_tokens: int = typer.Option(48, "--calib-tokens", help="tokens the target generates per calibration prompt"),
     reprofile: bool = typer.Option(False, "--reprofile", help="measure T(W) even if profiles/ holds a matching profile"),
     profiles: Optional[Path] = typer.Option(None, "--profiles", help="directory of stored latency profiles (default: the checkout's profiles/)"),
+    no_predictor: bool = typer.Option(False, "--no-predictor", help="no depth predictor: egt keeps one planned depth"),
+    force_predictor: bool = typer.Option(False, "--force-predictor", help="use the depth predictor even if it does not beat the fixed depth on held-out prompts (ablation)"),
 ) -> None:
     """Convert a draft/target pair and write an artifact that `ygg run` loads."""
     from ygg_compile.build import CompileOptions, compile_artifact
     from ygg_compile.ui import RichReporter, err
 
+    if no_predictor and force_predictor:
+        raise YggError("--no-predictor and --force-predictor contradict each other: pick one")
     opts = CompileOptions(
         draft=draft,
         target=target,
@@ -58,6 +62,8 @@ def compile_cmd(
         calib_tokens=calib_tokens,
         reprofile=reprofile,
         profiles=profiles,
+        predictor=not no_predictor,
+        force_predictor=force_predictor,
     )
     with RichReporter() as ui:
         plan = compile_artifact(opts, ui)
@@ -82,7 +88,22 @@ def plan_summary(plan: dict) -> str:
     seq_text = (f"sequoia: {len(seq['parents'])}-node tree, depth {sbest['depth']} (E[A] {sbest['expected_accepted']:.2f}, "
                 f"modelled {sbest['speedup']:.2f}×)")
     return (f"plan — {egt_text}; {seq_text}; calibrated on {cal['prompts']} prompts, {cal['steps']} probe steps "
-            f"in {cal['seconds']:.0f} s")
+            f"in {cal['seconds']:.0f} s\n{predictor_summary(plan['planning'].get('predictor') or {})}")
+
+
+def predictor_summary(r: dict) -> str:
+    """One line on egt's depth predictor: its validation figures and whether the plan uses it."""
+    if "heads" not in r:
+        return f"depth predictor: none ({r.get('why', 'not trained')})"
+    aucs = " ".join("–" if h["auc"] is None else f"{h['auc']:.2f}" for h in r["heads"])
+    briers = " ".join(f"{h['brier']:.3f}" for h in r["heads"])
+    verdict = (f"used: × {r['draft_width']} nodes/round, depth per step, {r['validation_speedup']:.2f}× "
+               f"vs fixed depth {r['fixed_validation_speedup']:.2f}× on held-out probe steps"
+               + (f" ({r['why']})" if r.get("why") else "") if r["used"] else
+               f"not used ({r['why']}: {r['validation_speedup']:.2f}× vs {r['fixed_validation_speedup']:.2f}×)")
+    return (f"depth predictor: {verdict}; {r['folds']}-fold over {r['prompts']} prompts ({r['rows']} positions): "
+            f"AUC per depth {aucs}, Brier {briers}, accepted-length MAE {r['depth_mae']:.2f} "
+            f"(always-the-mean {r['baseline_depth_mae']:.2f})")
 
 
 @app.command("run")
@@ -98,12 +119,13 @@ def run_cmd(
     stats: bool = typer.Option(False, "--stats", help="print a table of decoding statistics (stderr)"),
     raw: bool = typer.Option(False, "--raw", help="do not wrap the prompt in the model's chat template"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="always generate --max-new-tokens tokens"),
+    no_predictor: bool = typer.Option(False, "--no-predictor", help="egt: ignore the depth predictor, keep the planned depth"),
 ) -> None:
     """Generate from a prompt with a compiled artifact: exactly the target's own output, faster."""
     prompt = _read_prompt(prompt_file)
     import ygg_runtime
 
-    decoder = ygg_runtime.load(artifact)
+    decoder = ygg_runtime.load(artifact, predictor=not no_predictor)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -144,7 +166,7 @@ def bench_cmd(
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="Spec-Bench style JSONL (default: a small built-in set)"),
     categories: Optional[list[str]] = typer.Option(None, "--categories", help="only these categories (comma-separated)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
-    methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all; ar always runs)"),
+    methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all, plus egt-fixed, egt without its depth predictor; ar always runs)"),
     peers: list[str] = typer.Option(["hf,hf-assisted,hf-pld"], "--peers", help="Hugging Face peers: hf, hf-assisted, hf-pld, or none"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
@@ -243,6 +265,18 @@ def inspect_cmd(
                  str(r["verify_width"]), f"{r['speedup']:.2f}×"]
         egt.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
     con.print(egt)
+    report = plan["planning"].get("predictor") or {}
+    con.print(predictor_summary(report))
+    if "heads" in report:
+        heads = Table(title="depth predictor, cross-validated over the calibration prompts, and its depth policy", title_justify="left")
+        for col in ("depth d", "P(A ≥ d) observed", "AUC", "Brier", "tokens factor", "verify W"):
+            heads.add_column(col, justify="right")
+        policy = chosen.get("depth_policy") or {}
+        for h in report["heads"]:
+            d = h["depth"]
+            extra = [f"{policy['factors'][d]:.2f}", str(policy["verify_widths"][d])] if policy else ["–", "–"]
+            heads.add_row(str(d), f"{h['positives']:.2f}", fmt(h["auc"]), f"{h['brier']:.3f}", *extra)
+        con.print(heads)
 
     t = Table(title="methods: one step's forwards and what the objective makes of them", title_justify="left")
     for col in ("method", "params", "draft forwards (W)", "verify W", "modelled step ms", "break-even E[A]"):
@@ -273,6 +307,8 @@ def _short_params(name: str, params: dict) -> str:
     if name == "sequoia":
         return f"{len(params['parents'])}-node tree"
     if name == "egt":
+        if params.get("depth_policy"):
+            return f"depth 0–{len(params['depth_policy']['factors']) - 1} by predictor, draft_width={params['depth_policy']['draft_width']}, top_k={params.get('top_k')}"
         return f"depth={params['depth']}, draft_width={params.get('draft_width')}, top_k={params.get('top_k')}"
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "–"
 

@@ -60,6 +60,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in runs),
                 "acceptance_rate": _mean([r["acceptance_rate"] for r in runs]),
                 "depth_acceptance": _mean_lists([r["depth_acceptance"] for r in runs]),
+                "mean_tree_depth": _mean([r.get("mean_tree_depth") for r in runs]),
                 "generated_tokens": sum(r["generated"] for r in runs),
             }
             split = [r for r in runs if r["draft_s"] is not None]
@@ -105,7 +106,7 @@ def winners(summary: list[dict]) -> dict[str, str]:
 
 CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "speedup_vs_ar",
               "speedup_vs_hf_assisted", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
-              "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens"]
+              "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens"]
 
 
 def write_results(results: dict, out: Path) -> None:

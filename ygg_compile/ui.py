@@ -77,6 +77,9 @@ def stats_table(m: Metrics, title: str) -> Table:
     t.add_row("acceptance rate", f"{m.acceptance_rate:.1%}" if m.drafted_tokens else "-")
     if m.depth_acceptance:
         t.add_row("acceptance by depth", "  ".join(f"{d + 1}:{a:.2f}" for d, a in enumerate(m.depth_acceptance)))
+    if any(m.tree_depths):
+        counts = {d: m.tree_depths.count(d) for d in sorted(set(m.tree_depths))}
+        t.add_row("tree depth per step", f"mean {m.mean_tree_depth:.2f}  (" + "  ".join(f"{d}:{n}" for d, n in counts.items()) + " steps)")
     t.add_row("TPOT", f"{m.tpot_ms:.1f} ms  ({1000 / m.tpot_ms if m.tpot_ms else 0:.1f} tok/s)")
     t.add_row("prefill", f"{m.prefill_s * 1000:.0f} ms")
     total = m.draft_s + m.verify_s + m.other_s or 1.0

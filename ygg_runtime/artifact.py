@@ -10,10 +10,11 @@ import yaml
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.model import load_model
+from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
-FORMAT_VERSION = 2  # 2: multi-context profiles, calibration, egt and sequoia plans
+FORMAT_VERSION = 3  # 2: multi-context profiles, calibration, egt and sequoia plans; 3: depth predictor
 PLAN_FILE = "plan.yaml"
 DEFAULT_DIR = Path("artifacts/default")
 
@@ -46,8 +47,9 @@ def read_plan(directory: Path) -> dict:
     return plan
 
 
-def load(directory: str | Path = DEFAULT_DIR, device: str | None = None) -> Decoder:
-    """Load an artifact written by `ygg compile` into a ready Decoder."""
+def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predictor: bool = True) -> Decoder:
+    """Load an artifact written by `ygg compile` into a ready Decoder; predictor=False leaves egt's
+    depth predictor out (egt then keeps its planned fixed depth)."""
     directory = Path(directory)
     plan = read_plan(directory)
     device = device or plan["device"]
@@ -60,6 +62,8 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None) -> Deco
     target.widths = tuple(prof.get("target_widths", ()))
     if drafter is not None:
         drafter.widths = tuple(prof.get("draft_widths", ()))
+    policy = plan["methods"].get("egt", {}).get("depth_policy")
+    pred = DepthPredictor.load(directory / policy["file"]) if predictor and policy else None
     tok = plan["tokenizer"]
     codec = TextCodec(directory / tok["file"], tok.get("chat_prefix"), tok.get("chat_suffix"))
     return Decoder(
@@ -70,4 +74,5 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None) -> Deco
         default_method=plan["method"],
         eos_ids=frozenset(tok.get("eos_token_ids", [])),
         info=plan,
+        predictor=pred,
     )

@@ -10,6 +10,7 @@ from ygg_runtime import engine, proposers
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
+from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import StreamDecoder, TextCodec
 
@@ -50,26 +51,31 @@ class Decoder:
         default_method: str,
         eos_ids: frozenset[int] = frozenset(),
         info: dict | None = None,
+        predictor: DepthPredictor | None = None,
     ):
         self.target, self.codec, self.eos_ids = target, codec, eos_ids
         self.methods, self.default_method = methods, default_method
         self.info = info or {}
+        self.predictor = predictor  # egt's depth predictor, when the artifact has one
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
-        self._proposers: dict[str, proposers.Proposer] = {}
+        self._proposers: dict[tuple[str, bool], proposers.Proposer] = {}
 
     @property
     def runners(self) -> dict[str, ModelRunner]:
         """The loaded models by role ("target", and "draft" when there is one)."""
         return {"target": self.target} | ({"draft": self._drafter.runner} if self._drafter is not None else {})
 
-    def proposer(self, method: str) -> proposers.Proposer:
+    def proposer(self, method: str, predictor: bool = True) -> proposers.Proposer:
+        """The method's proposer; predictor=False runs egt at its planned fixed depth (ablation)."""
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
-        if method not in self._proposers:
+        key = (method, predictor and self.predictor is not None)
+        if key not in self._proposers:
             profile = self.info.get("profile")
             curves = Curves(profile) if profile else None
-            self._proposers[method] = proposers.build(method, self.methods[method], self._drafter, curves)
-        return self._proposers[method]
+            pred = self.predictor if key[1] else None
+            self._proposers[key] = proposers.build(method, self.methods[method], self._drafter, curves, pred)
+        return self._proposers[key]
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
         if isinstance(prompt, list):
@@ -89,15 +95,17 @@ class Decoder:
         top_p: float = 1.0,
         seed: int | None = None,
         method: str | None = None,
+        predictor: bool = True,
         raw: bool = False,
         ignore_eos: bool = False,
         on_text: Callable[[str], None] | None = None,
         on_step: Callable | None = None,
     ) -> Result:
-        """Generate exactly what the target alone would (greedy), or a sample from its distribution."""
+        """Generate exactly what the target alone would (greedy), or a sample from its distribution.
+        predictor=False: egt ignores its depth predictor and keeps its planned fixed depth."""
         start = time.perf_counter()
         ids = self.encode(prompt, raw)
-        prop = self.proposer(method or self.default_method)
+        prop = self.proposer(method or self.default_method, predictor)
         stream = StreamDecoder(self.codec) if on_text is not None and self.codec is not None else None
         on_tokens = (lambda new: on_text(stream.push(new))) if stream is not None else None
         out, m = engine.generate(

@@ -61,6 +61,7 @@ def generate(
     proposer.reset()
     target.prefill(prompt[:-1])
     proposer.prefill(prompt[:-1])
+    proposer.see(target.hidden[-1] if target.hidden is not None else None)
     t1 = time.perf_counter()
     m.prefill_s = t1 - t0
 
@@ -79,8 +80,9 @@ def generate(
             on_step(tree, verdict)
         target.commit(verdict.path)
         proposer.update(tree, verdict)
+        proposer.see(target.hidden[verdict.path[-1]])
         last = verdict.path[-1]
-        m.record_step(len(tree) - 1, verdict.accepted, verdict.accepted + bool(tree.children[last]))
+        m.record_step(len(tree) - 1, verdict.accepted, verdict.accepted + bool(tree.children[last]), max(tree.depths))
         new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         new = new[: max_new_tokens - len(out)]
         stop = next((i for i, t in enumerate(new) if t in eos_ids), None)

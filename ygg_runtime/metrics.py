@@ -16,16 +16,18 @@ class Metrics:
     accepted_lengths: list[int] = field(default_factory=list)  # per step, bonus included
     depth_tries: list[int] = field(default_factory=list)  # [d-1]: steps that reached depth d-1 with a child to try
     depth_accepts: list[int] = field(default_factory=list)  # [d-1]: steps whose accepted path reached depth d
+    tree_depths: list[int] = field(default_factory=list)  # per step, the verified tree's depth (0: plain)
     prefill_s: float = 0.0
     draft_s: float = 0.0  # proposer work: drafter forwards and tree building
     verify_s: float = 0.0  # target forwards over the trees
     other_s: float = 0.0  # acceptance, compaction, bookkeeping
     decode_s: float = 0.0  # wall time from the end of the prefill to the last token
 
-    def record_step(self, drafted: int, accepted: int, tried_depths: int) -> None:
+    def record_step(self, drafted: int, accepted: int, tried_depths: int, tree_depth: int) -> None:
         """accepted: drafted tokens accepted this step; tried_depths: how deep the accepted path
         could have gone (the depth of the accepted node's deepest child, or the path length)."""
         self.steps += 1
+        self.tree_depths.append(tree_depth)
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         self.accepted_lengths.append(accepted + 1)
@@ -52,6 +54,12 @@ class Metrics:
         return [a / t if t else 0.0 for a, t in zip(self.depth_accepts, self.depth_tries)]
 
     @property
+    def mean_tree_depth(self) -> float:
+        """Mean depth of the verified trees: how far ahead a method drafted (egt's depth predictor
+        moves it step by step)."""
+        return sum(self.tree_depths) / max(1, len(self.tree_depths))
+
+    @property
     def tpot_ms(self) -> float:
         """Time per output token in ms: decode wall time (everything after the prefill, so every
         generated token including the first) over generated tokens."""
@@ -68,6 +76,7 @@ class Metrics:
             "mean_accepted_length": self.mean_accepted_length,
             "acceptance_rate": self.acceptance_rate,
             "depth_acceptance": self.depth_acceptance,
+            "mean_tree_depth": self.mean_tree_depth,
             "tpot_ms": self.tpot_ms,
             "prefill_s": self.prefill_s,
             "draft_s": self.draft_s,

@@ -143,15 +143,17 @@ class Transformer(nn.Module):
         s = self.args.rope_attention_scaling
         return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
 
-    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """tokens [1, W], positions [W], slots [W] (cache rows to write), mask [W, L] bool over the
-        first L cache slots (True = may attend). Returns float32 logits [1, W, vocab]."""
+        first L cache slots (True = may attend). Returns float32 logits [1, W, vocab] and the final
+        (normed) hidden states [1, W, dim], which the depth predictor reads."""
         x = self.tok_embeddings(tokens)
         cos, sin = self.rope(positions, x.dtype)
         mask = mask[None, None]
         for layer in self.layers:
             x = layer(x, cos, sin, slots, mask)
-        return self.output(self.norm(x)).float()
+        h = self.norm(x)
+        return self.output(h).float(), h
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> Transformer:

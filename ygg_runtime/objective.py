@@ -93,6 +93,21 @@ def speedup(expected_accepted: float, shape: StepShape, curves: Curves, context:
     return expected_accepted * plain_ms(curves, context) / step_ms(shape, curves, context)
 
 
+def best_depth(reach: list[float], factors: list[float], shapes: list[StepShape], curves: Curves,
+               context: int | None = None) -> int:
+    """The depth D in 0..len(shapes) - 1 with the most tokens per modelled ms, given the depth
+    predictor's reach[d - 1] = P(accepted length >= d). A step of depth D yields
+    1 + factors[D] · Σ_{d ≤ D} reach[d - 1] tokens: a deep tree accepted to length A yields min(A, D)
+    from a depth-D tree, and factors[D] (measured on calibration, `ygg_compile.calibrate`) scales
+    that for the narrower tree the runtime grows. shapes[D] is a depth-D step (shapes[0] plain)."""
+    best, rate = 0, 1.0 / step_ms(shapes[0], curves, context)
+    for d in range(1, len(shapes)):
+        r = (1.0 + factors[d] * sum(reach[:d])) / step_ms(shapes[d], curves, context)
+        if r > rate:
+            best, rate = d, r
+    return best
+
+
 def break_even(shape: StepShape, curves: Curves, context: int | None = None) -> float:
     """The E[A] a step shape needs to match plain decoding (speed-up 1)."""
     return step_ms(shape, curves, context) / plain_ms(curves, context)

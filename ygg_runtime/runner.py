@@ -35,6 +35,8 @@ class ModelRunner:
         # (a narrower one that is slower than a wider one on this machine is left out). Empty:
         # forwards run at their own width.
         self.widths: tuple[int, ...] = ()
+        self.hidden: Tensor | None = None  # final hidden states [W, dim] of the last forward
+
 
     @property
     def vocab_size(self) -> int:
@@ -44,6 +46,7 @@ class ModelRunner:
         """Forget the sequence. committed > 0 pretends that many tokens are in the cache (whatever
         its contents): a forward costs the same, which is all latency profiling needs."""
         self.committed = committed
+        self.hidden = None
 
     def synchronize(self) -> None:
         """Wait for queued device work, so a wall-clock timer around a forward measures it."""
@@ -61,7 +64,8 @@ class ModelRunner:
         after the tree, which see only the prefix and themselves and whose outputs are dropped."""
         n = len(tokens)
         width = max(width, fit_width(n, self.widths)) if self.widths else width
-        if width > n:
+        # Padding is only a speed-up: at the very end of the cache a forward runs at its own width.
+        if width > n and self.committed + tree_mask.shape[1] + width - n <= self.max_len:
             tokens, offsets, depths, tree_mask = _pad(tokens, offsets, depths, tree_mask, width)
         w, t = tree_mask.shape
         base = self.committed
@@ -76,7 +80,9 @@ class ModelRunner:
         positions = torch.tensor(depths, device=dev) + base
         slots = torch.tensor(offsets, device=dev) + base
         self.calls.append(w)
-        return self.model(x, positions, slots, mask)[0, :n]
+        logits, hidden = self.model(x, positions, slots, mask)
+        self.hidden = hidden[0, :n]
+        return logits[0, :n]
 
     def forward_chain(self, tokens: list[int]) -> Tensor:
         """Run tokens as a plain causal continuation of the committed prefix (not committed)."""

@@ -6,6 +6,7 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.proposers.ar import AR
 from ygg_runtime.proposers.base import Drafter, Proposer, Sampling
 from ygg_runtime.objective import Curves
+from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers.chain import Chain
 from ygg_runtime.proposers.egt import EGT
 from ygg_runtime.proposers.sequoia import Sequoia
@@ -16,15 +17,17 @@ METHODS = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia,
 DEFAULT_PARAMS = {"ar": {}, "chain": {"k": 4}, "specinfer": {"width": 2, "depth": 3}}
 
 
-def build(name: str, params: dict, drafter: Drafter | None, curves: Curves | None = None) -> Proposer:
-    """The proposer of a compiled method; `curves` (the plan's profile) lets egt pick verify widths."""
+def build(name: str, params: dict, drafter: Drafter | None, curves: Curves | None = None,
+          predictor: DepthPredictor | None = None) -> Proposer:
+    """The proposer of a compiled method; `curves` (the plan's profile) lets egt pick verify widths,
+    and with `predictor` (and the plan's depth policy) its depth."""
     cls = METHODS[name]
     if cls is AR:
         return AR()
     if drafter is None:
         raise YggError(f"method {name} needs a draft model")
     if cls is EGT:
-        return EGT(drafter, **params, curves=curves)
+        return EGT(drafter, **params, curves=curves, predictor=predictor)
     return cls(drafter, **params)
 
 

@@ -30,6 +30,12 @@ class Sampling:
 class Proposer:
     name = "?"
     max_tree_size = 1  # nodes per step, root included: bounds the cache room a step needs
+    # The target's final hidden state at the last accepted position (None before the first step
+    # of a one-token prompt): what the depth predictor reads. The engine sets it via see().
+    hidden: Tensor | None = None
+
+    def see(self, hidden: Tensor | None) -> None:
+        self.hidden = hidden
 
     def reset(self) -> None:
         """Forget the previous generation."""
@@ -89,12 +95,19 @@ class Drafter:
         self.runner.prefill(tokens)
 
     def begin(self, seq: list[int]) -> Tensor:
-        """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0."""
+        """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0.
+        After steps that skipped the drafter (egt at depth 0) there may be many: they go in
+        chunks of the widest compiled width, so every forward keeps a compiled width."""
         pending = seq[self.runner.committed :]
+        chunk = max(self.runner.widths, default=len(pending))
+        while len(pending) > chunk:
+            self.runner.forward_chain(pending[:chunk])
+            self.runner.commit(list(range(chunk)))
+            pending = pending[chunk:]
         logits = self.runner.forward_chain(pending)
         self.runner.commit(list(range(len(pending) - 1)))
         self.fed = {0}
-        return self._fit(logits[-1:])[0]
+        return self.fit(logits[-1:])[0]
 
     def expand(self, tree: TokenTree, nodes: list[int], width: int = 0) -> Tensor:
         """Run the drafter over tree nodes (their ancestors already fed), padded to `width`;
@@ -103,7 +116,7 @@ class Drafter:
         tokens, depths = [tree.tokens[i] for i in nodes], [tree.depths[i] for i in nodes]
         logits = self.runner.forward(tokens, nodes, depths, mask, width)
         self.fed.update(nodes)
-        return self._fit(logits)
+        return self.fit(logits)
 
     def finish(self, verdict: Verdict) -> None:
         """Commit the accepted path as far as the drafter has seen it."""
@@ -114,7 +127,7 @@ class Drafter:
             keep.append(node)
         self.runner.commit(keep)
 
-    def _fit(self, logits: Tensor) -> Tensor:
+    def fit(self, logits: Tensor) -> Tensor:
         """Map draft logits onto the target's vocabulary (padding rows get no draft mass)."""
         v = logits.shape[-1]
         if v > self.target_vocab:

@@ -7,7 +7,11 @@ value is the estimated probability that its whole root path is accepted (draft p
 the calibrated acceptance map). Verification pruning (`ygg_runtime.prune`) then takes the E[A]-best
 root-connected subtree for every compiled verify width, and the objective picks the width with the
 most tokens per modelled millisecond. Forwards narrower than their width are padded with masked
-slots. Depth 0 is plain decoding: the drafter is never run.
+slots. Depth 0 is plain decoding: the drafter is not run.
+
+With a depth predictor (`ygg_runtime.predictor`) and its `depth_policy` from the plan, the depth
+is chosen every step from the target's hidden state (`objective.best_depth`); without one, every
+step has the planned fixed `depth`.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ygg_runtime import objective
 from ygg_runtime.accept import Verdict
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
+from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling
 from ygg_runtime.runner import fit_width
 from ygg_runtime.prune import Pruning
@@ -38,7 +43,9 @@ class EGT(DraftProposer):
         verify_widths: list[int] | tuple[int, ...] = (1, 2, 4, 8, 16, 32),
         verify_width: int | None = None,
         accept: list[list[float]] | None = None,
+        depth_policy: dict | None = None,
         curves: Curves | None = None,
+        predictor: DepthPredictor | None = None,
     ):
         if depth < 0 or draft_width < 1 or top_k < 1 or not verify_widths or min(verify_widths) < 1:
             raise YggError("egt needs depth >= 0, draft_width >= 1, top_k >= 1 and verify widths >= 1")
@@ -48,16 +55,30 @@ class EGT(DraftProposer):
         self.verify_width = verify_width or self.verify_widths[-1]  # the usual choice, for step_shape
         self.accept = AcceptanceMap(accept)
         self.curves = curves
-        draft_slots = 1 + top_k * (1 + draft_width * max(0, depth - 1)) + draft_width
-        self.max_tree_size = max(draft_slots, self.verify_widths[-1]) if depth else 1
+        # The per-step depth: needs the predictor, its policy and the curves to weigh depths.
+        self.predictor = predictor if depth_policy and curves is not None else None
+        if self.predictor is not None:
+            if self.predictor.max_depth != len(depth_policy["factors"]) - 1:
+                raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
+            self.draft_width = depth_policy["draft_width"]
+            self.factors = depth_policy["factors"]
+            self.shapes = [self.shape(d, w) for d, w in enumerate(depth_policy["verify_widths"])]
+        self.max_depth = self.predictor.max_depth if self.predictor is not None else depth
+        self.step_depth = depth  # this step's depth
+        draft_slots = 1 + top_k * (1 + self.draft_width * max(0, self.max_depth - 1)) + self.draft_width
+        self.max_tree_size = max(draft_slots, self.verify_widths[-1]) if self.max_depth else 1
         self.last_tree: TokenTree | None = None  # the whole drafted tree of the last step (calibration reads it)
 
     def prefill(self, tokens: list[int]) -> None:
-        if self.depth:
+        if self.max_depth:
             super().prefill(tokens)
 
     def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
-        if self.depth == 0:
+        self.step_depth = self.depth
+        if self.predictor is not None and self.hidden is not None:
+            reach = self.predictor.reach(self.hidden)
+            self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.curves, len(seq))
+        if self.step_depth == 0:  # the drafter catches up on these tokens at its next step
             self.last_tree = TokenTree(seq[-1], child_rule="deterministic")
             return self.last_tree
 
@@ -74,7 +95,7 @@ class EGT(DraftProposer):
         tree = TokenTree(root_token, child_rule="deterministic")
         frontier: list[tuple[float, int]] = []  # (-path value, node): unexpanded nodes
         self._add_children(tree, 0, root_children, frontier)
-        for _ in range(self.depth - 1):
+        for _ in range(self.step_depth - 1):
             # ascending node order keeps each row's ancestors before it
             picks = sorted(heapq.heappop(frontier)[1] for _ in range(min(self.draft_width, len(frontier))))
             if not picks:
@@ -119,10 +140,14 @@ class EGT(DraftProposer):
         return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context)
 
     def update(self, tree: TokenTree, verdict: Verdict) -> None:
-        if self.depth:
+        if self.step_depth:
             self.drafter.finish(Verdict([tree.origin[v] for v in verdict.path], verdict.bonus))  # a pruned tree
 
     def step_shape(self) -> StepShape:
-        if self.depth == 0:
+        """The current step's forwards (the last step's between steps), at the usual verify width."""
+        return self.shape(self.step_depth, self.verify_width)
+
+    def shape(self, depth: int, verify_width: int) -> StepShape:
+        if depth == 0:
             return StepShape((), 1)
-        return StepShape((self.BEGIN_WIDTH,) + (self.draft_width,) * (self.depth - 1), self.verify_width)
+        return StepShape((self.BEGIN_WIDTH,) + (self.draft_width,) * (depth - 1), verify_width)
