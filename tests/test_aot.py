@@ -1,0 +1,56 @@
+"""Ahead-of-time compiled forwards: one AOTInductor graph per width in one model.pt2, sharing the
+eager model's weights and KV cache (the first building block of the AOT artifact)."""
+
+import pytest
+import tiny
+import torch
+from helpers import to_runtime
+
+from ygg_compile.aot import compile_widths
+from ygg_runtime.compiled import CompiledForward
+from ygg_runtime.errors import YggError
+
+WIDTHS = (1, 4)
+CACHE = 48
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    model = to_runtime(tiny.hf_model("qwen2", seed=40))  # qkv bias and tied embeddings: both traps
+    model.setup_cache(CACHE)
+    path = tmp_path_factory.mktemp("aot") / "model.pt2"
+    seconds = compile_widths(model, WIDTHS, path)
+    assert set(seconds) == set(WIDTHS)
+    return model, path, CompiledForward(path, model, WIDTHS)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_compiled_forward_matches_eager_and_writes_the_same_cache_rows(compiled, width):
+    model, _, fwd = compiled
+    prefix = 5
+    g = torch.Generator().manual_seed(width)
+    tokens = torch.randint(0, 256, (1, width), generator=g)
+    positions = slots = torch.arange(width) + prefix
+    mask = torch.ones(width, prefix + width, dtype=torch.bool)
+    mask[:, prefix:] = torch.ones(width, width, dtype=torch.bool).tril()
+    for cache in model.caches():
+        cache.k.normal_(generator=g)
+        cache.v.normal_(generator=g)
+    want_logits, want_hidden = model(tokens, positions, slots, mask)
+    want_cache = [(c.k[:, :, : prefix + width].clone(), c.v[:, :, : prefix + width].clone()) for c in model.caches()]
+    for cache in model.caches():  # forget the rows the forward wrote: the compiled one must write them again
+        cache.k[:, :, prefix:] = 0
+        cache.v[:, :, prefix:] = 0
+    logits, hidden = fwd(tokens, positions, slots, mask)
+    assert (logits - want_logits).abs().max() < 1e-4 and (hidden - want_hidden).abs().max() < 1e-4
+    for cache, (k, v) in zip(model.caches(), want_cache):
+        assert torch.allclose(cache.k[:, :, : prefix + width], k, atol=1e-5)
+        assert torch.allclose(cache.v[:, :, : prefix + width], v, atol=1e-5)
+
+
+def test_a_package_refuses_another_models_weights_in_one_line(compiled):
+    _, path, _ = compiled
+    other = to_runtime(tiny.hf_model("llama", seed=41))  # no qkv bias: constants the graph expects are missing
+    other.setup_cache(CACHE)
+    with pytest.raises(YggError, match="compiled for another model"):
+        CompiledForward(path, other, WIDTHS)
