@@ -4,7 +4,7 @@ eager model's weights and KV cache (the first building block of the AOT artifact
 import pytest
 import tiny
 import torch
-from helpers import to_runtime
+from helpers import decode, hf_greedy, noised_runtime, runner, to_runtime
 
 from ygg_compile.aot import compile_widths
 from ygg_runtime.compiled import CompiledForward
@@ -54,3 +54,22 @@ def test_a_package_refuses_another_models_weights_in_one_line(compiled):
     other.setup_cache(CACHE)
     with pytest.raises(YggError, match="compiled for another model"):
         CompiledForward(path, other, WIDTHS)
+
+
+def test_greedy_output_through_the_compiled_forwards_is_the_targets_own(tmp_path):
+    """A runner holding compiled widths uses them for every forward of those widths (the prompt's
+    prefill, of its own length, runs eager) and decodes exactly transformers' greedy output."""
+    hf = tiny.hf_model("llama", seed=42)
+    target = runner(to_runtime(hf), 96)
+    draft = runner(noised_runtime(to_runtime(hf), 0.05, seed=43), 96)
+    compile_widths(target.model, (2, 4), tmp_path / "model.pt2")
+    target.compiled = CompiledForward(tmp_path / "model.pt2", target.model, (2, 4))
+    target.widths = (2, 4)
+    prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(44)).tolist()
+    for method, params in (("ar", {}), ("chain", {"k": 3})):
+        target.calls.clear()
+        target.compiled.calls.clear()
+        out, _ = decode(target, draft, method, params, prompt, 32)
+        assert out == hf_greedy(hf, prompt, 32), method
+        assert target.calls[0] == len(prompt) - 1 and set(target.calls[1:]) <= {2, 4}
+        assert target.compiled.calls == target.calls[1:]  # every step's forward ran compiled

@@ -35,6 +35,7 @@ class CompiledForward:
         from torch._inductor.package import load_package
 
         self.max_len = model.max_len
+        self.calls: list[int] = []  # width of every compiled forward run, for tests and stats
         shared = constants(model)
         self.graphs = {}
         for w in widths:
@@ -51,6 +52,7 @@ class CompiledForward:
 
     def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         w, t = mask.shape
+        self.calls.append(w)
         full = torch.zeros(w, self.max_len, dtype=torch.bool, device=mask.device)
         full[:, :t] = mask
         logits, hidden = self.graphs[w](tokens, positions, slots, full)

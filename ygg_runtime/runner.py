@@ -36,6 +36,9 @@ class ModelRunner:
         # forwards run at their own width.
         self.widths: tuple[int, ...] = ()
         self.hidden: Tensor | None = None  # final hidden states [W, dim] of the last forward
+        # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for the
+        # widths they hold; any other width (a prefill, a forward at the cache's end) runs eager.
+        self.compiled = None
 
 
     @property
@@ -80,7 +83,8 @@ class ModelRunner:
         positions = torch.tensor(depths, device=dev) + base
         slots = torch.tensor(offsets, device=dev) + base
         self.calls.append(w)
-        logits, hidden = self.model(x, positions, slots, mask)
+        compiled = self.compiled is not None and w in self.compiled.graphs
+        logits, hidden = (self.compiled if compiled else self.model)(x, positions, slots, mask)
         self.hidden = hidden[0, :n]
         return logits[0, :n]
 
