@@ -29,7 +29,9 @@ def constants(model: Transformer) -> dict[str, Tensor]:
 
 
 class CompiledForward:
-    """Calls the compiled graph of a forward's width; same arguments and results as the model."""
+    """Calls the compiled graph of a forward's width; same arguments and results as the model.
+    The graphs hold the cache buffers they were given: build it after `setup_cache`, and again
+    if the cache is ever set up anew."""
 
     def __init__(self, path: Path, model: Transformer, widths: tuple[int, ...]):
         from torch._inductor.package import load_package
