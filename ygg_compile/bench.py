@@ -106,6 +106,11 @@ class Contestant:
 ABLATIONS = {"egt-fixed": ("egt", False)}  # egt at its planned fixed depth: what the predictor adds
 
 
+def proposer_of(decoder, name: str):
+    """A contestant's proposer (refuses, in one line, a method the artifact lacks)."""
+    return decoder.proposer(*ABLATIONS.get(name, (name, True)))
+
+
 class Method(Contestant):
     kind = "ygg"
 
@@ -157,7 +162,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     plan = decoder.info
     methods = opts.methods or list(decoder.methods) + (["egt-fixed"] if decoder.predictor is not None else [])
     for m in methods:
-        decoder.proposer(*ABLATIONS.get(m, (m, True)))  # refuses a method the artifact lacks, in one line
+        proposer_of(decoder, m)
     if "egt-fixed" in methods and decoder.predictor is None:
         raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
     if "ar" not in methods:
@@ -174,8 +179,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     contestants += [Peer(peers, p) for p in opts.peers]
 
     encoded, skipped = [], []
-    room = int(plan["max_context"]) - opts.max_new_tokens - max(
-        step_room(decoder.target, decoder.proposer(*ABLATIONS.get(m, (m, True)))) for m in methods)
+    room = int(plan["max_context"]) - opts.max_new_tokens - max(step_room(decoder.target, proposer_of(decoder, m)) for m in methods)
     for p in prompts:
         ids = decoder.encode(p.text)
         (encoded if len(ids) <= room else skipped).append((p, ids))

@@ -271,13 +271,13 @@ def _plan(calib, agreement, profile: dict, opts: CompileOptions, tmp: Path) -> t
     accept = calibrate.acceptance_map(calib)
     ranks = calib.rank_acceptance()
     verify = tuple(w for w in verify_widths if w <= calibrate.PROBE_VERIFY) or verify_widths[:1]
-    egt, egt_rows, report = {"depth": 0}, [], {"used": False, "why": "--no-predictor"}
+    little = "too little calibration data (use more --calib prompts or --calib-tokens)"
+    egt, egt_rows, report = {"depth": 0}, [], {"used": False, "why": little if opts.predictor else "--no-predictor"}
     if calib.steps:
         replays = calibrate.replay_all(calib, curves, accept, verify, draft_widths)
         egt, egt_rows = calibrate.plan_egt(replays, accept, verify)
         if opts.predictor:
             trained = predictor.train(calib, agreement) if agreement is not None else None
-            report = {"used": False, "why": "too little calibration data (use more --calib prompts or --calib-tokens)"}
             if trained is not None:
                 policy, report = predictor.plan_policy(trained, calib, agreement, replays, curves, egt, verify)
                 report |= trained.metrics

@@ -27,6 +27,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -218,14 +219,13 @@ class Agreement:
             out[i] = min(length, limit)
         return torch.tensor(out)
 
-    def complete(self, limit: int) -> list[int]:
-        """Rows whose next `limit` tokens all lie inside the text (their label is not cut short)."""
-        return [i for i, (q, p) in enumerate(zip(self.prompt, self.position)) if p + limit < self.ends[q] - 1]
-
     def row(self, prompt: int, position: int) -> int | None:
-        if not hasattr(self, "_index"):
-            self._index = {(q, p): i for i, (q, p) in enumerate(zip(self.prompt, self.position))}
+        """The row of `position` in `prompt`'s text (None: not a row)."""
         return self._index.get((prompt, position))
+
+    @cached_property
+    def _index(self) -> dict[tuple[int, int], int]:
+        return {(q, p): i for i, (q, p) in enumerate(zip(self.prompt, self.position))}
 
 
 RANK_CAP = 255
@@ -239,29 +239,31 @@ def agreement(target: ModelRunner, draft: ModelRunner, texts: dict[int, list[int
     hidden, rank, prompt, position, ends = [], [], [], [], {}
     for q, seq in texts.items():
         ends[q] = len(seq)
-        t_logits, d_logits, t_hidden = [], [], []
-        for role, runner in (("target", target), ("draft", draft)):
-            runner.reset()
-            for i in range(0, len(seq), chunk):
-                part = seq[i : i + chunk]
-                logits = runner.forward_chain(part)
-                runner.commit(list(range(len(part))))
-                if role == "target":
-                    t_logits.append(logits.argmax(-1))
-                    t_hidden.append(runner.hidden.float())
-                else:
-                    d_logits.append(fit(logits.float()))
-        best = torch.cat(t_logits)
-        d = torch.cat(d_logits)
+        t_logits, t_hidden = _teacher_forced(target, seq, chunk)
+        d, _ = _teacher_forced(draft, seq, chunk)
+        d = fit(d)
+        best = t_logits.argmax(-1)
         r = (d > d.gather(1, best[:, None])).sum(1).clamp(max=RANK_CAP)
         keep = list(range(shared, len(seq) - 1))
-        hidden.append(torch.cat(t_hidden)[keep])
+        hidden.append(t_hidden[keep])
         rank.append(r[keep])
         prompt += [q] * len(keep)
         position += keep
     target.reset()
     draft.reset()
     return Agreement(torch.cat(hidden), torch.cat(rank), prompt, position, ends)
+
+
+def _teacher_forced(runner: ModelRunner, seq: list[int], chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 logits [n, V] and final hidden states [n, dim] of `seq` fed from an empty cache."""
+    runner.reset()
+    logits, hidden = [], []
+    for i in range(0, len(seq), chunk):
+        part = seq[i : i + chunk]
+        logits.append(runner.forward_chain(part).float())
+        hidden.append(runner.hidden.float())
+        runner.commit(list(range(len(part))))
+    return torch.cat(logits), torch.cat(hidden)
 
 
 def _common_prefix(seqs: list[list[int]]) -> int:
@@ -385,8 +387,8 @@ def plan_sequoia(p: list[float], curves: Curves, widths: tuple[int, ...], contex
 
 
 def save_steps(calib: Calibration, path: Path) -> None:
-    """Per-step hidden states and accepted lengths (the depth predictor's training data), for
-    anyone who wants to study or retrain it; steps without a hidden state are left out."""
+    """Per-step hidden states and accepted lengths of the probe, for anyone who wants to study
+    them (the depth predictor trains on `agreement`); steps without a hidden state are left out."""
     from safetensors.torch import save_file
 
     steps = [s for s in calib.steps if s.hidden is not None]

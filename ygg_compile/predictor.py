@@ -61,9 +61,6 @@ class Samples:
         """Multi-label Y [n, D_max]: Y[i, d - 1] = (a_i >= d)."""
         return (self.a[:, None] >= np.arange(1, PROBE_DEPTH + 1)[None, :]).astype(int)
 
-    def subset(self, rows: list[int]) -> "Samples":
-        return Samples(self.x[rows], self.a[rows], [self.prompt[i] for i in rows])
-
 
 @dataclass
 class Trained:
@@ -119,7 +116,8 @@ def train(calib: Calibration, ag: Agreement, seed: int = 0) -> Trained | None:
     if len(prompts) < 2 or len(data.a) < MIN_ROWS or len(set(data.a.tolist())) < 2:
         return None
     folds = min(FOLDS, len(prompts))
-    fold = np.array([prompts.index(q) % folds for q in data.prompt])
+    fold_of = {q: k % folds for k, q in enumerate(prompts)}
+    fold = np.array([fold_of[q] for q in data.prompt])
     y = data.labels()
     baseline = np.zeros(len(y))
     for k in range(folds):
@@ -133,7 +131,7 @@ def train(calib: Calibration, ag: Agreement, seed: int = 0) -> Trained | None:
             runtime = DepthPredictor(export(_fit(data.x[kept], y[kept], alpha, seed)))
             probs[held] = runtime.raw(torch.from_numpy(data.x[held])).numpy()
             for i, s in enumerate(calib.steps):
-                if s.hidden is not None and s.prompt in prompts and prompts.index(s.prompt) % folds == k:
+                if s.hidden is not None and fold_of.get(s.prompt) == k:
                     step_reach[i] = runtime.reach(s.hidden)
         runs.append((float(((probs - y) ** 2).mean()), alpha, probs, step_reach))
     _, alpha, probs, step_reach = min(runs, key=lambda r: r[0])

@@ -99,11 +99,10 @@ class Drafter:
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in
         chunks of the widest compiled width, so every forward keeps a compiled width."""
         pending = seq[self.runner.committed :]
-        chunk = max(self.runner.widths, default=len(pending))
-        while len(pending) > chunk:
-            self.runner.forward_chain(pending[:chunk])
-            self.runner.commit(list(range(chunk)))
-            pending = pending[chunk:]
+        chunk = max(self.runner.widths, default=max(1, len(pending)))
+        behind = (len(pending) - 1) // chunk * chunk  # whole chunks, leaving 1..chunk tokens
+        self.runner.prefill(pending[:behind], chunk)
+        pending = pending[behind:]
         logits = self.runner.forward_chain(pending)
         self.runner.commit(list(range(len(pending) - 1)))
         self.fed = {0}
