@@ -1,16 +1,17 @@
-"""Ahead-of-time compiled forwards: one AOTInductor graph per width in one model.pt2, sharing the
-eager model's weights and KV cache (the first building block of the AOT artifact)."""
+"""Ahead-of-time compiled forwards: a width-1 graph and one dynamic-width graph in one model.pt2,
+sharing the eager model's weights and KV cache."""
 
 import pytest
 import tiny
 import torch
 from helpers import decode, hf_greedy, noised_runtime, runner, to_runtime
 
-from ygg_compile.aot import compile_widths
-from ygg_runtime.compiled import CompiledForward
+from ygg_compile.aot import compile_model
+from ygg_runtime.compiled import DYNAMIC, SINGLE, CompiledForward
 from ygg_runtime.errors import YggError
 
-WIDTHS = (1, 4)
+WIDTHS = (1, 2, 5, 16)  # the static graph, then the dynamic one at its narrowest and wider
+GRAPHS = [SINGLE, DYNAMIC]
 CACHE = 48
 
 
@@ -19,15 +20,17 @@ def compiled(tmp_path_factory):
     model = to_runtime(tiny.hf_model("qwen2", seed=40))  # qkv bias and tied embeddings: both traps
     model.setup_cache(CACHE)
     path = tmp_path_factory.mktemp("aot") / "model.pt2"
-    seconds = compile_widths(model, WIDTHS, path)
-    assert set(seconds) == set(WIDTHS)
-    return model, path, CompiledForward(path, model, WIDTHS)
+    seconds = compile_model(model, GRAPHS, path)
+    assert set(seconds) == set(GRAPHS)
+    return model, path, CompiledForward(path, model, GRAPHS)
 
 
+@pytest.mark.parametrize("at_end", [False, True])
 @pytest.mark.parametrize("width", WIDTHS)
-def test_compiled_forward_matches_eager_and_writes_the_same_cache_rows(compiled, width):
+def test_compiled_forward_matches_eager_and_writes_the_same_cache_rows(compiled, width, at_end):
+    """Every width, after a short prefix and filling the cache to its last slot."""
     model, _, fwd = compiled
-    prefix = 5
+    prefix = CACHE - width if at_end else 5
     g = torch.Generator().manual_seed(width)
     tokens = torch.randint(0, 256, (1, width), generator=g)
     positions = slots = torch.arange(width) + prefix
@@ -41,6 +44,7 @@ def test_compiled_forward_matches_eager_and_writes_the_same_cache_rows(compiled,
     for cache in model.caches():  # forget the rows the forward wrote: the compiled one must write them again
         cache.k[:, :, prefix:] = 0
         cache.v[:, :, prefix:] = 0
+    assert fwd.holds(width, mask.shape[1])
     logits, hidden = fwd(tokens, positions, slots, mask)
     assert (logits - want_logits).abs().max() < 1e-4 and (hidden - want_hidden).abs().max() < 1e-4
     for cache, (k, v) in zip(model.caches(), want_cache):
@@ -53,17 +57,17 @@ def test_a_package_refuses_another_models_weights_in_one_line(compiled):
     other = to_runtime(tiny.hf_model("llama", seed=41))  # no qkv bias: constants the graph expects are missing
     other.setup_cache(CACHE)
     with pytest.raises(YggError, match="compiled for another model"):
-        CompiledForward(path, other, WIDTHS)
+        CompiledForward(path, other, GRAPHS)
 
 
 def test_greedy_output_through_the_compiled_forwards_is_the_targets_own(tmp_path):
-    """A runner holding compiled widths uses them for every forward of those widths (the prompt's
-    prefill, of its own length, runs eager) and decodes exactly transformers' greedy output."""
+    """A runner holding compiled graphs runs every forward through them (the prompt's prefill too)
+    and decodes exactly transformers' greedy output."""
     hf = tiny.hf_model("llama", seed=42)
     target = runner(to_runtime(hf), 96)
     draft = runner(noised_runtime(to_runtime(hf), 0.05, seed=43), 96)
-    compile_widths(target.model, (2, 4), tmp_path / "model.pt2")
-    target.compiled = CompiledForward(tmp_path / "model.pt2", target.model, (2, 4))
+    compile_model(target.model, [DYNAMIC], tmp_path / "model.pt2")
+    target.compiled = CompiledForward(tmp_path / "model.pt2", target.model, [DYNAMIC])
     target.widths = (2, 4)
     prompt = torch.randint(0, 256, (9,), generator=torch.Generator().manual_seed(44)).tolist()
     for method, params in (("ar", {}), ("chain", {"k": 3})):
@@ -72,4 +76,4 @@ def test_greedy_output_through_the_compiled_forwards_is_the_targets_own(tmp_path
         out, _ = decode(target, draft, method, params, prompt, 32)
         assert out == hf_greedy(hf, prompt, 32), method
         assert target.calls[0] == len(prompt) - 1 and set(target.calls[1:]) <= {2, 4}
-        assert target.compiled.calls == target.calls[1:]  # every step's forward ran compiled
+        assert target.compiled.calls == target.calls  # every forward ran compiled

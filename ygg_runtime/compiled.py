@@ -1,25 +1,23 @@
-"""Ahead-of-time compiled forwards (DESIGN.md §7, §9): one AOTInductor graph per static width,
-bundled in one `model.pt2` per model and written by `ygg_compile.aot`.
+"""Ahead-of-time compiled forwards (DESIGN.md §7, §9), written by `ygg_compile.aot` into one
+`model.pt2` per model: a static graph for width 1 and one graph whose width (2..MAX_WIDTH) and
+attention span are dynamic (why two and not one per width: see ygg_compile.aot).
 
-The graphs hold no weights: every width loads the eager model's own parameters and KV-cache buffers
-as user-managed constants, so all widths share one copy of the weights and one cache, and the eager
-path (`Transformer.forward`) stays usable beside them. A graph's attention mask spans the whole cache
-(static shape): slots past the tree are simply masked out.
+The graphs hold no weights: each loads the eager model's own parameters and KV-cache buffers as
+user-managed constants, so they share one copy of the weights and one cache, and the eager path
+(`Transformer.forward`) stays usable beside them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.model import Transformer
+from ygg_runtime.runner import PREFILL_CHUNK as MAX_WIDTH  # the widest dynamic forward
 
-
-def graph_name(width: int) -> str:
-    return f"w{width}"
+SINGLE, DYNAMIC = "w1", "dynamic"
 
 
 def constants(model: Transformer) -> dict[str, Tensor]:
@@ -29,33 +27,41 @@ def constants(model: Transformer) -> dict[str, Tensor]:
 
 
 class CompiledForward:
-    """Calls the compiled graph of a forward's width; same arguments and results as the model.
-    The graphs hold the cache buffers they were given: build it after `setup_cache`, and again
-    if the cache is ever set up anew."""
+    """Runs a forward through the compiled graph for its width; same arguments and results as the
+    model. The graphs hold the cache buffers they were given: build this after `setup_cache`, and
+    again if the cache is ever set up anew."""
 
-    def __init__(self, path: Path, model: Transformer, widths: tuple[int, ...]):
+    def __init__(self, path: Path, model: Transformer, graphs: list[str]):
         from torch._inductor.package import load_package
 
         self.max_len = model.max_len
+        self.max_width = min(MAX_WIDTH, model.max_len)
         self.calls: list[int] = []  # width of every compiled forward run, for tests and stats
         shared = constants(model)
         self.graphs = {}
-        for w in widths:
+        for name in graphs:
             try:
-                graph = load_package(str(path), model_name=graph_name(w))
+                graph = load_package(str(path), model_name=name)
             except Exception as e:  # a corrupt or foreign package: one line, not a C++ trace
-                raise YggError(f"cannot load the compiled width {w} from {path}: {str(e).splitlines()[0]}") from None
+                raise YggError(f"cannot load the compiled graph {name} from {path}: {str(e).splitlines()[0]}") from None
             names = graph.get_constant_fqns()
             missing = [n for n in names if n not in shared]
             if missing:
                 raise YggError(f"{path} was compiled for another model (it expects {missing[0]}): recompile")
-            graph.load_constants({n: shared[n] for n in names}, check_full_update=True, user_managed=True)
-            self.graphs[w] = graph
+            try:
+                graph.load_constants({n: shared[n] for n in names}, check_full_update=True, user_managed=True)
+            except Exception as e:  # same names, other shapes (another cache size or model size)
+                raise YggError(f"{path} does not fit this model or cache: {str(e).splitlines()[0]}: recompile") from None
+            self.graphs[name] = graph
+
+    def holds(self, width: int, span: int) -> bool:
+        """Whether a forward of this width over this many cache slots has a compiled graph."""
+        if not 2 <= span <= self.max_len:
+            return False
+        return SINGLE in self.graphs if width == 1 else DYNAMIC in self.graphs and 2 <= width <= self.max_width
 
     def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        w, t = mask.shape
+        w = mask.shape[0]
         self.calls.append(w)
-        full = torch.zeros(w, self.max_len, dtype=torch.bool, device=mask.device)
-        full[:, :t] = mask
-        logits, hidden = self.graphs[w](tokens, positions, slots, full)
+        logits, hidden = self.graphs[SINGLE if w == 1 else DYNAMIC](tokens, positions, slots, mask)
         return logits, hidden

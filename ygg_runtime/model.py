@@ -128,11 +128,14 @@ class Transformer(nn.Module):
         self.max_len = 0
 
     def setup_cache(self, max_len: int) -> None:
-        """Preallocate the static, slot-addressed KV cache of every layer."""
+        """Preallocate the static, slot-addressed KV cache of every layer. It holds one spare row
+        past max_len that is never written: an attention span of exactly max_len is then a proper
+        slice, which an exported graph can treat as one more value of a dynamic size (a slice of
+        the whole tensor is specialised by torch.export)."""
         p = self.tok_embeddings.weight
         self.max_len = max_len
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(max_len, self.args.n_kv_heads, self.args.head_dim, p.dtype, p.device)
+            layer.attention.kv_cache = KVCache(max_len + 1, self.args.n_kv_heads, self.args.head_dim, p.dtype, p.device)
 
     def caches(self) -> list[KVCache]:
         return [layer.attention.kv_cache for layer in self.layers]

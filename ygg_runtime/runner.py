@@ -16,6 +16,8 @@ from ygg_runtime.model import Transformer
 
 # The attention span is rounded up to a multiple of this, so that most steps reuse one shape.
 SPAN_BUCKET = 256
+# A prompt is run in chunks of at most this many tokens (the widest compiled forward).
+PREFILL_CHUNK = 512
 
 
 def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
@@ -36,10 +38,9 @@ class ModelRunner:
         # forwards run at their own width.
         self.widths: tuple[int, ...] = ()
         self.hidden: Tensor | None = None  # final hidden states [W, dim] of the last forward
-        # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for the
-        # widths they hold; any other width (a prefill, a forward at the cache's end) runs eager.
+        # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for every
+        # forward they hold; any other (wider than their widest) runs eager.
         self.compiled = None
-
 
     @property
     def vocab_size(self) -> int:
@@ -83,7 +84,7 @@ class ModelRunner:
         positions = torch.tensor(depths, device=dev) + base
         slots = torch.tensor(offsets, device=dev) + base
         self.calls.append(w)
-        compiled = self.compiled is not None and w in self.compiled.graphs
+        compiled = self.compiled is not None and self.compiled.holds(w, span)
         logits, hidden = (self.compiled if compiled else self.model)(x, positions, slots, mask)
         self.hidden = hidden[0, :n]
         return logits[0, :n]
@@ -99,7 +100,7 @@ class ModelRunner:
         compact(self.model.caches(), [self.committed + o for o in offsets], self.committed)
         self.committed += len(offsets)
 
-    def prefill(self, tokens: list[int], chunk: int = 512) -> None:
+    def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> None:
         for i in range(0, len(tokens), chunk):
             part = tokens[i : i + chunk]
             self.forward_chain(part)
