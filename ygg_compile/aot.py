@@ -1,28 +1,32 @@
 """Compile a model's forward ahead of time (DESIGN.md §9 recipe): `torch.export` (strict=False) of
 the slot-cache forward, then AOTInductor with the weights left out of the shared object
-(`package_constants_in_so=False`), every graph of a model bundled into one `model.pt2`. The runtime
-(`ygg_runtime.compiled`) loads the eager model's weights and KV cache into every graph as
-user-managed constants.
+(`package_constants_in_so=False`), packaged as the model's `model.pt2`. The runtime
+(`ygg_runtime.compiled`) loads the eager model's weights and KV cache into it as user-managed
+constants.
 
-Two graphs per model, decided by measurement (1.5B target, bf16, 2 threads, interleaved medians;
-numbers in the README): one graph whose width (2..MAX_WIDTH) and attention span are dynamic ran as
-fast as one static graph per width (W = 4: 197 vs 204 ms, W = 16: 312 vs 322, W = 64: 770 vs 730 at
-context 64; within 2 % at context 1000) and compiles once instead of once per width, and covers the
-prompt's prefill chunks too. Width 1 is its own static graph, because export specialises a size
-of 1. The span is dynamic because a mask over the whole cache made every forward attend to every
-slot (slower than eager at a 2 k-slot cache).
+One graph per model, whose width (1..MAX_WIDTH) and attention span are both dynamic, decided by
+measurement (1.5B target, bf16, 2 threads, interleaved medians over 6 repeats, alone): it ran as fast
+as one static graph per width (W = 4: 197 vs 204 ms, W = 16: 312 vs 322, W = 64: 770 vs 730 at
+context 64; within 2 % at context 1000), compiles once (≈50 s) instead of once per width (≈35 s
+each), and covers the prompt's prefill chunks too. Width 1 joins the dynamic range because export
+is told not to specialise sizes of 1 (`backed_size_oblivious`); it measured 187 vs 225 ms eager.
+The span is dynamic because a mask over the whole cache made every forward attend to every slot
+(slower than eager at a 2 k-slot cache).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from ygg_runtime.compiled import DYNAMIC, MAX_WIDTH, SINGLE
+from ygg_runtime.compiled import GRAPH, MAX_WIDTH
 from ygg_runtime.model import Transformer
+
+PACKAGE = "model.pt2"  # per model, beside its weights
 
 
 def example_args(width: int, span: int, device: torch.device) -> tuple[torch.Tensor, ...]:
@@ -32,37 +36,46 @@ def example_args(width: int, span: int, device: torch.device) -> tuple[torch.Ten
     return torch.zeros(1, width, dtype=torch.long, device=device), idx, idx, mask
 
 
-def graphs_for(widths: tuple[int, ...] | list[int]) -> list[str]:
-    """The graphs a model needs: the dynamic one always (prefill chunks), width 1 when used."""
-    return ([SINGLE] if 1 in widths else []) + [DYNAMIC]
-
-
-def compile_model(model: Transformer, graphs: list[str], path: Path,
-                  progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
-    """Write `path` (model.pt2) holding the named graphs; returns the seconds each took."""
+def compile_model(model: Transformer, path: Path, progress: Callable[[int, int], None] | None = None) -> float:
+    """Write `path` (model.pt2) holding the model's compiled forward; returns the seconds it took."""
+    import torch.fx.experimental._config as shape_config
     from torch._inductor import aot_compile
     from torch._inductor.package import package_aoti
     from torch.export import Dim
 
     if not model.max_len:
         raise ValueError("set up the model's KV cache (setup_cache) before compiling it")
+    start = time.time()
     device = model.tok_embeddings.weight.device
+    width = Dim("width", min=1, max=min(MAX_WIDTH, model.max_len))
     span = Dim("span", min=2, max=model.max_len)
-    files, seconds = {}, {}
-    for i, name in enumerate(graphs):
-        start = time.time()
-        if name == SINGLE:
-            args, shapes = example_args(1, min(8, model.max_len), device), ({}, {}, {}, {1: span})
-        else:
-            width = Dim("width", min=2, max=min(MAX_WIDTH, model.max_len))
-            args = example_args(min(8, model.max_len), min(16, model.max_len), device)
-            shapes = ({1: width}, {0: width}, {0: width}, {0: width, 1: span})
-        with torch.no_grad():
-            program = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
-            files[name] = aot_compile(program.module(), args, options={
-                "aot_inductor.package": True, "aot_inductor.package_constants_in_so": False})
-        seconds[name] = round(time.time() - start, 1)
+    args = example_args(min(8, model.max_len), min(16, model.max_len), device)
+    shapes = ({1: width}, {0: width}, {0: width}, {0: width, 1: span})
+    with torch.no_grad(), shape_config.patch(backed_size_oblivious=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, printed per graph
+        program = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
         if progress:
-            progress(i + 1, len(graphs))
-    package_aoti(str(path), files)
-    return seconds
+            progress(1, 2)
+        compiled = aot_compile(program.module(), args, options={
+            "aot_inductor.package": True, "aot_inductor.package_constants_in_so": False})
+    package_aoti(str(path), {GRAPH: compiled})
+    if progress:
+        progress(2, 2)
+    return round(time.time() - start, 1)
+
+
+# Compiler flags whose /proc/cpuinfo name is not the flag itself without its "-m".
+_CPUINFO_NAMES = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
+                  "amx-tile": "amx_tile", "amx-bf16": "amx_bf16", "amx-int8": "amx_int8", "amx-fp16": "amx_fp16"}
+
+
+def cpu_requirements(device: str) -> dict:
+    """The vector ISA Inductor builds CPU code for on this machine and the CPU flags (as
+    /proc/cpuinfo names them) that code needs: recorded in the plan, checked by `ygg run`."""
+    if not device.startswith("cpu"):
+        return {"isa": None, "cpu_flags": []}
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    isa = pick_vec_isa()
+    flags = [f.removeprefix("-m") for f in isa.build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
+    return {"isa": str(isa) or None, "cpu_flags": sorted({_CPUINFO_NAMES.get(f, f.replace("-", "_")) for f in flags})}

@@ -24,11 +24,13 @@ from ygg_compile import hardware, sources
 from ygg_compile.convert import convert_state
 from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
 from ygg_runtime.errors import YggError
+from ygg_runtime.integrity import file_entry
 from ygg_runtime import objective, proposers
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.text import TextCodec
 
 CHAT_PROBE = "\x00YGG-PROMPT\x00"
+QUICK_PROMPTS, QUICK_TOKENS = 6, 32  # --quick: calibration prompts and tokens per prompt
 TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode ✓", "  leading spaces\tand tabs\n\n"]
 
 
@@ -47,6 +49,8 @@ class CompileOptions:
     reprofile: bool = False  # measure T(W) even when a matching stored profile exists
     predictor: bool = True  # train egt's depth predictor (False: egt keeps one planned depth)
     force_predictor: bool = False  # use it even when it does not beat the fixed depth (ablation)
+    aot: bool = True  # compile every forward ahead of time (False: `ygg run` runs the models eager)
+    quick: bool = False  # a smaller plan, sooner: QUICK_PROMPTS calibration prompts, no depth predictor
     profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
 
 
@@ -80,49 +84,76 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     from ygg_compile import calibrate
 
     calib_prompts = calibrate.load_prompts(opts.calib)
+    calib_tokens, predictor = opts.calib_tokens, opts.predictor
+    if opts.quick:
+        calib_prompts, calib_tokens, predictor = calib_prompts[:QUICK_PROMPTS], min(calib_tokens, QUICK_TOKENS), False
     started = time.time()
+    phases: dict[str, float] = {}  # where the time went, for the summary table
+
+    @contextlib.contextmanager
+    def phase(name: str, description: str | None) -> Iterator[None]:
+        """Time a part of the compile under `name`; description: its progress line (None: its
+        own steps show)."""
+        start = time.time()
+        with ui.step(description) if description else contextlib.nullcontext():
+            yield
+        phases[name] = round(phases.get(name, 0.0) + time.time() - start, 1)
+
     with _staging(out) as tmp:
-        with ui.step("resolving draft model"):
+        with phase("resolve", "resolving draft model"):
             draft = sources.resolve(opts.draft, ui.progress)
-        with ui.step("resolving target model"):
+        with phase("resolve", "resolving target model"):
             target = sources.resolve(opts.target, ui.progress)
-        with ui.step("comparing tokenizers"):
+        with phase("convert", "comparing tokenizers"):
             tokenizer = _shared_tokenizer(draft, target)
         models = {}
         for role, src in (("target", target), ("draft", draft)):
-            with ui.step(f"converting {role} ({src.spec}) to {str(dtype).removeprefix('torch.')}"):
+            with phase("convert", f"converting {role} ({src.spec}) to {str(dtype).removeprefix('torch.')}"):
                 models[role] = _convert(src, role, dtype, tmp / role)
         max_context = min(opts.max_context, *(m["max_position"] for m in models.values()))
-        with ui.step("writing tokenizer"):
+        # Room past max_context for the calibration probe's wide trees (slots, not positions);
+        # `ygg run` sets up the same cache, which the compiled graphs are built around.
+        cache_slots = max_context + calibrate.PROBE_ROOM
+        with phase("convert", "writing tokenizer"):
             tok_info = _write_tokenizer(tokenizer, target, tmp)
             tok_info["eos_token_ids"] = sorted(set(tok_info["eos_token_ids"]) | set(models["target"]["eos_token_ids"]))
-        runners = _load_runners(tmp, device, max_context)
-        profile = _profiles(runners, models, device, str(dtype).removeprefix("torch."), max_context, opts, ui)
-        with ui.step(f"calibrating on {len(calib_prompts)} prompts ({opts.calib_tokens} tokens each)"):
+        runners = _load_runners(tmp, device, cache_slots)
+        aot_info = None
+        if opts.aot:
+            aot_info = _compile_forwards(runners, device, tmp, phase, ui)
+        with phase("profile", None):
+            profile = _profiles(runners, models, device, str(dtype).removeprefix("torch."), max_context, opts, ui)
+        with phase("calibrate", f"calibrating on {len(calib_prompts)} prompts ({calib_tokens} tokens each)"):
             codec = TextCodec(tmp / tok_info["file"], tok_info["chat_prefix"], tok_info["chat_suffix"])
-            calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, opts.calib_tokens, ui)
+            calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, calib_tokens, ui)
             calibrate.save_steps(calib, tmp / "calibration.safetensors")
         agreement = None
-        if opts.predictor and calib.texts:
-            with ui.step(f"reading {sum(map(len, calib.texts.values()))} calibration positions for the depth predictor"):
+        if predictor and calib.texts:
+            with phase("calibrate", f"reading {sum(map(len, calib.texts.values()))} calibration positions for the depth predictor"):
                 agreement = calibrate.agreement(runners["target"], runners["draft"], calib.texts)
         del runners
         gc.collect()
-        with ui.step("planning egt and sequoia with the objective" + (", training the depth predictor" if opts.predictor else "")):
-            methods, planning = _plan(calib, agreement, profile, opts, tmp)
-        with ui.step("hashing artifact files"):
-            files = {str(p.relative_to(tmp)): _file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        with phase("plan", "planning egt and sequoia with the objective" + (", training the depth predictor" if predictor else "")):
+            methods, planning = _plan(calib, agreement, profile, opts, predictor, tmp)
+        if opts.quick:
+            planning["predictor"]["why"] = "--quick"
+        with phase("hash", "hashing artifact files"):
+            files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         plan = {
             "format_version": FORMAT_VERSION,
             "yggdrasil_version": _version(),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "compile_seconds": round(time.time() - started, 1),
+            "compile_phases": phases,
+            "quick": opts.quick,
             "models": models,
             "device": device,
             "dtype": str(dtype).removeprefix("torch."),
             "torch_version": str(torch.__version__),
             "cpu": hardware.cpu_info(),
             "max_context": max_context,
+            "cache_slots": cache_slots,
+            "aot": aot_info,
             "method": opts.method,
             "methods": methods,
             "profile": profile,
@@ -218,14 +249,28 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
     }
 
 
-def _load_runners(tmp: Path, device: str, max_context: int) -> dict:
+def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
     from ygg_runtime.model import load_model
     from ygg_runtime.runner import ModelRunner
 
-    from ygg_compile.calibrate import PROBE_ROOM
+    return {role: ModelRunner(load_model(tmp / role, device), cache_slots) for role in ("target", "draft")}
 
-    # Room past max_context for the calibration probe's wide trees (slots, not positions).
-    return {role: ModelRunner(load_model(tmp / role, device), max_context + PROBE_ROOM) for role in ("target", "draft")}
+
+def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter) -> dict:
+    """Each model's forward compiled ahead of time into <role>/model.pt2; the runners use it from
+    here on, so profiling and calibration time the forwards `ygg run` will run."""
+    from ygg_compile import aot
+    from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
+
+    seconds = {}
+    for role in ("target", "draft"):
+        label = f"compiling the {role}'s forward ahead of time (AOTInductor, widths 1..{MAX_WIDTH})"
+        with phase("aot", label):
+            report = lambda done, total, label=label: ui.progress(label, done, total, unit="stages")  # noqa: E731
+            path = tmp / role / aot.PACKAGE
+            seconds[role] = aot.compile_model(runners[role].model, path, report)
+            runners[role].compiled = CompiledForward(path, runners[role].model)
+    return {"package": aot.PACKAGE, "max_width": MAX_WIDTH, "seconds": seconds, **aot.cpu_requirements(device)}
 
 
 def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context: int, opts: CompileOptions,
@@ -238,8 +283,10 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
     root = Path(opts.profiles) if opts.profiles else prof.profiles_dir()
     found, files = {}, {}
     for role in ("target", "draft"):
-        path = prof.profile_path(root, device, models[role], dtype)
-        stored, why = (None, "--reprofile") if opts.reprofile else prof.load_matching(path, models[role], dtype, device, widths, contexts)
+        forward = "aot" if runners[role].compiled is not None else "eager"
+        path = prof.profile_path(root, device, models[role], dtype, forward)
+        stored, why = (None, "--reprofile") if opts.reprofile else prof.load_matching(
+            path, models[role], dtype, device, forward, widths, contexts)
         if stored is None:
             ui.note(f"{role}: measuring its latency profile ({why})")
             label = f"measuring {role} T(W) at contexts {', '.join(map(str, contexts))}"
@@ -247,7 +294,7 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
                 report = lambda done, total, label=label: ui.progress(label, done, total, unit="rounds")  # noqa: E731
                 measured = prof.measure(runners[role], widths, contexts, progress=report)
                 try:
-                    stored = prof.save(path, measured, models[role], dtype, device)
+                    stored = prof.save(path, measured, models[role], dtype, device, forward)
                 except OSError as e:
                     raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
         else:
@@ -260,7 +307,7 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
     return out | compiled | {"files": files}
 
 
-def _plan(calib, agreement, profile: dict, opts: CompileOptions, tmp: Path) -> tuple[dict, dict]:
+def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:
     """egt and sequoia parameters from calibration and the curves, with the candidates' table;
     egt's depth predictor trained and saved into `tmp` when it beats egt's fixed depth."""
     from ygg_compile import calibrate, predictor
@@ -272,11 +319,11 @@ def _plan(calib, agreement, profile: dict, opts: CompileOptions, tmp: Path) -> t
     ranks = calib.rank_acceptance()
     verify = tuple(w for w in verify_widths if w <= calibrate.PROBE_VERIFY) or verify_widths[:1]
     little = "too little calibration data (use more --calib prompts or --calib-tokens)"
-    egt, egt_rows, report = {"depth": 0}, [], {"used": False, "why": little if opts.predictor else "--no-predictor"}
+    egt, egt_rows, report = {"depth": 0}, [], {"used": False, "why": little if use_predictor else "--no-predictor"}
     if calib.steps:
         replays = calibrate.replay_all(calib, curves, accept, verify, draft_widths)
         egt, egt_rows = calibrate.plan_egt(replays, accept, verify)
-        if opts.predictor:
+        if use_predictor:
             trained = predictor.train(calib, agreement) if agreement is not None else None
             if trained is not None:
                 policy, report = predictor.plan_policy(trained, calib, agreement, replays, curves, egt, verify)
@@ -326,10 +373,6 @@ def _write_tokenizer(tokenizer, target: sources.ModelSource, tmp: Path) -> dict:
             prefix, suffix = rendered.split(CHAT_PROBE)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     return {"file": "tokenizer.json", "chat_prefix": prefix, "chat_suffix": suffix, "eos_token_ids": eos}
-
-
-def _file_entry(path: Path) -> dict:
-    return {"sha256": sources.sha256_of([path]), "bytes": path.stat().st_size}
 
 
 def _version() -> str:

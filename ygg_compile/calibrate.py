@@ -157,38 +157,32 @@ def run_probe(
     """Decode every prompt with the probe and record each step."""
     drafter = Drafter(draft, target.vocab_size)
     probe = EGT(drafter, PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, [PROBE_VERIFY])
-    seen: dict[str, torch.Tensor] = {}
-    hooks = [target.model.register_forward_hook(lambda m, a, out: seen.__setitem__("logits", out[0][0]))]
     steps: list[ProbeStep] = []
     texts: dict[int, list[int]] = {}
     start, made, used = time.time(), 0, 0
-    try:
-        for i, text in enumerate(prompts):
-            ids = codec.encode(text)
-            if len(ids) + tokens + probe.max_tree_size > target.max_len:
-                ui.note(f"calibration prompt {i + 1} ({len(ids)} tokens) does not fit the context: skipped")
-                continue
-            context = [len(ids)]
+    for i, text in enumerate(prompts):
+        ids = codec.encode(text)
+        if len(ids) + tokens + probe.max_tree_size > target.max_len:
+            ui.note(f"calibration prompt {i + 1} ({len(ids)} tokens) does not fit the context: skipped")
+            continue
+        context = [len(ids)]
 
-            def record(tree, verdict, i=i, context=context):
-                full = probe.last_tree
-                origin = tree.origin  # the probe verifies a pruned tree
-                best = seen["logits"][: len(tree)].argmax(-1).tolist()
-                children = {v: list(kids) for v, kids in enumerate(full.children) if kids}
-                steps.append(ProbeStep(
-                    full.parents, full.tokens, full.draft_probs, children,
-                    {origin[v]: best[v] for v in range(len(tree))}, verdict.accepted + 1, context[0], i,
-                    None if probe.hidden is None else probe.hidden.float().clone(),
-                ))
-                context[0] += verdict.accepted + 1
+        def record(tree, verdict, i=i, context=context):
+            full = probe.last_tree
+            origin = tree.origin  # the probe verifies a pruned tree
+            best = target.logits.argmax(-1).tolist()  # the verify's, as run (compiled or eager)
+            children = {v: list(kids) for v, kids in enumerate(full.children) if kids}
+            steps.append(ProbeStep(
+                full.parents, full.tokens, full.draft_probs, children,
+                {origin[v]: best[v] for v in range(len(tree))}, verdict.accepted + 1, context[0], i,
+                None if probe.hidden is None else probe.hidden.float().clone(),
+            ))
+            context[0] += verdict.accepted + 1
 
-            out, _ = engine.generate(target, probe, ids, max_new_tokens=tokens, on_step=record)
-            texts[i] = ids + out
-            made, used = made + len(out), used + 1
-            ui.progress("calibrating on the target's own continuations", i + 1, len(prompts), unit="prompts")
-    finally:
-        for h in hooks:
-            h.remove()
+        out, _ = engine.generate(target, probe, ids, max_new_tokens=tokens, on_step=record)
+        texts[i] = ids + out
+        made, used = made + len(out), used + 1
+        ui.progress("calibrating on the target's own continuations", i + 1, len(prompts), unit="prompts")
     return Calibration(steps, used, made, time.time() - start, texts)
 
 

@@ -42,6 +42,8 @@ def compile_cmd(
     profiles: Optional[Path] = typer.Option(None, "--profiles", help="directory of stored latency profiles (default: the checkout's profiles/)"),
     no_predictor: bool = typer.Option(False, "--no-predictor", help="no depth predictor: egt keeps one planned depth"),
     force_predictor: bool = typer.Option(False, "--force-predictor", help="use the depth predictor even if it does not beat the fixed depth on held-out prompts (ablation)"),
+    no_aot: bool = typer.Option(False, "--no-aot", help="compile no forwards ahead of time: `ygg run` runs the models eager"),
+    quick: bool = typer.Option(False, "--quick", help="a smaller plan, sooner: 6 calibration prompts of at most 32 tokens, no depth predictor"),
 ) -> None:
     """Convert a draft/target pair and write an artifact that `ygg run` loads."""
     from ygg_compile.build import CompileOptions, compile_artifact
@@ -64,6 +66,8 @@ def compile_cmd(
         profiles=profiles,
         predictor=not no_predictor,
         force_predictor=force_predictor,
+        aot=not no_aot,
+        quick=quick,
     )
     with RichReporter() as ui:
         plan = compile_artifact(opts, ui)
@@ -74,6 +78,23 @@ def compile_cmd(
         f"{plan['device']}, default method {plan['method']} — try: ygg run prompt.txt --artifact {output} --stats"
     )
     err.print(plan_summary(plan))
+    err.print(phase_table(plan))
+
+
+def phase_table(plan: dict):
+    """Where the compile's time went, one row per phase."""
+    from rich.table import Table
+
+    names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "AOT-compile forwards",
+             "profile": "latency profiles", "calibrate": "calibration (probe + agreement)", "stages": "stage timing",
+             "plan": "planning + predictor", "hash": "hash files"}
+    total = plan["compile_seconds"]
+    t = Table(title=f"compile time: {total:.0f} s", title_justify="left")
+    for col in ("phase", "seconds", "share"):
+        t.add_column(col, justify="left" if col == "phase" else "right")
+    for key, seconds in plan["compile_phases"].items():
+        t.add_row(names.get(key, key), f"{seconds:.1f}", f"{seconds / max(total, 1e-9):.0%}")
+    return t
 
 
 def plan_summary(plan: dict) -> str:
@@ -120,12 +141,15 @@ def run_cmd(
     raw: bool = typer.Option(False, "--raw", help="do not wrap the prompt in the model's chat template"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="always generate --max-new-tokens tokens"),
     no_predictor: bool = typer.Option(False, "--no-predictor", help="egt: ignore the depth predictor, keep the planned depth"),
+    eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default and only choice: the artifact's)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="must be the artifact's (default: the artifact's)"),
 ) -> None:
     """Generate from a prompt with a compiled artifact: exactly the target's own output, faster."""
     prompt = _read_prompt(prompt_file)
     import ygg_runtime
 
-    decoder = ygg_runtime.load(artifact, predictor=not no_predictor)
+    decoder = ygg_runtime.load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
@@ -150,7 +174,7 @@ def run_cmd(
     if stats:
         from ygg_compile.ui import err, stats_table
 
-        err.print(stats_table(result.metrics, f"{result.method} · {artifact}"))
+        err.print(stats_table(result.metrics, f"{result.method} · {artifact}", decoder.info["forwards"]))
 
 
 def _split(values: Optional[list[str]]) -> Optional[list[str]]:

@@ -8,21 +8,21 @@ from pathlib import Path
 import torch
 
 from ygg_runtime.errors import YggError
+from ygg_runtime.integrity import cpu_flags
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
 def cpu_info() -> dict:
-    model, flags = platform.processor() or platform.machine(), set()
+    model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         for line in cpuinfo.read_text().splitlines():
             key, _, value = line.partition(":")
             if key.strip() == "model name":
                 model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+                break
+    isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
     return {"model": model, "threads": torch.get_num_threads(), "isa": isa}
 
 

@@ -175,27 +175,29 @@ def profiles_dir() -> Path:
     repo = Path(__file__).resolve().parents[1] / "profiles"
     if repo.is_dir():
         return repo
-    from ygg_compile.sources import cache_dir
+    from ygg_runtime.integrity import cache_dir
 
     return cache_dir() / "profiles"
 
 
-def fingerprint(device: str) -> dict:
-    """What a profile's numbers depend on besides the model: the same fingerprint means reusable."""
-    info = {"device": device, "torch_version": str(torch.__version__), "threads": torch.get_num_threads()}
+def fingerprint(device: str, forward: str) -> dict:
+    """What a profile's numbers depend on besides the model: the same fingerprint means reusable.
+    forward: "aot" (the ahead-of-time compiled forwards) or "eager"."""
+    info = {"device": device, "forward": forward, "torch_version": str(torch.__version__),
+            "threads": torch.get_num_threads()}
     if device.startswith("cuda"):
         return info | {"gpu": torch.cuda.get_device_name()}
     cpu = hardware.cpu_info()
     return info | {"cpu": cpu["model"], "isa": cpu["isa"]}
 
 
-def profile_path(root: Path, device: str, model: dict, dtype: str) -> Path:
+def profile_path(root: Path, device: str, model: dict, dtype: str, forward: str) -> Path:
     name = Path(model["spec"].rstrip("/")).name.lower()
     name = re.sub(r"[^a-z0-9.]+", "-", name).strip("-") or "model"
-    return Path(root) / hardware.device_slug(device) / f"{name}-{model['sha256'][:8]}-{dtype}.yaml"
+    return Path(root) / hardware.device_slug(device) / f"{name}-{model['sha256'][:8]}-{dtype}-{forward}.yaml"
 
 
-def load_matching(path: Path, model: dict, dtype: str, device: str, widths, contexts) -> tuple[dict | None, str]:
+def load_matching(path: Path, model: dict, dtype: str, device: str, forward: str, widths, contexts) -> tuple[dict | None, str]:
     """The stored profile at `path` when it was measured for these weights on this machine and
     covers the widths and contexts asked for; else None and why not."""
     if not path.is_file():
@@ -208,19 +210,19 @@ def load_matching(path: Path, model: dict, dtype: str, device: str, widths, cont
         return None, "another profile format"
     if stored.get("model", {}).get("sha256") != model["sha256"] or stored.get("dtype") != dtype:
         return None, "other weights or dtype"
-    if stored.get("fingerprint") != fingerprint(device):
-        return None, "measured on another machine, torch or thread count"
+    if stored.get("fingerprint") != fingerprint(device, forward):
+        return None, "measured on another machine, torch, thread count or forward kind"
     if not set(widths) <= set(stored["widths"]) or not set(contexts) <= set(stored["contexts"]):
         return None, "does not cover the widths and contexts needed"
     return stored, ""
 
 
-def save(path: Path, measured: dict, model: dict, dtype: str, device: str) -> dict:
+def save(path: Path, measured: dict, model: dict, dtype: str, device: str, forward: str) -> dict:
     stored = {
         "format": PROFILE_FORMAT,
         "model": {k: model[k] for k in ("spec", "sha256", "arch", "parameters", "layers")},
         "dtype": dtype,
-        "fingerprint": fingerprint(device),
+        "fingerprint": fingerprint(device, forward),
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **measured,
     }

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import os
 import re
 import shutil
 import tempfile
@@ -21,6 +20,7 @@ from typing import Callable, Iterator
 import yaml
 
 from ygg_runtime.errors import YggError
+from ygg_runtime.integrity import cache_dir, sha256_of
 
 REGISTRY = yaml.safe_load((Path(__file__).parent / "registry.yaml").read_text())
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -33,11 +33,6 @@ class ModelSource:
     kind: str  # "local", "gguf", "hub" or "package"
     path: Path  # a directory transformers can read (after resolve)
     sha256: str  # of the checkpoint file(s) it was made from
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("YGG_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yggdrasil"
-    return Path(root)
 
 
 def expand(pattern: str) -> list[str]:
@@ -53,20 +48,6 @@ def expand(pattern: str) -> list[str]:
         it = iter(values)
         out.append(re.sub(r"\{\d+\.\.\d+\}", lambda _: next(it), pattern))
     return out
-
-
-def sha256_of(paths: list[Path], progress: Progress | None = None, label: str = "hashing") -> str:
-    h = hashlib.sha256()
-    total = sum(p.stat().st_size for p in paths)
-    done = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-                done += len(chunk)
-                if progress:
-                    progress(label, done, total)
-    return h.hexdigest()
 
 
 def quiet_transformers() -> None:

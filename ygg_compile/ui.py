@@ -66,7 +66,8 @@ class RichReporter(Reporter):
         self.console.print(text)
 
 
-def stats_table(m: Metrics, title: str) -> Table:
+def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
+    """forwards: how the decoder runs its models (from `ygg_runtime.load`), shown with the counts."""
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold")
     t.add_column(justify="right")
@@ -82,6 +83,9 @@ def stats_table(m: Metrics, title: str) -> Table:
         t.add_row("tree depth per step", f"mean {m.mean_tree_depth:.2f}  (" + "  ".join(f"{d}:{n}" for d, n in counts.items()) + " steps)")
     t.add_row("TPOT", f"{m.tpot_ms:.1f} ms  ({1000 / m.tpot_ms if m.tpot_ms else 0:.1f} tok/s)")
     t.add_row("prefill", f"{m.prefill_s * 1000:.0f} ms")
+    counts = {"compiled": f"{m.compiled_forwards} compiled", "eager": f"{m.eager_forwards} eager",
+              "mixed": f"{m.compiled_forwards} compiled, {m.eager_forwards} eager"}[m.forward]
+    t.add_row("forwards", f"{forwards}: {counts}" if forwards else counts)
     total = m.draft_s + m.verify_s + m.other_s or 1.0
     for name, seconds in (("draft", m.draft_s), ("verify", m.verify_s), ("other", m.other_s)):
         t.add_row(f"time: {name}", f"{seconds:.2f} s ({seconds / total:.0%})")

@@ -4,23 +4,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 import yaml
 
+from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
+from ygg_runtime.integrity import check_machine, verify_files
 from ygg_runtime.model import load_model
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
-FORMAT_VERSION = 3  # 2: multi-context profiles, calibration, egt and sequoia plans; 3: depth predictor
+FORMAT_VERSION = 4  # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks
 PLAN_FILE = "plan.yaml"
 DEFAULT_DIR = Path("artifacts/default")
 
 
-def read_plan(directory: Path) -> dict:
-    """The plan of an artifact, refusing anything that is not a complete artifact of this format."""
+def read_plan(directory: Path, verify: bool = True) -> dict:
+    """The plan of an artifact, refusing anything that is not a complete, unchanged artifact of
+    this format (verify=False skips the files' sha256, for a quick look at the plan)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise YggError(f"artifact directory {directory} does not exist (run `ygg compile` first)")
@@ -38,41 +40,42 @@ def read_plan(directory: Path) -> dict:
             f"artifact format version {plan['format_version']} is not supported by this runtime "
             f"(it reads version {FORMAT_VERSION}): recompile with `ygg compile`"
         )
-    for rel, meta in plan.get("files", {}).items():
-        f = directory / rel
-        if not f.is_file():
-            raise YggError(f"artifact file {rel} is missing from {directory}: recompile")
-        if f.stat().st_size != meta["bytes"]:
-            raise YggError(f"artifact file {rel} has changed since compile (size differs): recompile")
+    if verify:
+        verify_files(directory, plan.get("files", {}))
     return plan
 
 
-def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predictor: bool = True) -> Decoder:
-    """Load an artifact written by `ygg compile` into a ready Decoder; predictor=False leaves egt's
-    depth predictor out (egt then keeps its planned fixed depth)."""
+def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predictor: bool = True,
+         eager: bool = False, dtype: str | None = None) -> Decoder:
+    """Load an artifact written by `ygg compile` into a ready Decoder. Its compiled forwards are
+    used unless eager=True; predictor=False leaves egt's depth predictor out (egt then keeps its
+    planned fixed depth); device and dtype, when given, must be the artifact's."""
     directory = Path(directory)
     plan = read_plan(directory)
     device = device or plan["device"]
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise YggError(f"artifact was compiled for {plan['device']} but CUDA is not available here")
-    max_len = int(plan["max_context"])
-    target = ModelRunner(load_model(directory / "target", device), max_len)
-    drafter = ModelRunner(load_model(directory / "draft", device), max_len) if (directory / "draft").is_dir() else None
-    prof = plan.get("profile", {})
-    target.widths = tuple(prof.get("target_widths", ()))
-    if drafter is not None:
-        drafter.widths = tuple(prof.get("draft_widths", ()))
+    aot = None if eager else plan.get("aot")
+    check_machine(plan, device, dtype, compiled=aot is not None)
+    runners = {}
+    for role in ("target", "draft"):
+        if not (directory / role).is_dir():
+            continue
+        runner = runners[role] = ModelRunner(load_model(directory / role, device), int(plan["cache_slots"]))
+        runner.widths = tuple(plan.get("profile", {}).get(f"{role}_widths", ()))
+        if aot is not None:
+            runner.compiled = CompiledForward(directory / role / aot["package"], runner.model)
     policy = plan["methods"].get("egt", {}).get("depth_policy")
     pred = DepthPredictor.load(directory / policy["file"]) if predictor and policy else None
     tok = plan["tokenizer"]
     codec = TextCodec(directory / tok["file"], tok.get("chat_prefix"), tok.get("chat_suffix"))
+    forwards = ("compiled ahead of time" if aot is not None else
+                "eager (--eager)" if eager and plan.get("aot") else "eager (the artifact has no compiled forwards)")
     return Decoder(
-        target,
-        drafter,
+        runners["target"],
+        runners.get("draft"),
         codec,
         methods=plan["methods"],
         default_method=plan["method"],
         eos_ids=frozenset(tok.get("eos_token_ids", [])),
-        info=plan,
+        info=plan | {"forwards": forwards},
         predictor=pred,
     )

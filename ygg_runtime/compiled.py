@@ -1,14 +1,15 @@
 """Ahead-of-time compiled forwards (DESIGN.md §7, §9), written by `ygg_compile.aot` into one
-`model.pt2` per model: a static graph for width 1 and one graph whose width (2..MAX_WIDTH) and
-attention span are dynamic (why two and not one per width: see ygg_compile.aot).
+`model.pt2` per model: one graph whose width (1..MAX_WIDTH) and attention span are dynamic (why
+not one per width: see ygg_compile.aot).
 
-The graphs hold no weights: each loads the eager model's own parameters and KV-cache buffers as
-user-managed constants, so they share one copy of the weights and one cache, and the eager path
+The graph holds no weights: it loads the eager model's own parameters and KV-cache buffers as
+user-managed constants, so it shares one copy of the weights and one cache, and the eager path
 (`Transformer.forward`) stays usable beside them.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from torch import Tensor
@@ -17,7 +18,7 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.model import Transformer
 from ygg_runtime.runner import PREFILL_CHUNK as MAX_WIDTH  # the widest dynamic forward
 
-SINGLE, DYNAMIC = "w1", "dynamic"
+GRAPH = "forward"  # its name inside the package
 
 
 def constants(model: Transformer) -> dict[str, Tensor]:
@@ -31,37 +32,33 @@ class CompiledForward:
     model. The graphs hold the cache buffers they were given: build this after `setup_cache`, and
     again if the cache is ever set up anew."""
 
-    def __init__(self, path: Path, model: Transformer, graphs: list[str]):
+    def __init__(self, path: Path, model: Transformer):
         from torch._inductor.package import load_package
 
         self.max_len = model.max_len
         self.max_width = min(MAX_WIDTH, model.max_len)
         self.calls: list[int] = []  # width of every compiled forward run, for tests and stats
         shared = constants(model)
-        self.graphs = {}
-        for name in graphs:
-            try:
-                graph = load_package(str(path), model_name=name)
-            except Exception as e:  # a corrupt or foreign package: one line, not a C++ trace
-                raise YggError(f"cannot load the compiled graph {name} from {path}: {str(e).splitlines()[0]}") from None
-            names = graph.get_constant_fqns()
-            missing = [n for n in names if n not in shared]
-            if missing:
-                raise YggError(f"{path} was compiled for another model (it expects {missing[0]}): recompile")
-            try:
-                graph.load_constants({n: shared[n] for n in names}, check_full_update=True, user_managed=True)
-            except Exception as e:  # same names, other shapes (another cache size or model size)
-                raise YggError(f"{path} does not fit this model or cache: {str(e).splitlines()[0]}: recompile") from None
-            self.graphs[name] = graph
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
+                self.graph = load_package(str(path), model_name=GRAPH)
+        except Exception as e:  # a corrupt or foreign package: one line, not a C++ trace
+            raise YggError(f"cannot load the compiled forward {path}: {str(e).splitlines()[0]}") from None
+        names = self.graph.get_constant_fqns()
+        missing = [n for n in names if n not in shared]
+        if missing:
+            raise YggError(f"{path} was compiled for another model (it expects {missing[0]}): recompile")
+        try:
+            self.graph.load_constants({n: shared[n] for n in names}, check_full_update=True, user_managed=True)
+        except Exception as e:  # same names, other shapes (another cache size or model size)
+            raise YggError(f"{path} does not fit this model or cache: {str(e).splitlines()[0]}: recompile") from None
 
     def holds(self, width: int, span: int) -> bool:
-        """Whether a forward of this width over this many cache slots has a compiled graph."""
-        if not 2 <= span <= self.max_len:
-            return False
-        return SINGLE in self.graphs if width == 1 else DYNAMIC in self.graphs and 2 <= width <= self.max_width
+        """Whether a forward of this width over this many cache slots is within the graph's range."""
+        return 1 <= width <= self.max_width and 2 <= span <= self.max_len
 
     def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        w = mask.shape[0]
-        self.calls.append(w)
-        logits, hidden = self.graphs[SINGLE if w == 1 else DYNAMIC](tokens, positions, slots, mask)
+        self.calls.append(mask.shape[0])
+        logits, hidden = self.graph(tokens, positions, slots, mask)
         return logits, hidden

@@ -107,6 +107,8 @@ class Decoder:
         ids = self.encode(prompt, raw)
         prop = self.proposer(method or self.default_method, predictor)
         stream = StreamDecoder(self.codec) if on_text is not None and self.codec is not None else None
+        runners = self.runners.values()
+        before = [(len(r.calls), len(r.compiled.calls) if r.compiled else 0) for r in runners]
         on_tokens = (lambda new: on_text(stream.push(new))) if stream is not None else None
         out, m = engine.generate(
             self.target,
@@ -120,6 +122,9 @@ class Decoder:
             on_tokens=on_tokens,
             on_step=on_step,
         )
+        for r, (calls, compiled) in zip(runners, before):
+            m.compiled_forwards += (len(r.compiled.calls) if r.compiled else 0) - compiled
+            m.eager_forwards += len(r.calls) - calls - ((len(r.compiled.calls) if r.compiled else 0) - compiled)
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:
             on_text(stream.finish())

@@ -22,6 +22,8 @@ class Metrics:
     verify_s: float = 0.0  # target forwards over the trees
     other_s: float = 0.0  # acceptance, compaction, bookkeeping
     decode_s: float = 0.0  # wall time from the end of the prefill to the last token
+    compiled_forwards: int = 0  # model forwards (target and drafter, prefill included) run ahead-of-time compiled
+    eager_forwards: int = 0  # ... and run eager (`--eager`, no compiled forwards, or wider than they hold)
 
     def record_step(self, drafted: int, accepted: int, tried_depths: int, tree_depth: int) -> None:
         """accepted: drafted tokens accepted this step; tried_depths: how deep the accepted path
@@ -60,6 +62,13 @@ class Metrics:
         return sum(self.tree_depths) / max(1, len(self.tree_depths))
 
     @property
+    def forward(self) -> str:
+        """Which forwards ran: "compiled", "eager" or "mixed" (some wider than the compiled graphs)."""
+        if self.compiled_forwards and self.eager_forwards:
+            return "mixed"
+        return "compiled" if self.compiled_forwards else "eager"
+
+    @property
     def tpot_ms(self) -> float:
         """Time per output token in ms: decode wall time (everything after the prefill, so every
         generated token including the first) over generated tokens."""
@@ -83,4 +92,7 @@ class Metrics:
             "verify_s": self.verify_s,
             "other_s": self.other_s,
             "decode_s": self.decode_s,
+            "forward": self.forward,
+            "compiled_forwards": self.compiled_forwards,
+            "eager_forwards": self.eager_forwards,
         }

@@ -38,6 +38,7 @@ class ModelRunner:
         # forwards run at their own width.
         self.widths: tuple[int, ...] = ()
         self.hidden: Tensor | None = None  # final hidden states [W, dim] of the last forward
+        self.logits: Tensor | None = None  # its logits [W, vocab] (what forward returned)
         # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for every
         # forward they hold; any other (wider than their widest) runs eager.
         self.compiled = None
@@ -50,7 +51,7 @@ class ModelRunner:
         """Forget the sequence. committed > 0 pretends that many tokens are in the cache (whatever
         its contents): a forward costs the same, which is all latency profiling needs."""
         self.committed = committed
-        self.hidden = None
+        self.hidden = self.logits = None
 
     def synchronize(self) -> None:
         """Wait for queued device work, so a wall-clock timer around a forward measures it."""
@@ -86,8 +87,8 @@ class ModelRunner:
         self.calls.append(w)
         compiled = self.compiled is not None and self.compiled.holds(w, span)
         logits, hidden = (self.compiled if compiled else self.model)(x, positions, slots, mask)
-        self.hidden = hidden[0, :n]
-        return logits[0, :n]
+        self.hidden, self.logits = hidden[0, :n], logits[0, :n]
+        return self.logits
 
     def forward_chain(self, tokens: list[int]) -> Tensor:
         """Run tokens as a plain causal continuation of the committed prefix (not committed)."""

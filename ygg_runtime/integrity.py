@@ -1,0 +1,111 @@
+"""Is this artifact the one that was compiled, and can this machine run it? (DESIGN.md §7)
+
+Every file's sha256 is in plan.yaml. Hashing a few GB of weights takes seconds, so a file whose
+size and modification time are those of its last successful check is not hashed again (the record
+lives in the user cache, keyed by the file's absolute path). The machine checks cover what the
+compiled code depends on: device, dtype, torch version and the CPU instructions it was built for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ygg_runtime.errors import YggError
+
+
+def cache_dir() -> Path:
+    """Where Yggdrasil keeps what it can rebuild: $YGG_CACHE, else $XDG_CACHE_HOME/yggdrasil."""
+    root = os.environ.get("YGG_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yggdrasil"
+    return Path(root)
+
+
+def sha256_of(paths: list[Path], progress: Callable[[str, int, int], None] | None = None, label: str = "hashing") -> str:
+    """The sha256 of the files' concatenated bytes."""
+    h = hashlib.sha256()
+    total = sum(p.stat().st_size for p in paths)
+    done = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(label, done, total)
+    return h.hexdigest()
+
+
+def file_entry(path: Path) -> dict:
+    """What plan.yaml records of one artifact file."""
+    return {"sha256": sha256_of([path]), "bytes": path.stat().st_size}
+
+
+def verify_files(directory: Path, files: dict[str, dict]) -> None:
+    """Refuse an artifact with a missing or changed file (one line naming it)."""
+    record_path = cache_dir() / "verified.json"
+    try:
+        record = json.loads(record_path.read_text())
+    except (OSError, ValueError):
+        record = {}
+    changed = False
+    for rel, meta in files.items():
+        f = directory / rel
+        if not f.is_file():
+            raise YggError(f"artifact file {rel} is missing from {directory}: recompile")
+        st = f.stat()
+        if st.st_size != meta["bytes"]:
+            raise YggError(f"artifact file {rel} has changed since compile (size differs): recompile")
+        key, stamp = str(f.resolve()), [st.st_size, st.st_mtime_ns, meta["sha256"]]
+        if record.get(key) == stamp:
+            continue
+        if sha256_of([f]) != meta["sha256"]:
+            raise YggError(f"artifact file {rel} has changed since compile (sha256 differs): recompile")
+        record[key], changed = stamp, True
+    if changed:
+        try:  # best effort: a read-only cache only costs the next run a rehash
+            record_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record_path.with_name(f".{record_path.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(record))
+            tmp.replace(record_path)
+        except OSError:
+            pass
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is no /proc)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def check_machine(plan: dict, device: str, dtype: str | None, compiled: bool) -> None:
+    """Refuse, in one line, to run an artifact on a device, dtype, torch or CPU it was not built for.
+    compiled: whether its ahead-of-time code is about to be loaded (torch and CPU checks apply
+    only then; `--eager` runs the weights with any torch and CPU)."""
+    kind, built = device.split(":")[0], plan["device"].split(":")[0]
+    if kind != built:
+        raise YggError(f"artifact was compiled for {plan['device']}, not {device}: recompile with --device {device}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise YggError(f"artifact was compiled for {plan['device']} but CUDA is not available here")
+    if dtype is not None and dtype != plan["dtype"]:
+        raise YggError(f"artifact holds {plan['dtype']} weights, not {dtype}: recompile with --dtype {dtype}")
+    if not compiled:
+        return
+    if plan["torch_version"] != str(torch.__version__):
+        raise YggError(f"artifact was compiled with torch {plan['torch_version']} but this is torch {torch.__version__}: "
+                       "recompile (or run with --eager)")
+    have = cpu_flags()
+    lacking = [f for f in plan["aot"].get("cpu_flags", []) if have and f not in have]
+    if lacking:
+        raise YggError(f"this CPU lacks {', '.join(lacking)}, which the artifact's compiled code uses: "
+                       "recompile on this machine (or run with --eager)")
