@@ -60,6 +60,32 @@ def test_every_egt_forward_has_a_compiled_width_whatever_the_context(models):
     assert len(set(chosen)) > 1, chosen  # the objective traded widths step by step
 
 
+@pytest.mark.parametrize("tail", ["plain", "ahead"])
+@pytest.mark.parametrize("head", ["plain", "ahead"])
+@pytest.mark.parametrize("same", [False, True])
+def test_every_stage_order_decodes_the_targets_greedy_output(models, tail, head, same):
+    """AOT tail and head drafts change only what the drafter has fed when: the output stays the
+    target's own. With the target as its own drafter and a verify narrower than the drafted tree,
+    the head draft's guess (the verified leaf's best pruned child) is the bonus on most steps, and
+    each hit saves the next step's first drafter forward."""
+    hf, target, draft = models
+    if same:
+        draft = runner(to_runtime(hf))
+    params = {"depth": 3, "draft_width": 2, "top_k": 3, "verify_widths": [2] if same else [4, 8],
+              "stages": {"tail": tail, "head": head}}
+    for prompt in prompts(2, seed=34):
+        draft.calls.clear()
+        out, m = decode(target, draft, "egt", params, prompt, 40)
+        assert out == hf_greedy(hf, prompt, 40), (tail, head)
+        rounds = len(draft.calls) - (len(prompt) > 1)  # the prompt's prefill aside
+        ahead = m.steps if "ahead" in (tail, head) else 0  # at most one stage forward per step
+        assert rounds <= 3 * m.steps - m.ahead_hits + 1 + ahead  # the last step's hit saves nothing
+        if head == "plain":
+            assert m.ahead_hits == 0
+        elif same:
+            assert m.ahead_hits > m.steps / 2, (m.ahead_hits, m.steps)
+
+
 def test_egt_depth_zero_is_plain_decoding_and_never_runs_the_drafter(models):
     hf, target, draft = models
     draft.calls.clear()

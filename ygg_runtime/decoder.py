@@ -58,23 +58,25 @@ class Decoder:
         self.info = info or {}
         self.predictor = predictor  # egt's depth predictor, when the artifact has one
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
-        self._proposers: dict[tuple[str, bool], proposers.Proposer] = {}
+        self._proposers: dict[tuple, proposers.Proposer] = {}
 
     @property
     def runners(self) -> dict[str, ModelRunner]:
         """The loaded models by role ("target", and "draft" when there is one)."""
         return {"target": self.target} | ({"draft": self._drafter.runner} if self._drafter is not None else {})
 
-    def proposer(self, method: str, predictor: bool = True) -> proposers.Proposer:
-        """The method's proposer; predictor=False runs egt at its planned fixed depth (ablation)."""
+    def proposer(self, method: str, predictor: bool = True, stages: dict | None = None) -> proposers.Proposer:
+        """The method's proposer. Ablations: predictor=False runs egt at its planned fixed depth;
+        stages replaces egt's planned stage order ({"tail": ..., "head": ...})."""
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
-        key = (method, predictor and self.predictor is not None)
+        use = predictor and self.predictor is not None
+        key = (method, use, tuple(sorted(stages.items())) if stages else None)
         if key not in self._proposers:
             profile = self.info.get("profile")
             curves = Curves(profile) if profile else None
-            pred = self.predictor if key[1] else None
-            self._proposers[key] = proposers.build(method, self.methods[method], self._drafter, curves, pred)
+            params = self.methods[method] | ({"stages": stages} if stages else {})
+            self._proposers[key] = proposers.build(method, params, self._drafter, curves, self.predictor if use else None)
         return self._proposers[key]
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
@@ -96,16 +98,30 @@ class Decoder:
         seed: int | None = None,
         method: str | None = None,
         predictor: bool = True,
+        stages: dict | None = None,
+        eager: bool = False,
         raw: bool = False,
         ignore_eos: bool = False,
         on_text: Callable[[str], None] | None = None,
         on_step: Callable | None = None,
     ) -> Result:
         """Generate exactly what the target alone would (greedy), or a sample from its distribution.
-        predictor=False: egt ignores its depth predictor and keeps its planned fixed depth."""
+        Ablations: predictor=False, stages (see proposer()); eager=True runs this generation on the
+        eager forwards even when compiled ones are loaded."""
         start = time.perf_counter()
         ids = self.encode(prompt, raw)
-        prop = self.proposer(method or self.default_method, predictor)
+        prop = self.proposer(method or self.default_method, predictor, stages)
+        compiled = {role: r.compiled for role, r in self.runners.items()}
+        if eager:
+            for r in self.runners.values():
+                r.compiled = None
+        try:
+            return self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text, on_step)
+        finally:
+            for role, r in self.runners.items():
+                r.compiled = compiled[role]
+
+    def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text, on_step) -> Result:
         stream = StreamDecoder(self.codec) if on_text is not None and self.codec is not None else None
         runners = self.runners.values()
         before = [(len(r.calls), len(r.compiled.calls) if r.compiled else 0) for r in runners]

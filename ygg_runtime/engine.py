@@ -80,6 +80,7 @@ def generate(
             on_step(tree, verdict)
         target.commit(verdict.path)
         proposer.update(tree, verdict)
+        m.ahead_hits += proposer.ahead_hit
         proposer.see(target.hidden[verdict.path[-1]])
         last = verdict.path[-1]
         m.record_step(len(tree) - 1, verdict.accepted, verdict.accepted + bool(tree.children[last]), max(tree.depths))

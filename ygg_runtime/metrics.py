@@ -17,6 +17,7 @@ class Metrics:
     depth_tries: list[int] = field(default_factory=list)  # [d-1]: steps that reached depth d-1 with a child to try
     depth_accepts: list[int] = field(default_factory=list)  # [d-1]: steps whose accepted path reached depth d
     tree_depths: list[int] = field(default_factory=list)  # per step, the verified tree's depth (0: plain)
+    ahead_hits: int = 0  # steps whose next root the drafter had already fed ahead of the verify (egt's AOT head draft)
     prefill_s: float = 0.0
     draft_s: float = 0.0  # proposer work: drafter forwards and tree building
     verify_s: float = 0.0  # target forwards over the trees
@@ -86,6 +87,7 @@ class Metrics:
             "acceptance_rate": self.acceptance_rate,
             "depth_acceptance": self.depth_acceptance,
             "mean_tree_depth": self.mean_tree_depth,
+            "ahead_hits": self.ahead_hits,
             "tpot_ms": self.tpot_ms,
             "prefill_s": self.prefill_s,
             "draft_s": self.draft_s,

@@ -33,6 +33,9 @@ class Proposer:
     # The target's final hidden state at the last accepted position (None before the first step
     # of a one-token prompt): what the depth predictor reads. The engine sets it via see().
     hidden: Tensor | None = None
+    # Whether the last step's next root was already drafted, ahead of the verify (egt's AOT head
+    # draft): the engine counts these.
+    ahead_hit = False
 
     def see(self, hidden: Tensor | None) -> None:
         self.hidden = hidden
@@ -80,16 +83,19 @@ class Drafter:
 
     Its cache has the target's layout: committed prefix, then tree node i at slot committed + i.
     Tokens it has not seen yet (an accepted leaf it never fed, and the bonus) are fed as a chain
-    at the start of the next step, together with the new root.
+    at the start of the next step, together with the new root — unless a stage ran ahead of the
+    verify (egt's AOT tail and head drafts) and already fed them.
     """
 
     def __init__(self, runner: ModelRunner, target_vocab: int):
         self.runner = runner
         self.target_vocab = target_vocab
         self.fed: set[int] = set()
+        self.ready: Tensor | None = None  # the next root's logits, when a head draft ran ahead
 
     def reset(self) -> None:
         self.runner.reset()
+        self.ready = None
 
     def prefill(self, tokens: list[int]) -> None:
         self.runner.prefill(tokens)
@@ -99,6 +105,10 @@ class Drafter:
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in
         chunks of the widest compiled width, so every forward keeps a compiled width."""
         pending = seq[self.runner.committed :]
+        ready, self.ready = self.ready, None
+        if ready is not None and len(pending) == 1:  # the root was fed ahead, at tree slot 0
+            self.fed = {0}
+            return ready
         chunk = max(self.runner.widths, default=max(1, len(pending)))
         behind = (len(pending) - 1) // chunk * chunk  # whole chunks, leaving 1..chunk tokens
         self.runner.prefill(pending[:behind], chunk)
@@ -117,14 +127,21 @@ class Drafter:
         self.fed.update(nodes)
         return self.fit(logits)
 
-    def finish(self, verdict: Verdict) -> None:
-        """Commit the accepted path as far as the drafter has seen it."""
+    def finish(self, verdict: Verdict, ahead: tuple[int, Tensor] | None = None) -> None:
+        """Commit the accepted path as far as the drafter has seen it. ahead: (node, its logits)
+        when the bonus token was fed ahead of the verify as that node (egt's AOT head draft): if the
+        drafter saw the whole path, the node's row becomes the next root's (tree slot 0)."""
         keep = []
         for node in verdict.path:
             if node not in self.fed:
                 break
             keep.append(node)
-        self.runner.commit(keep)
+        if ahead is not None and len(keep) == len(verdict.path):
+            self.runner.commit(keep + [ahead[0]])
+            self.runner.committed -= 1  # the root stays uncommitted, as begin() leaves it
+            self.ready = ahead[1]
+        else:
+            self.runner.commit(keep)
 
     def fit(self, logits: Tensor) -> Tensor:
         """Map draft logits onto the target's vocabulary (padding rows get no draft mass)."""

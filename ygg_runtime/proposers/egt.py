@@ -12,6 +12,14 @@ slots. Depth 0 is plain decoding: the drafter is not run.
 With a depth predictor (`ygg_runtime.predictor`) and its `depth_policy` from the plan, the depth
 is chosen every step from the target's hidden state (`objective.best_depth`); without one, every
 step has the planned fixed `depth`.
+
+Stages (DESIGN.md §4): by default the next step's first drafter forward feeds the accepted leaf
+the drafter never saw (tail draft) and the bonus token (head draft). The plan's `stages` can run
+either ahead of the verify, in one extra drafter forward over a superset of its inputs: `tail:
+ahead` feeds every verified leaf the drafter has not seen; `head: ahead` feeds, under every verified
+node the drafter has seen, its best drafted child left out of the verify — that node's likeliest
+bonus. When the bonus is that child, the next step needs no first forward. Which stages run ahead is
+searched at compile time on measured times (`ygg_compile.stages`).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ class EGT(DraftProposer):
         depth_policy: dict | None = None,
         curves: Curves | None = None,
         predictor: DepthPredictor | None = None,
+        stages: dict | None = None,
     ):
         if depth < 0 or draft_width < 1 or top_k < 1 or not verify_widths or min(verify_widths) < 1:
             raise YggError("egt needs depth >= 0, draft_width >= 1, top_k >= 1 and verify widths >= 1")
@@ -68,13 +77,17 @@ class EGT(DraftProposer):
         draft_slots = 1 + top_k * (1 + self.draft_width * max(0, self.max_depth - 1)) + self.draft_width
         self.max_tree_size = max(draft_slots, self.verify_widths[-1]) if self.max_depth else 1
         self.last_tree: TokenTree | None = None  # the whole drafted tree of the last step (calibration reads it)
+        self.stages = {"tail": "plain", "head": "plain"} | (stages or {})
+        if set(self.stages) != {"tail", "head"} or not set(self.stages.values()) <= {"plain", "ahead"}:
+            raise YggError(f"egt stages must be tail/head: plain or ahead, not {stages}")
+        self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
 
     def prefill(self, tokens: list[int]) -> None:
         if self.max_depth:
             super().prefill(tokens)
 
     def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
-        self.step_depth = self.depth
+        self.step_depth, self.guesses = self.depth, {}
         if self.predictor is not None and self.hidden is not None:
             reach = self.predictor.reach(self.hidden)
             self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.curves, len(seq))
@@ -86,7 +99,29 @@ class EGT(DraftProposer):
             return [self._top(row) for row in self.drafter.expand(tree, picks, self.draft_width)]
 
         self.last_tree = self.grow(seq[-1], self._top(self.drafter.begin(seq)), expand)
-        return self.prune(self.last_tree, len(seq))
+        verified = self.prune(self.last_tree, len(seq))
+        if "ahead" in self.stages.values():
+            self.guesses = self.ahead(verified)
+        return verified
+
+    def ahead(self, verified: TokenTree) -> dict[int, tuple[int, torch.Tensor]]:
+        """Run the stages planned ahead of the verify in one drafter forward (see the module
+        docstring); returns the head draft's guesses by the node they hang from."""
+        full, fed, kept = self.last_tree, self.drafter.fed, set(verified.origin)
+        tail, head = [], {}
+        if self.stages["tail"] == "ahead":
+            tail = [o for v, o in enumerate(verified.origin) if not verified.children[v] and o not in fed]
+        if self.stages["head"] == "ahead":
+            for o in verified.origin:
+                guess = next((c for c in full.children[o] if c not in kept), None) if o in fed else None
+                if guess is not None:
+                    head[o] = guess
+        nodes = sorted(set(tail) | set(head.values()))
+        if not nodes:
+            return {}
+        logits = self.drafter.expand(full, nodes)
+        row = {n: i for i, n in enumerate(nodes)}
+        return {o: (g, logits[row[g]]) for o, g in head.items()}
 
     def grow(self, root_token: int, root_children: tuple[list[float], list[int]], expand) -> TokenTree:
         """The drafted tree: the root's children, then depth - 1 rounds that each expand the
@@ -140,8 +175,12 @@ class EGT(DraftProposer):
         return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context)
 
     def update(self, tree: TokenTree, verdict: Verdict) -> None:
+        self.ahead_hit = False
         if self.step_depth:
-            self.drafter.finish(Verdict([tree.origin[v] for v in verdict.path], verdict.bonus))  # a pruned tree
+            path = [tree.origin[v] for v in verdict.path]  # a pruned tree: its nodes in the drafted one
+            guess = self.guesses.get(path[-1])
+            self.ahead_hit = guess is not None and self.last_tree.tokens[guess[0]] == verdict.bonus
+            self.drafter.finish(Verdict(path, verdict.bonus), guess if self.ahead_hit else None)
 
     def step_shape(self) -> StepShape:
         """The current step's forwards (the last step's between steps), at the usual verify width."""

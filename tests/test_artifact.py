@@ -1,0 +1,147 @@
+"""The artifact as `ygg run` meets it: its compiled forwards are used (or not, and the stats say
+so), and every integrity refusal is one line through the CLI."""
+
+import json
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+import yaml
+from helpers import YGG, assert_one_line_error, hf_greedy, ygg
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture()
+def copy(artifact, tmp_path):
+    """A private copy of the compiled tiny artifact, free to damage."""
+    out = tmp_path / "art"
+    shutil.copytree(artifact, out)
+    return out
+
+
+@pytest.fixture()
+def prompt_file(tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text(PROMPT)
+    return path
+
+
+def edit_plan(art, **changes):
+    path = art / "plan.yaml"
+    plan = yaml.safe_load(path.read_text())
+    for dotted, value in changes.items():
+        *parents, key = dotted.split("__")
+        node = plan
+        for p in parents:
+            node = node[p]
+        node[key] = value
+    path.write_text(yaml.safe_dump(plan, sort_keys=False))
+
+
+def test_the_artifact_holds_a_compiled_forward_per_model_and_records_what_it_needs(artifact):
+    plan = yaml.safe_load((artifact / "plan.yaml").read_text())
+    aot = plan["aot"]
+    assert {"target/model.pt2", "draft/model.pt2"} <= set(plan["files"])
+    assert all(len(meta["sha256"]) == 64 for meta in plan["files"].values())
+    assert aot["seconds"]["target"] > 0 and aot["max_width"] >= 64
+    assert set(plan["compile_phases"]) >= {"convert", "aot", "profile", "calibrate", "plan", "hash"}
+
+
+@pytest.mark.parametrize("method", ["ar", "egt", "chain"])
+def test_compiled_and_eager_runs_both_give_the_targets_greedy_output(pair, artifact, prompt_file, method):
+    want = hf_greedy(pair["hf"], pair["tokenizer"](PROMPT).input_ids, 32)
+    for flags, forward in (((), "compiled"), (("--eager",), "eager")):
+        proc = ygg("run", prompt_file, "-a", artifact, "-m", method, "-n", 32, "--json", "--ignore-eos", "--raw", *flags)
+        assert proc.returncode == 0, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["token_ids"] == want, (method, flags)
+        m = out["metrics"]
+        assert m["forward"] == forward, (method, flags)  # every forward, the prefill included
+        assert (m["compiled_forwards"] if forward == "compiled" else m["eager_forwards"]) >= out["steps"]
+
+
+def test_stats_say_which_forwards_ran(artifact, prompt_file):
+    compiled = ygg("run", prompt_file, "-a", artifact, "-n", 8, "--stats")
+    eager = ygg("run", prompt_file, "-a", artifact, "-n", 8, "--stats", "--eager")
+    assert compiled.returncode == 0 and eager.returncode == 0, compiled.stderr + eager.stderr
+    assert "compiled ahead of time" in compiled.stderr.replace("\n", " ")
+    assert "eager (--eager)" in eager.stderr.replace("\n", " ")
+
+
+def test_an_artifact_compiled_without_aot_runs_eager_and_says_why(pair, tmp_path, prompt_file):
+    out = tmp_path / "eager"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
+               "--max-context", 256, "--no-aot", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    assert plan["aot"] is None and plan["quick"] and not list(out.rglob("*.pt2"))
+    assert plan["calibration"]["prompts"] <= 6 and plan["planning"]["predictor"]["why"] == "--quick"
+    run = ygg("run", prompt_file, "-a", out, "-n", 8, "--stats")
+    assert run.returncode == 0, run.stderr
+    assert "the artifact has no compiled forwards" in run.stderr.replace("\n", " ")
+
+
+def test_refuses_another_format_version(copy, prompt_file):
+    edit_plan(copy, format_version=1)
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "format version 1 is not supported", "recompile")
+
+
+def test_refuses_a_changed_file_of_the_same_size(copy, prompt_file):
+    ygg("run", prompt_file, "-a", copy, "-n", 2)  # records the verified hashes
+    weights = copy / "target" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "target/model.safetensors has changed", "sha256")
+
+
+def test_refuses_a_changed_compiled_package(copy, prompt_file):
+    package = copy / "draft" / "model.pt2"
+    package.write_bytes(package.read_bytes()[:-1] + b"\x00")
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "draft/model.pt2 has changed")
+
+
+def test_refuses_a_missing_file(copy, prompt_file):
+    (copy / "target" / "model.pt2").unlink()
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "target/model.pt2 is missing")
+
+
+def test_refuses_another_torch_version_unless_eager(copy, prompt_file):
+    edit_plan(copy, torch_version="2.0.0")
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "compiled with torch 2.0.0", "--eager")
+    assert ygg("run", prompt_file, "-a", copy, "-n", 4, "--eager").returncode == 0
+
+
+def test_refuses_another_device(copy, prompt_file):
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy, "--device", "cuda"), "compiled for cpu, not cuda")
+    edit_plan(copy, device="cuda")
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "compiled for cuda")
+
+
+def test_refuses_another_dtype(copy, prompt_file):
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy, "--dtype", "bfloat16"), "holds float32 weights, not bfloat16")
+
+
+def test_refuses_a_cpu_lacking_an_instruction_set_the_compiled_code_uses(copy, prompt_file):
+    edit_plan(copy, aot__cpu_flags=["avx512f", "avx1024_imaginary"])
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "this CPU lacks avx1024_imaginary", "--eager")
+    assert ygg("run", prompt_file, "-a", copy, "-n", 4, "--eager").returncode == 0
+
+
+def test_ctrl_c_during_compile_leaves_nothing_at_the_output(pair, tmp_path):
+    out = tmp_path / "out" / "art"
+    proc = subprocess.Popen([YGG, "compile", "--draft", pair["draft"], "--target", pair["target"], "-o", str(out),
+                             "--dtype", "float32", "--max-context", 256],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not any((d / "draft").is_dir() for d in out.parent.glob(".art.tmp-*")):
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]
+    time.sleep(1.0)  # into the conversion or the AOT compile
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and stderr.strip().splitlines()[-1] == "error: interrupted", stderr
+    assert not out.exists() and list(out.parent.iterdir()) == []
