@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ART ?= artifacts/default
 
-.PHONY: install install-qwen demo test bench clean
+.PHONY: install install-qwen demo test bench artifacts clean
 
 install: $(VENV)/.installed
 
@@ -49,6 +49,14 @@ bench: install-qwen
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 $(BENCH_FLAGS) \
 		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
+
+# The per-device artifact of the default pair (DEVICE=cpu or cuda), as .github/workflows/artifacts.yml
+# builds it on every runner kind: compiled into $(ART); the latency profiles it measures on a new
+# machine land in profiles/<device>/, to commit so later compiles there reuse them.
+DEVICE ?= cpu
+artifacts: install-qwen
+	$(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b --device $(DEVICE) -o $(ART)
+	@git status --short profiles/ | sed 's/^/profile to commit: /' || true
 
 clean:
 	rm -rf $(VENV) .cache artifacts

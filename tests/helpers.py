@@ -113,6 +113,8 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
     import yaml
     from safetensors.torch import save_file
 
+    from ygg_runtime.integrity import file_entry
+
     shutil.copytree(artifact, out)
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     dim = json.loads((out / "target" / "config.json").read_text())["dim"]
@@ -120,7 +122,7 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
     plan["methods"]["egt"] |= {"depth_policy": depth_policy(factor=4.0), "verify_widths": list(COMPILED)}
     plan["profile"] |= {k: v for k, v in PROFILE.items() if k != "threads"} | {"target_widths": list(COMPILED),
                                                                               "draft_widths": list(COMPILED)}
-    plan["files"]["predictor.safetensors"] = {"sha256": "", "bytes": (out / "predictor.safetensors").stat().st_size}
+    plan["files"]["predictor.safetensors"] = file_entry(out / "predictor.safetensors")
     (out / "plan.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
     return out
 

@@ -9,9 +9,10 @@ from helpers import decode, hf_greedy, noised_runtime, runner, to_runtime
 from ygg_compile.aot import compile_model
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.errors import YggError
+from ygg_runtime.tree import TokenTree
 
-WIDTHS = (1, 2, 5, 16)
-CACHE = 48
+WIDTHS = (1, 2, 5, 16, 64)
+CACHE = 80
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +27,18 @@ def compiled(tmp_path_factory):
 @pytest.mark.parametrize("at_end", [False, True])
 @pytest.mark.parametrize("width", WIDTHS)
 def test_compiled_forward_matches_eager_and_writes_the_same_cache_rows(compiled, width, at_end):
-    """Every width, after a short prefix and filling the cache to its last slot."""
+    """Every width, as a binary token tree (siblings share a position, so positions are not the
+    slots), after a short prefix and filling the cache to its last slot."""
     model, _, fwd = compiled
     prefix = CACHE - width if at_end else 5
     g = torch.Generator().manual_seed(width)
     tokens = torch.randint(0, 256, (1, width), generator=g)
-    positions = slots = torch.arange(width) + prefix
+    tree = TokenTree(0)
+    for i in range(1, width):
+        tree.add((i - 1) // 2, i, 0.5)
+    positions, slots = torch.tensor(tree.depths) + prefix, torch.arange(width) + prefix
     mask = torch.ones(width, prefix + width, dtype=torch.bool)
-    mask[:, prefix:] = torch.ones(width, width, dtype=torch.bool).tril()
+    mask[:, prefix:] = tree.ancestor_mask()
     for cache in model.caches():
         cache.k.normal_(generator=g)
         cache.v.normal_(generator=g)

@@ -100,7 +100,9 @@ def test_refuses_a_changed_file_of_the_same_size(copy, prompt_file):
 
 def test_refuses_a_changed_compiled_package(copy, prompt_file):
     package = copy / "draft" / "model.pt2"
-    package.write_bytes(package.read_bytes()[:-1] + b"\x00")
+    data = bytearray(package.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    package.write_bytes(bytes(data))
     assert_one_line_error(ygg("run", prompt_file, "-a", copy), "draft/model.pt2 has changed")
 
 
@@ -134,7 +136,7 @@ def test_refuses_a_cpu_lacking_an_instruction_set_the_compiled_code_uses(copy, p
 def test_ctrl_c_during_compile_leaves_nothing_at_the_output(pair, tmp_path):
     out = tmp_path / "out" / "art"
     proc = subprocess.Popen([YGG, "compile", "--draft", pair["draft"], "--target", pair["target"], "-o", str(out),
-                             "--dtype", "float32", "--max-context", 256],
+                             "--dtype", "float32", "--max-context", "256"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and not any((d / "draft").is_dir() for d in out.parent.glob(".art.tmp-*")):

@@ -22,11 +22,15 @@ def prompts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def contestants(artifact):
-    """Every compiled method, egt-fixed when egt has a depth predictor to ablate, the peers."""
+    """Every compiled method, the ablations the artifact has something to ablate for, the peers."""
     import yaml
 
     plan = yaml.safe_load((artifact / "plan.yaml").read_text())
-    return [*plan["methods"], *(["egt-fixed"] if plan["methods"]["egt"].get("depth_policy") else []), *PEERS]
+    stages = plan["planning"]["stages"]
+    plain = stages["chosen"] == {"tail": "plain", "head": "plain"}
+    ablations = {"egt-fixed": bool(plan["methods"]["egt"].get("depth_policy")), "egt-eager": bool(plan["aot"]),
+                 "egt-plain": not plain, "egt-ahead": plain and bool(stages["alternatives"])}
+    return [*plan["methods"], *(name for name, applies in ablations.items() if applies), *PEERS]
 
 
 @pytest.fixture(scope="module")

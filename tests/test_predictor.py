@@ -213,7 +213,7 @@ def test_compile_reports_the_predictor_and_no_predictor_leaves_it_out(tmp_path, 
     assert report["depth_mae"] >= 0 and "validation_speedup" in report
     out = tmp_path / "fixed"
     proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
-               "--max-context", 256, "--calib-tokens", 8, "--no-predictor")
+               "--max-context", 256, "--calib-tokens", 8, "--no-predictor", "--no-aot")
     assert proc.returncode == 0, proc.stderr
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     assert "depth_policy" not in plan["methods"]["egt"] and not (out / "predictor.safetensors").exists()
@@ -229,7 +229,7 @@ def test_force_predictor_puts_the_predictor_in_the_plan_even_without_a_gain(tmp_
 
     out = tmp_path / "forced"
     proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
-               "--max-context", 256, "--calib-tokens", 8, "--force-predictor")
+               "--max-context", 256, "--calib-tokens", 8, "--force-predictor", "--no-aot")
     assert proc.returncode == 0, proc.stderr
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     report = plan["planning"]["predictor"]

@@ -30,10 +30,12 @@ PACKAGE = "model.pt2"  # per model, beside its weights
 
 
 def example_args(width: int, span: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Inputs of a forward: tokens [1, W], positions [W], slots [W], mask [W, span]."""
-    idx = torch.arange(width, device=device)
+    """Inputs of a forward: tokens [1, W], positions [W], slots [W], mask [W, span]. Every input
+    is its own tensor: export treats one tensor passed twice as one input, and the graph would then
+    read the slots as the positions."""
+    positions = torch.arange(width, device=device)
     mask = torch.ones(width, span, dtype=torch.bool, device=device).tril()
-    return torch.zeros(1, width, dtype=torch.long, device=device), idx, idx, mask
+    return torch.zeros(1, width, dtype=torch.long, device=device), positions, positions.clone(), mask
 
 
 def compile_model(model: Transformer, path: Path, progress: Callable[[int, int], None] | None = None) -> float:

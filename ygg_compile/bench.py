@@ -102,13 +102,59 @@ class Contestant:
         raise NotImplementedError
 
 
-# Contestants that run a compiled method another way: (method, use the depth predictor).
-ABLATIONS = {"egt-fixed": ("egt", False)}  # egt at its planned fixed depth: what the predictor adds
+# Contestants that run egt another way, each measuring what one part of the artifact adds.
+ABLATIONS = {
+    "egt-fixed": "egt at its planned fixed depth: what the depth predictor adds",
+    "egt-eager": "egt on the eager forwards: what the ahead-of-time compiled ones add",
+    "egt-plain": "egt with the plain stage order: what the searched stage plan adds (when it is not plain)",
+    "egt-ahead": "egt with the best stage order the search rejected (when it chose plain)",
+}
+
+
+def ablation(decoder, name: str) -> tuple[str, dict]:
+    """(method, Decoder.generate options) of a contestant; refuses, in one line, an ablation the
+    artifact has nothing to ablate for."""
+    if name not in ABLATIONS:
+        return name, {}
+    plan = decoder.info
+    stages = (plan.get("planning", {}).get("stages") or {})
+    chosen = stages.get("chosen", {"tail": "plain", "head": "plain"})
+    plain = {"tail": "plain", "head": "plain"}
+    if name == "egt-fixed":
+        if decoder.predictor is None:
+            raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
+        return "egt", {"predictor": False}
+    if name == "egt-eager":
+        if not plan.get("aot"):
+            raise YggError("egt-eager is egt without the compiled forwards, and this artifact has none")
+        return "egt", {"eager": True}
+    if name == "egt-plain":
+        if chosen == plain:
+            raise YggError("egt-plain is egt with the plain stage order, which is already this artifact's plan")
+        return "egt", {"stages": plain}
+    rejected = [a for a in stages.get("alternatives", []) if {"tail": a["tail"], "head": a["head"]} != plain]
+    if chosen != plain or not rejected:
+        raise YggError("egt-ahead is the stage order the search rejected, and this artifact's plan is not plain")
+    best = min(rejected, key=lambda a: a["ms_per_token"])
+    return "egt", {"stages": {"tail": best["tail"], "head": best["head"]}}
+
+
+def ablations_of(decoder) -> list[str]:
+    """The ablations that apply to this artifact (bench runs them by default)."""
+    out = []
+    for name in ABLATIONS:
+        try:
+            ablation(decoder, name)
+            out.append(name)
+        except YggError:
+            pass
+    return out
 
 
 def proposer_of(decoder, name: str):
     """A contestant's proposer (refuses, in one line, a method the artifact lacks)."""
-    return decoder.proposer(*ABLATIONS.get(name, (name, True)))
+    method, kw = ablation(decoder, name)
+    return decoder.proposer(method, kw.get("predictor", True), kw.get("stages"))
 
 
 class Method(Contestant):
@@ -116,17 +162,18 @@ class Method(Contestant):
 
     def __init__(self, decoder, name: str):
         self.decoder, self.name = decoder, name
-        self.method, self.predictor = ABLATIONS.get(name, (name, True))
+        self.method, self.options = ablation(decoder, name)
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
         res = self.decoder.generate(ids, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
-                                    top_p=opts.top_p, seed=seed, method=self.method, predictor=self.predictor)
+                                    top_p=opts.top_p, seed=seed, method=self.method, **self.options)
         m = res.metrics
         return {"tokens": res.token_ids, "tpot_ms": m.tpot_ms, "wall_s": res.wall_s, "prefill_s": m.prefill_s,
                 "steps": m.steps, "mean_accepted_length": m.mean_accepted_length,
                 "acceptance_rate": m.acceptance_rate if m.drafted_tokens else None,
                 "depth_acceptance": m.depth_acceptance, "mean_tree_depth": m.mean_tree_depth,
-                "draft_s": m.draft_s, "verify_s": m.verify_s, "other_s": m.other_s}
+                "draft_s": m.draft_s, "verify_s": m.verify_s, "other_s": m.other_s,
+                "ahead_hits": m.ahead_hits, "forward": m.forward}
 
 
 class Peer(Contestant):
@@ -160,11 +207,9 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
     plan = decoder.info
-    methods = opts.methods or list(decoder.methods) + (["egt-fixed"] if decoder.predictor is not None else [])
+    methods = opts.methods or list(decoder.methods) + ablations_of(decoder)
     for m in methods:
         proposer_of(decoder, m)
-    if "egt-fixed" in methods and decoder.predictor is None:
-        raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
     if "ar" not in methods:
         methods.insert(0, "ar")  # every speed-up is over ar, measured in the same run
     contestants: list[Contestant] = [Method(decoder, m) for m in methods]

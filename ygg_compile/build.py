@@ -131,12 +131,16 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         if predictor and calib.texts:
             with phase("calibrate", f"reading {sum(map(len, calib.texts.values()))} calibration positions for the depth predictor"):
                 agreement = calibrate.agreement(runners["target"], runners["draft"], calib.texts)
-        del runners
-        gc.collect()
         with phase("plan", "planning egt and sequoia with the objective" + (", training the depth predictor" if predictor else "")):
             methods, planning = _plan(calib, agreement, profile, opts, predictor, tmp)
         if opts.quick:
             planning["predictor"]["why"] = "--quick"
+        del agreement
+        with phase("stages", None):
+            planning["stages"] = _stage_plan(runners, codec, calib_prompts, methods, profile, tmp, opts.quick, ui)
+            methods["egt"]["stages"] = planning["stages"]["chosen"]
+        del runners
+        gc.collect()
         with phase("hash", "hashing artifact files"):
             files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         plan = {
@@ -305,6 +309,24 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
     for role in ("target", "draft"):  # calibration runs the forwards as `ygg run` will
         runners[role].widths = tuple(compiled[f"{role}_widths"])
     return out | compiled | {"files": files}
+
+
+def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: dict, profile: dict, tmp: Path,
+                quick: bool, ui: Reporter) -> dict:
+    """egt's stage order, searched on the real models (ygg_compile.stages)."""
+    from ygg_compile import stages
+    from ygg_runtime.predictor import DepthPredictor
+
+    egt = methods["egt"]
+    if not egt["depth"] and not egt.get("depth_policy"):
+        return {"chosen": dict(stages.PLAIN), "why": "plain: egt does not draft", "overlap": "none", "alternatives": []}
+    n = 2 if quick else stages.PROMPTS
+    ids = [codec.encode(p) for p in prompts[:n]]
+    policy = egt.get("depth_policy")
+    pred = DepthPredictor.load(tmp / policy["file"]) if policy else None
+    params = {k: v for k, v in egt.items() if k != "stages"}
+    with ui.step(f"timing egt's stage orders: {len(stages.GRID)} alternatives × {len(ids)} prompts"):
+        return stages.search(runners["target"], runners["draft"], ids, params, objective.Curves(profile), pred, ui)
 
 
 def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:

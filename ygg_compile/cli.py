@@ -109,7 +109,15 @@ def plan_summary(plan: dict) -> str:
     seq_text = (f"sequoia: {len(seq['parents'])}-node tree, depth {sbest['depth']} (E[A] {sbest['expected_accepted']:.2f}, "
                 f"modelled {sbest['speedup']:.2f}×)")
     return (f"plan — {egt_text}; {seq_text}; calibrated on {cal['prompts']} prompts, {cal['steps']} probe steps "
-            f"in {cal['seconds']:.0f} s\n{predictor_summary(plan['planning'].get('predictor') or {})}")
+            f"in {cal['seconds']:.0f} s\n{predictor_summary(plan['planning'].get('predictor') or {})}\n"
+            f"{stages_summary(plan['planning']['stages'])}")
+
+
+def stages_summary(r: dict) -> str:
+    """One line on egt's stage order and the alternatives' modelled times per token."""
+    alts = "; ".join(f"tail {a['tail']}/head {a['head']} {a['ms_per_token']:.3g} ms/token (head hits {a['head_hit_rate']:.0%})"
+                     for a in r["alternatives"])
+    return f"stages: {r['why']}" + (f" — modelled {alts}" if alts else "")
 
 
 def predictor_summary(r: dict) -> str:
@@ -190,7 +198,7 @@ def bench_cmd(
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="Spec-Bench style JSONL (default: a small built-in set)"),
     categories: Optional[list[str]] = typer.Option(None, "--categories", help="only these categories (comma-separated)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
-    methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all, plus egt-fixed, egt without its depth predictor; ar always runs)"),
+    methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all, plus the ablations that apply: egt-fixed without the depth predictor, egt-eager without the compiled forwards, egt-plain / egt-ahead with the stage order the plan did not pick; ar always runs)"),
     peers: list[str] = typer.Option(["hf,hf-assisted,hf-pld"], "--peers", help="Hugging Face peers: hf, hf-assisted, hf-pld, or none"),
     max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
@@ -267,6 +275,11 @@ def inspect_cmd(
     info.add_row("context", f"{plan['max_context']} tokens")
     info.add_row("default method", f"{plan['method']}  (ygg run --method picks another)")
     info.add_row("compiled", f"{plan.get('created', '?')} in {plan.get('compile_seconds', '?')} s")
+    aot = plan.get("aot")
+    info.add_row("forwards", "eager (compiled with --no-aot)" if not aot else
+                 f"AOTInductor {aot['package']} per model, widths 1..{aot['max_width']}, built for {aot['isa'] or plan['device']} "
+                 f"(needs {', '.join(aot['cpu_flags']) or 'nothing special'}) in "
+                 + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot["seconds"].items()))
     prof = plan["profile"]
     for role in ("target", "draft"):
         for ctx, row in zip(prof["contexts"], prof.get(f"{role}_ms") or []):
@@ -291,6 +304,20 @@ def inspect_cmd(
     con.print(egt)
     report = plan["planning"].get("predictor") or {}
     con.print(predictor_summary(report))
+    stages = plan["planning"].get("stages") or {}
+    if stages.get("alternatives"):
+        st = Table(title=f"egt stage orders, timed on {stages['prompts']} calibration prompts × {stages['tokens']} tokens "
+                   f"(ms per step; overlap: {stages['overlap']})", title_justify="left")
+        for col in ("tail draft", "head draft", "begin", "rounds", "ahead", "verify", "other", "step", "tokens/step",
+                    "head hits", "modelled ms/token"):
+            st.add_column(col, justify="left" if "draft" in col else "right")
+        for a in stages["alternatives"]:
+            mark = {"tail": a["tail"], "head": a["head"]} == stages["chosen"]
+            cells = [a["tail"], a["head"], *(f"{a['stage_ms'][k]:.1f}" for k in ("begin", "rounds", "ahead", "verify", "other")),
+                     f"{a['step_ms']:.1f}", f"{a['tokens_per_step']:.2f}", f"{a['head_hit_rate']:.0%}", f"{a['ms_per_token']:.1f}"]
+            st.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
+        con.print(st)
+    con.print(f"stages: {stages.get('why', 'not searched')}")
     if "heads" in report:
         heads = Table(title="depth predictor, cross-validated over the calibration prompts, and its depth policy", title_justify="left")
         for col in ("depth d", "P(A ≥ d) observed", "AUC", "Brier", "tokens factor", "verify W"):

@@ -56,6 +56,8 @@ class Decoder:
         self.target, self.codec, self.eos_ids = target, codec, eos_ids
         self.methods, self.default_method = methods, default_method
         self.info = info or {}
+        # The context the artifact serves (its cache has room past it for compile-time probing).
+        self.max_context = self.info.get("max_context")
         self.predictor = predictor  # egt's depth predictor, when the artifact has one
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
         self._proposers: dict[tuple, proposers.Proposer] = {}
@@ -122,6 +124,9 @@ class Decoder:
                 r.compiled = compiled[role]
 
     def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text, on_step) -> Result:
+        if self.max_context and len(ids) + max_new_tokens > self.max_context:
+            raise YggError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens does not fit the context of "
+                           f"{self.max_context} tokens; shorten the prompt or lower --max-new-tokens")
         stream = StreamDecoder(self.codec) if on_text is not None and self.codec is not None else None
         runners = self.runners.values()
         before = [(len(r.calls), len(r.compiled.calls) if r.compiled else 0) for r in runners]

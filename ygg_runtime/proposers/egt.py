@@ -25,6 +25,7 @@ searched at compile time on measured times (`ygg_compile.stages`).
 from __future__ import annotations
 
 import heapq
+import time
 
 import torch
 
@@ -81,6 +82,9 @@ class EGT(DraftProposer):
         if set(self.stages) != {"tail", "head"} or not set(self.stages.values()) <= {"plain", "ahead"}:
             raise YggError(f"egt stages must be tail/head: plain or ahead, not {stages}")
         self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
+        # Seconds spent per drafter stage ("begin", "rounds", "ahead"), accumulated while it is a
+        # dict (the compile-time stage search sets one; timing synchronizes the device).
+        self.stage_s: dict[str, float] | None = None
 
     def prefill(self, tokens: list[int]) -> None:
         if self.max_depth:
@@ -98,11 +102,26 @@ class EGT(DraftProposer):
         def expand(tree: TokenTree, picks: list[int]) -> list[tuple[list[float], list[int]]]:
             return [self._top(row) for row in self.drafter.expand(tree, picks, self.draft_width)]
 
-        self.last_tree = self.grow(seq[-1], self._top(self.drafter.begin(seq)), expand)
+        mark = self._clock(None)
+        root = self._top(self.drafter.begin(seq))
+        mark = self._clock("begin", mark)
+        self.last_tree = self.grow(seq[-1], root, expand)
         verified = self.prune(self.last_tree, len(seq))
+        mark = self._clock("rounds", mark)
         if "ahead" in self.stages.values():
             self.guesses = self.ahead(verified)
+            self._clock("ahead", mark)
         return verified
+
+    def _clock(self, stage: str | None, since: float = 0.0) -> float:
+        """Add the time since `since` to a stage's total (only while stage_s is a dict)."""
+        if self.stage_s is None:
+            return 0.0
+        self.drafter.runner.synchronize()
+        now = time.perf_counter()
+        if stage is not None:
+            self.stage_s[stage] += now - since
+        return now
 
     def ahead(self, verified: TokenTree) -> dict[int, tuple[int, torch.Tensor]]:
         """Run the stages planned ahead of the verify in one drafter forward (see the module

@@ -1,0 +1,79 @@
+"""Stage scheduling at compile time (DESIGN.md §4): which of egt's stages run ahead of the verify.
+
+Every alternative of the grid (tail draft plain or ahead × head draft plain or ahead) decodes the
+same calibration prompts with the planned egt on the real models, interleaved prompt by prompt so a
+drifting machine hits all alike. Each stage is timed where it runs (the drafter's first forward,
+its later rounds, the forward ahead of the verify, the verify, the rest), and an alternative's
+modelled time per token is the sum of its stage times per step over its tokens per step. The
+plain order is kept unless an alternative beats it by MIN_GAIN: run-ahead stages cost a forward
+every step and only pay back when their guesses hit.
+
+Overlap: on CUDA the stage ahead could run on a second stream beside the verify; this runtime does
+not implement streams, and on a CPU two forwards in parallel split the same cores (on the 2-core
+machines each forward already uses both), so every plan here runs its stages one after another.
+"""
+
+from __future__ import annotations
+
+from ygg_compile.build import Reporter
+from ygg_runtime import engine, proposers
+from ygg_runtime.objective import Curves
+from ygg_runtime.predictor import DepthPredictor
+from ygg_runtime.runner import ModelRunner
+
+GRID = [{"tail": tail, "head": head} for tail in ("plain", "ahead") for head in ("plain", "ahead")]
+PLAIN = GRID[0]
+MIN_GAIN = 1.02  # an alternative must be this much faster per token than the plain order
+PROMPTS, TOKENS = 4, 40  # calibration prompts decoded per alternative, tokens each
+STAGE_KEYS = ("begin", "rounds", "ahead")  # egt's drafter stages (EGT.stage_s)
+
+
+def name(stages: dict) -> str:
+    return f"tail {stages['tail']}, head {stages['head']}"
+
+
+def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], egt: dict, curves: Curves,
+           predictor: DepthPredictor | None, ui: Reporter, tokens: int = TOKENS) -> dict:
+    """Time every alternative on `prompts` (token ids); returns planning["stages"]: the chosen
+    stage order, why, and every alternative's measured stage times and modelled time per token."""
+    drafter = proposers.Drafter(draft, target.vocab_size)
+    built = {i: proposers.build("egt", egt | {"stages": s}, drafter, curves, predictor) for i, s in enumerate(GRID)}
+    totals = {i: {"steps": 0, "tokens": 0, "hits": 0, "decode_s": 0.0, "verify_s": 0.0, "other_s": 0.0,
+                  **{k: 0.0 for k in STAGE_KEYS}} for i in built}
+    label = f"timing egt's stage orders ({len(GRID)} alternatives × {len(prompts)} prompts)"
+    for n, ids in enumerate(prompts):
+        order = list(built)[n % len(built):] + list(built)[: n % len(built)]
+        for i in order:
+            prop = built[i]
+            prop.stage_s = dict.fromkeys(STAGE_KEYS, 0.0)
+            _, m = engine.generate(target, prop, ids, max_new_tokens=tokens)
+            t = totals[i]
+            t["steps"] += m.steps
+            t["tokens"] += m.generated_tokens
+            t["hits"] += m.ahead_hits
+            t["decode_s"] += m.decode_s
+            t["verify_s"] += m.verify_s
+            t["other_s"] += m.other_s
+            for k in STAGE_KEYS:
+                t[k] += prop.stage_s[k]
+        ui.progress(label, n + 1, len(prompts), unit="prompts")
+    rows = []
+    for i, t in totals.items():
+        steps = max(1, t["steps"])
+        stage_ms = {k: round(1000 * t[k] / steps, 2) for k in STAGE_KEYS}
+        stage_ms["verify"] = round(1000 * t["verify_s"] / steps, 2)
+        stage_ms["other"] = round(1000 * t["other_s"] / steps, 2)
+        step_ms = sum(stage_ms.values())
+        per_step = t["tokens"] / steps
+        rows.append({**GRID[i], "stage_ms": stage_ms, "step_ms": round(step_ms, 2), "tokens_per_step": round(per_step, 3),
+                     "head_hit_rate": round(t["hits"] / steps, 3), "ms_per_token": round(step_ms / max(per_step, 1e-9), 2),
+                     "measured_ms_per_token": round(1000 * t["decode_s"] / max(1, t["tokens"]), 2)})
+    plain = rows[0]
+    best = min(rows, key=lambda r: r["ms_per_token"])
+    chosen = best if best["ms_per_token"] * MIN_GAIN <= plain["ms_per_token"] else plain
+    why = (f"{name(chosen)}: {plain['ms_per_token'] / chosen['ms_per_token']:.3f}× the plain order per token"
+           if chosen is not plain else
+           f"plain: the best alternative ({name(best)}) models {plain['ms_per_token'] / best['ms_per_token']:.3f}× "
+           f"(needs {MIN_GAIN}×)" if best is not plain else "plain: fastest of all")
+    return {"chosen": {"tail": chosen["tail"], "head": chosen["head"]}, "why": why, "overlap": "none",
+            "prompts": len(prompts), "tokens": tokens, "alternatives": rows}
