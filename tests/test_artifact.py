@@ -2,6 +2,7 @@
 so), and every integrity refusal is one line through the CLI."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -137,13 +138,13 @@ def test_ctrl_c_during_compile_leaves_nothing_at_the_output(pair, tmp_path):
     out = tmp_path / "out" / "art"
     proc = subprocess.Popen([YGG, "compile", "--draft", pair["draft"], "--target", pair["target"], "-o", str(out),
                              "--dtype", "float32", "--max-context", "256"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
     while time.time() < deadline and not any((d / "draft").is_dir() for d in out.parent.glob(".art.tmp-*")):
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[1]
     time.sleep(1.0)  # into the conversion or the AOT compile
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group, compiler processes too
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130 and stderr.strip().splitlines()[-1] == "error: interrupted", stderr
     assert not out.exists() and list(out.parent.iterdir()) == []

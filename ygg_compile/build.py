@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import shutil
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,13 +95,15 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     @contextlib.contextmanager
     def phase(name: str, description: str | None) -> Iterator[None]:
         """Time a part of the compile under `name`; description: its progress line (None: its
-        own steps show)."""
+        own steps show). A Ctrl-C that the work inside swallowed stops the compile here."""
         start = time.time()
         with ui.step(description) if description else contextlib.nullcontext():
             yield
         phases[name] = round(phases.get(name, 0.0) + time.time() - start, 1)
+        if interrupted.is_set():
+            raise KeyboardInterrupt
 
-    with _staging(out) as tmp:
+    with _interrupts() as interrupted, _staging(out) as tmp:
         with phase("resolve", "resolving draft model"):
             draft = sources.resolve(opts.draft, ui.progress)
         with phase("resolve", "resolving target model"):
@@ -176,6 +180,27 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         }
         (tmp / PLAN_FILE).write_text(yaml.safe_dump(plan, sort_keys=False, allow_unicode=True))
     return plan
+
+
+@contextlib.contextmanager
+def _interrupts() -> Iterator[threading.Event]:
+    """Remember a Ctrl-C even if a library catches the KeyboardInterrupt it raises (AOTInductor's
+    compile can), so the compile still stops at the next phase and leaves nothing behind."""
+    seen = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        seen.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _check_output(out: Path) -> None:

@@ -386,7 +386,11 @@ def main() -> None:
     debug = "--debug" in sys.argv or os.environ.get("YGG_DEBUG") == "1"
     args = [a for a in sys.argv[1:] if a != "--debug"]
     try:
-        app(args=args, standalone_mode=False, prog_name="ygg")
+        code = app(args=args, standalone_mode=False, prog_name="ygg")
+        if code == 130:  # typer turns a Ctrl-C into exit code 130, which click returns here
+            raise KeyboardInterrupt
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except YggError as e:
         if debug:
             raise
