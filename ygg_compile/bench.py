@@ -116,10 +116,11 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
     artifact has nothing to ablate for."""
     if name not in ABLATIONS:
         return name, {}
+    from ygg_compile.stages import PLAIN as plain
+
     plan = decoder.info
-    stages = (plan.get("planning", {}).get("stages") or {})
-    chosen = stages.get("chosen", {"tail": "plain", "head": "plain"})
-    plain = {"tail": "plain", "head": "plain"}
+    stages = plan.get("planning", {}).get("stages") or {}
+    chosen = stages.get("chosen", plain)
     if name == "egt-fixed":
         if decoder.predictor is None:
             raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")

@@ -349,9 +349,8 @@ def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: di
     ids = [codec.encode(p) for p in prompts[:n]]
     policy = egt.get("depth_policy")
     pred = DepthPredictor.load(tmp / policy["file"]) if policy else None
-    params = {k: v for k, v in egt.items() if k != "stages"}
     with ui.step(f"timing egt's stage orders: {len(stages.GRID)} alternatives × {len(ids)} prompts"):
-        return stages.search(runners["target"], runners["draft"], ids, params, objective.Curves(profile), pred, ui)
+        return stages.search(runners["target"], runners["draft"], ids, egt, objective.Curves(profile), pred, ui)
 
 
 def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:

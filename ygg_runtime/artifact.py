@@ -20,9 +20,9 @@ PLAN_FILE = "plan.yaml"
 DEFAULT_DIR = Path("artifacts/default")
 
 
-def read_plan(directory: Path, verify: bool = True) -> dict:
+def read_plan(directory: Path) -> dict:
     """The plan of an artifact, refusing anything that is not a complete, unchanged artifact of
-    this format (verify=False skips the files' sha256, for a quick look at the plan)."""
+    this format."""
     directory = Path(directory)
     if not directory.is_dir():
         raise YggError(f"artifact directory {directory} does not exist (run `ygg compile` first)")
@@ -40,8 +40,7 @@ def read_plan(directory: Path, verify: bool = True) -> dict:
             f"artifact format version {plan['format_version']} is not supported by this runtime "
             f"(it reads version {FORMAT_VERSION}): recompile with `ygg compile`"
         )
-    if verify:
-        verify_files(directory, plan.get("files", {}))
+    verify_files(directory, plan.get("files", {}))
     return plan
 
 
