@@ -75,6 +75,13 @@ def test_bench_writes_csv_plots_and_summary(bench, contestants):  # runs before 
         assert data.startswith(PNG) and len(data) > 5000, png
     md = (out / "summary.md").read_text()
     assert "ygg bench --artifact" in md and "| all | specinfer |" in md and "Fastest per category" in md
+    glance = md.split("## At a glance")[1].split("\n## ")[0]
+    assert f"| category | {' | '.join(contestants)} |" in glance
+    assert {line.split(" | ")[0] for line in glance.splitlines() if line.startswith("| ") and "**" in line} == {"| code", "| story", "| all"}
+    ablations = [c for c in contestants if c.startswith("egt-")]
+    assert ("What each part of `egt` buys" in md) == bool(ablations)
+    for r in rows:  # egt's paired gain over each ablation, and nothing for the other contestants
+        assert (float(r["egt_speedup_over"]) > 0) if r["contestant"] in ablations else r["egt_speedup_over"] == "", r
     profile = json.loads((out / "results.json").read_text())["profile"]
     assert len(profile["contexts"]) == len(profile["target_ms"]) == len(profile["draft_ms"]) == 1
     assert len(profile["target_ms"][0]) == len(profile["draft_ms"][0]) == len(profile["other_ms"]) == len(profile["widths"])

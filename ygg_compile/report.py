@@ -41,6 +41,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
         keys = [p for p, c in cats.items() if cat in ("all", c)]
         base = {p: tpot[("ar", p)] for p in keys if ("ar", p) in tpot}
         assisted = {p: tpot[("hf-assisted", p)] for p in keys if ("hf-assisted", p) in tpot}
+        egt = {p: tpot[("egt", p)] for p in keys if ("egt", p) in tpot}
         for name in contestants:
             mine = {p: tpot[(name, p)] for p in keys if (name, p) in tpot}
             if not mine:
@@ -57,6 +58,8 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "tpot_p75_ms": _quantile(values, 0.75),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
+                # an ablation (egt-eager, egt-fixed, ...) is egt with one thing taken away: what that thing buys
+                "egt_speedup_over": _median_ratio(mine, egt) if name.startswith("egt-") else None,
                 "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in runs),
                 "acceptance_rate": _mean([r["acceptance_rate"] for r in runs]),
                 "depth_acceptance": _mean_lists([r["depth_acceptance"] for r in runs]),
@@ -105,7 +108,7 @@ def winners(summary: list[dict]) -> dict[str, str]:
 
 
 CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "speedup_vs_ar",
-              "speedup_vs_hf_assisted", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
+              "speedup_vs_hf_assisted", "egt_speedup_over", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
               "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens"]
 
 
@@ -187,6 +190,20 @@ def summary_markdown(results: dict) -> str:
         )
     wins = winners(results["summary"])
     lines += ["", "**Fastest per category**: " + ", ".join(f"{c}: `{w}`" for c, w in wins.items()), ""]
+    lines += ["## At a glance", "", "Median TPOT, and in brackets the paired speed-up over `ar`; the fastest in bold.", "",
+              *glance_table(results["summary"]), ""]
+    ablated = [r for r in results["summary"] if r.get("egt_speedup_over") is not None]
+    if ablated:
+        names = list(dict.fromkeys(r["contestant"] for r in ablated))
+        cell = {(r["category"], r["contestant"]): r["egt_speedup_over"] for r in ablated}
+        lines += ["## What each part of `egt` buys", "",
+                  "Paired speed-up of `egt` over each ablation (per prompt, the ablation's TPOT over `egt`'s, median "
+                  "over the prompts): `egt-eager` runs without the compiled forwards, `egt-fixed` without the depth "
+                  "predictor, `egt-plain`/`egt-ahead` with the stage order the plan did not pick.", "",
+                  "| category | " + " | ".join(f"egt vs {n}" for n in names) + " |", "|---|" + "---|" * len(names)]
+        for cat in dict.fromkeys(r["category"] for r in ablated):
+            lines.append(f"| {cat} | " + " | ".join(fmt(cell.get((cat, n)), ".2f", "×") for n in names) + " |")
+        lines.append("")
     if greedy:
         lines.append(
             "`= ar` counts prompts whose greedy output equals `ar`'s token for token. In bfloat16 a wide verify "
@@ -208,6 +225,25 @@ def summary_markdown(results: dict) -> str:
         lines += ["", f"Skipped (longer than the context): {', '.join(results['skipped_prompts'])}"]
     lines += ["", "![speed-up](speedup.png) ![TPOT vs accepted length](tpot_vs_accepted.png) ![T(W)](tw_curves.png)", ""]
     return "\n".join(lines)
+
+
+def glance_table(summary: list[dict]) -> list[str]:
+    """Categories × contestants as markdown rows, one cell per (category, contestant): the table the
+    README quotes, generated so it is never copied by hand."""
+    names = list(dict.fromkeys(r["contestant"] for r in summary))
+    cats = list(dict.fromkeys(r["category"] for r in summary))
+    cell = {(r["category"], r["contestant"]): r for r in summary}
+    wins = winners(summary)
+    lines = ["| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for cat in cats:
+        cells = []
+        for name in names:
+            r = cell.get((cat, name))
+            text = "–" if r is None else f"{r['tpot_ms']:.0f} ms" + (
+                "" if name == "ar" or r["speedup_vs_ar"] is None else f" ({r['speedup_vs_ar']:.2f}×)")
+            cells.append(f"**{text}**" if wins.get(cat) == name else text)
+        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def render_table(results: dict):
