@@ -26,7 +26,7 @@ import torch
 from ygg_compile import hardware
 from ygg_compile.build import Reporter
 from ygg_compile.peers import PEERS, HFPeers
-from ygg_compile.report import output_dir, summarize, write_results
+from ygg_compile.report import ABLATIONS, output_dir, summarize, write_results
 from ygg_runtime.errors import YggError
 from ygg_runtime.engine import step_room
 
@@ -100,15 +100,6 @@ class Contestant:
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
         raise NotImplementedError
-
-
-# Contestants that run egt another way, each measuring what one part of the artifact adds.
-ABLATIONS = {
-    "egt-fixed": "egt at its planned fixed depth: what the depth predictor adds",
-    "egt-eager": "egt on the eager forwards: what the ahead-of-time compiled ones add",
-    "egt-plain": "egt with the plain stage order: what the searched stage plan adds (when it is not plain)",
-    "egt-ahead": "egt with the best stage order the search rejected (when it chose plain)",
-}
 
 
 def ablation(decoder, name: str) -> tuple[str, dict]:

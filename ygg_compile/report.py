@@ -8,8 +8,18 @@ import io
 import json
 import statistics
 from pathlib import Path
+from typing import Callable
 
 from ygg_runtime.errors import YggError
+
+# Contestants that run egt another way, each measuring what one part of the artifact adds
+# (`bench.ablation` says how each runs; the summary reports egt's paired gain over each).
+ABLATIONS = {
+    "egt-fixed": "egt at its planned fixed depth: what the depth predictor adds",
+    "egt-eager": "egt on the eager forwards: what the ahead-of-time compiled ones add",
+    "egt-plain": "egt with the plain stage order: what the searched stage plan adds (when it is not plain)",
+    "egt-ahead": "egt with the best stage order the search rejected (when it chose plain)",
+}
 
 # ---------------------------------------------------------------- aggregation
 
@@ -58,8 +68,8 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "tpot_p75_ms": _quantile(values, 0.75),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
-                # an ablation (egt-eager, egt-fixed, ...) is egt with one thing taken away: what that thing buys
-                "egt_speedup_over": _median_ratio(mine, egt) if name.startswith("egt-") else None,
+                # an ablation is egt with one thing taken away: what that thing buys
+                "egt_speedup_over": _median_ratio(mine, egt) if name in ABLATIONS else None,
                 "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in runs),
                 "acceptance_rate": _mean([r["acceptance_rate"] for r in runs]),
                 "depth_acceptance": _mean_lists([r["depth_acceptance"] for r in runs]),
@@ -194,16 +204,11 @@ def summary_markdown(results: dict) -> str:
               *glance_table(results["summary"]), ""]
     ablated = [r for r in results["summary"] if r.get("egt_speedup_over") is not None]
     if ablated:
-        names = list(dict.fromkeys(r["contestant"] for r in ablated))
-        cell = {(r["category"], r["contestant"]): r["egt_speedup_over"] for r in ablated}
         lines += ["## What each part of `egt` buys", "",
-                  "Paired speed-up of `egt` over each ablation (per prompt, the ablation's TPOT over `egt`'s, median "
-                  "over the prompts): `egt-eager` runs without the compiled forwards, `egt-fixed` without the depth "
-                  "predictor, `egt-plain`/`egt-ahead` with the stage order the plan did not pick.", "",
-                  "| category | " + " | ".join(f"egt vs {n}" for n in names) + " |", "|---|" + "---|" * len(names)]
-        for cat in dict.fromkeys(r["category"] for r in ablated):
-            lines.append(f"| {cat} | " + " | ".join(fmt(cell.get((cat, n)), ".2f", "×") for n in names) + " |")
-        lines.append("")
+                  "Paired speed-up of `egt` over each ablation: per prompt, the ablation's TPOT over `egt`'s, median "
+                  "over the prompts.", "",
+                  *(f"- `{n}`: {ABLATIONS[n]}" for n in dict.fromkeys(r["contestant"] for r in ablated)), "",
+                  *_pivot(ablated, lambda r: fmt(r["egt_speedup_over"], ".2f", "×"), lambda n: f"egt vs {n}"), ""]
     if greedy:
         lines.append(
             "`= ar` counts prompts whose greedy output equals `ar`'s token for token. In bfloat16 a wide verify "
@@ -228,21 +233,25 @@ def summary_markdown(results: dict) -> str:
 
 
 def glance_table(summary: list[dict]) -> list[str]:
-    """Categories × contestants as markdown rows, one cell per (category, contestant): the table the
-    README quotes, generated so it is never copied by hand."""
-    names = list(dict.fromkeys(r["contestant"] for r in summary))
-    cats = list(dict.fromkeys(r["category"] for r in summary))
-    cell = {(r["category"], r["contestant"]): r for r in summary}
+    """Median TPOT and paired speed-up over `ar`, categories × contestants, the fastest in bold: the
+    table the README quotes, generated so it is never copied by hand."""
     wins = winners(summary)
-    lines = ["| category | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for cat in cats:
-        cells = []
-        for name in names:
-            r = cell.get((cat, name))
-            text = "–" if r is None else f"{r['tpot_ms']:.0f} ms" + (
-                "" if name == "ar" or r["speedup_vs_ar"] is None else f" ({r['speedup_vs_ar']:.2f}×)")
-            cells.append(f"**{text}**" if wins.get(cat) == name else text)
-        lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+
+    def text(r: dict) -> str:
+        t = f"{r['tpot_ms']:.0f} ms" + ("" if r["contestant"] == "ar" or r["speedup_vs_ar"] is None
+                                        else f" ({r['speedup_vs_ar']:.2f}×)")
+        return f"**{t}**" if wins.get(r["category"]) == r["contestant"] else t
+
+    return _pivot(summary, text)
+
+
+def _pivot(rows: list[dict], text: Callable[[dict], str], header: Callable[[str], str] = str) -> list[str]:
+    """Summary rows as a markdown table: a line per category, a column per contestant, in their order."""
+    names = list(dict.fromkeys(r["contestant"] for r in rows))
+    cell = {(r["category"], r["contestant"]): r for r in rows}
+    lines = ["| category | " + " | ".join(header(n) for n in names) + " |", "|---|" + "---|" * len(names)]
+    for cat in dict.fromkeys(r["category"] for r in rows):
+        lines.append(f"| {cat} | " + " | ".join(text(cell[cat, n]) if (cat, n) in cell else "–" for n in names) + " |")
     return lines
 
 
