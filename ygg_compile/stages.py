@@ -9,8 +9,12 @@ plain order is kept unless an alternative beats it by MIN_GAIN: run-ahead stages
 every step and only pay back when their guesses hit.
 
 Overlap: on CUDA the stage ahead could run on a second stream beside the verify; this runtime does
-not implement streams, and on a CPU two forwards in parallel split the same cores (on the 2-core
-machines each forward already uses both), so every plan here runs its stages one after another.
+not implement streams. On a CPU a Python thread cannot overlap them: AOTInductor's runner holds the
+GIL for a whole compiled forward (a busy Python thread got ~1 % of its normal loop rate while one ran),
+and the two forwards would split the same cores anyway. Measured on the 2-core machine (Qwen pair,
+compiled, target W=8 then drafter W=2, medians of 7, interleaved): one after the other 314 ms, in two
+threads 392 ms (both at 2 torch threads), 526 ms (drafter at 1). So every plan runs its stages one
+after another.
 """
 
 from __future__ import annotations
