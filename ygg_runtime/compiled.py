@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from ygg_runtime import kernels
 from ygg_runtime.errors import YggError
 from ygg_runtime.model import Transformer
 from ygg_runtime.runner import PREFILL_CHUNK as MAX_WIDTH  # the widest dynamic forward
@@ -35,6 +36,8 @@ class CompiledForward:
     def __init__(self, path: Path, model: Transformer):
         from torch._inductor.package import load_package
 
+        if model.tok_embeddings.weight.device.type == "cpu":
+            kernels.load()  # the graph calls ygg::attention: it must be registered before loading
         self.max_len = model.max_len
         self.max_width = min(MAX_WIDTH, model.max_len)
         self.calls: list[int] = []  # width of every compiled forward run, for tests and stats

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from ygg_runtime.kernels import attention
 from ygg_runtime.kv import KVCache
 
 
@@ -84,9 +85,7 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         assert self.kv_cache is not None, "call Transformer.setup_cache first"
         keys, values = self.kv_cache.write(slots, k, v, mask.shape[-1])
-        y = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads
-        )
+        y = attention(q, keys, values, mask)  # row-invariant: see ygg_runtime.kernels
         return self.wo(y.transpose(1, 2).reshape(b, w, self.n_heads * hd))
 
 
@@ -152,7 +151,6 @@ class Transformer(nn.Module):
         (normed) hidden states [1, W, dim], which the depth predictor reads."""
         x = self.tok_embeddings(tokens)
         cos, sin = self.rope(positions, x.dtype)
-        mask = mask[None, None]
         for layer in self.layers:
             x = layer(x, cos, sin, slots, mask)
         h = self.norm(x)

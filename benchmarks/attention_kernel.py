@@ -1,0 +1,106 @@
+"""Our attention kernel against PyTorch's CPU attention: is a row's output independent of its layout,
+and how fast is each at the shapes decoding uses (the Qwen2.5-Coder-1.5B target's: 12 query heads,
+2 KV heads, head dim 128, bfloat16).
+
+    .venv/bin/python benchmarks/attention_kernel.py [--trials N] [--repeats N] [--out FILE.json]
+
+Layout: one query row whose three newest keys are (a) contiguous after the prefix, as in plain
+decoding, or (b) spread over the slots of a tree verify with other keys between them; the two
+outputs must be bitwise equal. Width: the same row alone and among 3 or 15 other rows. Speed: one
+call at W query rows over a context of L keys (a tree's rows after it), both kernels alternating,
+median of the repeats after a warm-up. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ygg_runtime import kernels
+
+H, KV, D, DTYPE = 12, 2, 128, torch.bfloat16
+
+
+def sdpa(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=True)
+
+
+IMPLS = {"ygg": kernels.attention, "sdpa": sdpa}
+
+
+def layout_trials(trials: int, context: int = 100) -> dict[str, dict[str, int]]:
+    """How often a row's output is bitwise the same (a) with holes among its keys, (b) at another width."""
+    g = torch.Generator().manual_seed(0)
+    same = {name: {"holes": 0, "width": 0} for name in IMPLS}
+    for _ in range(trials):
+        k = torch.randn(1, KV, 256, D, generator=g).to(DTYPE)
+        v = torch.randn(1, KV, 256, D, generator=g).to(DTYPE)
+        q = (torch.randn(1, H, 16, D, generator=g) * 3).to(DTYPE)
+        plain = torch.zeros(16, 256, dtype=torch.bool)
+        plain[:, : context + 3] = True
+        k2, v2 = k.clone(), v.clone()
+        for depth, slot in ((1, context + 5), (2, context + 9)):  # ancestors moved apart; others fill the holes
+            k2[:, :, slot], v2[:, :, slot] = k[:, :, context + depth], v[:, :, context + depth]
+            k2[:, :, context + depth] = torch.randn(KV, D, generator=g).to(DTYPE)
+            v2[:, :, context + depth] = torch.randn(KV, D, generator=g).to(DTYPE)
+        tree = torch.zeros(16, 256, dtype=torch.bool)
+        tree[:, : context + 1] = True
+        tree[:, [context + 5, context + 9]] = True
+        for name, fn in IMPLS.items():
+            a = fn(q[:, :, :4], k, v, plain[:4])[:, :, 0]
+            same[name]["holes"] += torch.equal(a, fn(q[:, :, :4], k2, v2, tree[:4])[:, :, 0])
+            same[name]["width"] += all(torch.equal(a, fn(q[:, :, :w], k, v, plain[:w])[:, :, 0]) for w in (1, 2, 16))
+    return same
+
+
+def timings(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for w, context in shapes:
+        span = -(-(context + w) // 256) * 256
+        k = torch.randn(1, KV, span, D, generator=g).to(DTYPE)
+        v = torch.randn(1, KV, span, D, generator=g).to(DTYPE)
+        q = torch.randn(1, w, H, D, generator=g).to(DTYPE).transpose(1, 2)  # the model's layout
+        mask = torch.zeros(w, span, dtype=torch.bool)
+        mask[:, :context] = True
+        mask[:, context : context + w] = torch.ones(w, w, dtype=torch.bool).tril()
+        samples = {name: [] for name in IMPLS}
+        for r in range(repeats + 1):
+            for name in (list(IMPLS) if r % 2 else list(IMPLS)[::-1]):
+                start = time.perf_counter()
+                IMPLS[name](q, k, v, mask)
+                if r:
+                    samples[name].append(1000 * (time.perf_counter() - start))
+        rows.append({"width": w, "context": context, **{f"{n}_ms": round(statistics.median(s), 4) for n, s in samples.items()}})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=400)
+    ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    kernels.load()
+    same = layout_trials(args.trials)
+    for name, counts in same.items():
+        print(f"{name}: row bitwise the same with holes among its keys in {counts['holes']}/{args.trials} trials, "
+              f"at widths 1, 2, 4 and 16 in {counts['width']}/{args.trials}")
+    shapes = [(2, 300), (4, 300), (8, 300), (16, 300), (16, 1000), (64, 600), (512, 512)]
+    rows = timings(shapes, args.repeats)
+    print(f"{'W':>4} {'context':>8} {'ygg ms':>8} {'sdpa ms':>8}  (one call; a forward makes one per layer)")
+    for r in rows:
+        print(f"{r['width']:>4} {r['context']:>8} {r['ygg_ms']:>8.3f} {r['sdpa_ms']:>8.3f}")
+    if args.out:
+        args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "trials": args.trials, "layout": same,
+                                        "timings": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

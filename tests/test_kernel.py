@@ -1,0 +1,79 @@
+"""The row-invariant attention kernel (ygg_runtime/csrc/attention.cpp): right against a plain
+float64 reference, and a row's bits independent of everything but its own query and visible keys."""
+
+import pytest
+import torch
+
+from ygg_runtime import kernels
+
+
+def reference(q, k, v, mask):
+    """softmax(q k^T / sqrt(d)) v over each row's visible slots, in float64."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ k[:, :, : mask.shape[1]].transpose(-1, -2)) / q.shape[-1] ** 0.5
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, -1) @ v[:, :, : mask.shape[1]]
+
+
+def inputs(heads=12, kv=2, dim=128, width=8, slots=300, span=270, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(1, width, heads, dim, generator=g) * 2).to(dtype).transpose(1, 2)  # strided, as the model's
+    k = torch.randn(1, kv, slots, dim, generator=g).to(dtype)
+    v = torch.randn(1, kv, slots, dim, generator=g).to(dtype)
+    mask = torch.rand(width, span, generator=g) < 0.6
+    mask[:, 0] = True
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
+@pytest.mark.parametrize("heads,kv,dim", [(12, 2, 128), (9, 3, 64), (12, 1, 24), (4, 4, 16)])
+def test_kernel_matches_a_float64_reference(dtype, tol, heads, kv, dim):
+    """GQA groups of 1 to 12 heads (more than the 8 scored together), a head dim that is not a
+    multiple of 16, rows seeing 1 to 270 slots."""
+    q, k, v, mask = inputs(heads, kv, dim, dtype=dtype)
+    mask[0] = False
+    mask[0, 5] = True  # one row sees a single slot
+    out = kernels.attention(q, k, v, mask)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert (out.double() - reference(q, k, v, mask)).abs().max() < tol
+
+
+def test_a_rows_bits_depend_only_on_its_query_and_the_keys_it_sees_in_order():
+    """The same row computed alone, among other rows, with its keys spread over a wider span
+    with masked slots (holes) between them, and on one thread: bitwise the same."""
+    q, k, v, mask = inputs(width=16)
+    base = kernels.attention(q, k, v, mask)
+    row = 5
+    visible = mask[row].nonzero().flatten()
+    # alone, and at every width
+    for w in (1, 2, 3, 7):
+        rows = [row] + [r for r in range(16) if r != row][: w - 1]
+        out = kernels.attention(q[:, :, rows].contiguous(), k, v, mask[rows])
+        assert torch.equal(out[:, :, 0], base[:, :, row])
+    # the same keys, in the same order, moved to other slots with masked slots between them
+    slots = torch.sort(torch.randperm(700, generator=torch.Generator().manual_seed(1))[: len(visible)]).values
+    k2 = torch.randn(1, 2, 700, 128).to(k.dtype)
+    v2 = torch.randn(1, 2, 700, 128).to(v.dtype)
+    k2[:, :, slots], v2[:, :, slots] = k[:, :, visible], v[:, :, visible]
+    m2 = torch.zeros(1, 700, dtype=torch.bool)
+    m2[0, slots] = True
+    assert torch.equal(kernels.attention(q[:, :, [row]].contiguous(), k2, v2, m2)[:, :, 0], base[:, :, row])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.attention(q, k, v, mask), base)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kernel_is_cached_and_refuses_a_missing_compiler(monkeypatch, tmp_path):
+    from ygg_runtime.errors import YggError
+
+    first = kernels.build(tmp_path)
+    assert first.is_file() and kernels.build(tmp_path) == first  # built once per source, torch and flags
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
+    with pytest.raises(YggError, match="no C\\+\\+ compiler"):
+        kernels.build(tmp_path / "other")

@@ -1,0 +1,132 @@
+"""Our one native kernel, `ygg::attention` (csrc/attention.cpp): attention in which a row's result
+depends only on its query and on the keys and values it may see, in cache-slot order.
+
+Why not PyTorch's: measured on the 2-core AVX-512 CPU (torch 2.13, Qwen2.5-Coder-1.5B in bfloat16),
+the forward of a token gave bitwise-different logits depending on the verify around it, and every
+op whose kernel changes was found by running one row at several widths and layouts:
+- `scaled_dot_product_attention` sums over cache *slots* in SIMD lanes and blocks. In a tree verify
+  a node's ancestors sit at scattered slots with siblings between them; in plain decoding they are
+  contiguous. The same keys summed in another association changed the bfloat16 output in 4 of 400
+  random trials, and a row's output changed with the number of query rows beside it in 91 of 400
+  (it takes another path below 4 rows: why padding plain decoding to width 2 used to disagree with
+  every verify of 4+; `benchmarks/attention_kernel.py` reproduces both). Over 28 layers that is
+  most rows: with every forward padded to width 4, 57 of one prompt's 64 accepted rows in an `egt`
+  run differed from `ar`'s in some bit, and `egt` left `ar`'s text on 1 of 8 held-out prompts.
+- bf16 `F.linear` (oneDNN) gives row 0 the same bits for every M >= 2 but not M = 1 (a gemv path):
+  why a one-token forward is never used (the compile-time check, `ygg_compile.invariance`, finds
+  the narrowest width from which whole forwards agree and every target forward is padded to it).
+Everything else in the eager forward (norms, RoPE, SiLU, the KV writes) is row by row; the compiled
+graph's fused kernels are for the check to judge.
+
+The kernel is built with the system C++ compiler against the installed torch (a few seconds, cached
+under the user cache keyed by source, torch version and instruction set), for the same vector ISA
+Inductor compiles for, so the plan's recorded CPU flags cover it. `ygg compile` copies the build
+into the artifact, so `ygg run` needs no compiler. CUDA runs PyTorch's attention (untested here: no
+GPU); the compile-time check then says whether its rows agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ygg_runtime.errors import YggError
+
+SOURCE = Path(__file__).parent / "csrc" / "attention.cpp"
+LIBRARY = "attention.so"  # its name inside an artifact
+_loaded: Path | None = None
+
+
+def loaded() -> Path | None:
+    """The library this process registered `ygg::attention` from (None: not yet)."""
+    return _loaded
+
+
+def version(device: str = "cpu") -> str:
+    """Which attention a forward on `device` runs: the kernel's source hash, or "sdpa" off the CPU
+    (latency profiles record it: another attention is another timing)."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12] if device.startswith("cpu") else "sdpa"
+
+
+def isa_flags() -> list[str]:
+    """The compiler's instruction-set flags: those Inductor builds this machine's code with."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return [f for f in pick_vec_isa().build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise YggError("cannot build the attention kernel: no C++ compiler found (install g++, or set CXX)")
+    return cxx
+
+
+def build(cache: Path | None = None) -> Path:
+    """The kernel compiled for this machine: reused from `cache` when the same source, torch,
+    compiler and flags built it before, else compiled now (written under a temporary name, then
+    renamed, so a concurrent or interrupted build never leaves a broken library)."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    from ygg_runtime.integrity import cache_dir
+
+    cxx = _compiler()
+    flags = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *isa_flags(),
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    key = hashlib.sha256(SOURCE.read_bytes() + repr((torch.__version__, flags, version)).encode()).hexdigest()[:16]
+    root = Path(cache) if cache is not None else cache_dir() / "kernels"
+    out = root / f"attention-{key}.so"
+    if out.is_file():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    libs = library_paths()
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        part = Path(tmp) / LIBRARY
+        cmd = [cxx, *flags, *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", str(part),
+               *(f"-L{p}" for p in libs), "-lc10", "-ltorch_cpu", *(f"-Wl,-rpath,{p}" for p in libs)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
+            raise YggError(f"cannot build the attention kernel with {cxx}: {first}")
+        os.replace(part, out)
+    return out
+
+
+def load(path: Path | None = None) -> Path:
+    """Register `torch.ops.ygg.attention` from `path` (an artifact's copy), or from a build for
+    this machine. A process registers it once: later calls keep the first library."""
+    global _loaded
+    if _loaded is None:
+        path = Path(path) if path is not None else build()
+        try:
+            torch.ops.load_library(str(path))
+        except OSError as e:
+            raise YggError(f"cannot load the attention kernel {path}: {str(e).strip() or type(e).__name__}") from None
+        torch.library.register_fake("ygg::attention")(_shape)
+        _loaded = path
+    return _loaded
+
+
+def _shape(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """What the kernel returns, for tracing (torch.export, AOTInductor): a tensor laid out like q,
+    exactly as the kernel allocates it (compiled code reads the result with these strides)."""
+    return torch.empty_like(q)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """q [1, H, W, D], k and v [1, KV, S, D], mask [W, S] bool -> [1, H, W, D]: the row-invariant
+    kernel on CPU (built and loaded on first use), PyTorch's attention elsewhere."""
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=q.shape[1] != k.shape[1])
+    if _loaded is None:
+        load()
+    return torch.ops.ygg.attention(q, k, v, mask)
