@@ -48,7 +48,12 @@ def test_the_artifact_holds_a_compiled_forward_per_model_and_records_what_it_nee
     assert {"target/model.pt2", "draft/model.pt2"} <= set(plan["files"])
     assert all(len(meta["sha256"]) == 64 for meta in plan["files"].values())
     assert aot["seconds"]["target"] > 0 and aot["max_width"] >= 64
-    assert set(plan["compile_phases"]) >= {"convert", "aot", "profile", "calibrate", "plan", "hash"}
+    assert plan["kernel"]["file"] in plan["files"] and plan["kernel"]["cpu_flags"] == aot["cpu_flags"]
+    for kind in ("compiled", "eager"):  # the row-invariance check ran on both kinds of forward
+        rec = plan["exactness"][kind]
+        assert rec["min_width"] in rec["widths"] and rec["widths"][-1] >= 64 and rec["agree"][rec["widths"][-1]]
+    assert min(plan["profile"]["target_widths"]) >= plan["exactness"]["compiled"]["min_width"]
+    assert set(plan["compile_phases"]) >= {"convert", "aot", "exactness", "profile", "calibrate", "plan", "hash"}
 
 
 @pytest.mark.parametrize("method", ["ar", "egt", "chain"])
@@ -112,10 +117,11 @@ def test_refuses_a_missing_file(copy, prompt_file):
     assert_one_line_error(ygg("run", prompt_file, "-a", copy), "target/model.pt2 is missing")
 
 
-def test_refuses_another_torch_version_unless_eager(copy, prompt_file):
+def test_refuses_another_torch_version_even_eager(copy, prompt_file):
+    """The attention kernel is native code built against one torch: eager forwards run it too."""
     edit_plan(copy, torch_version="2.0.0")
-    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "compiled with torch 2.0.0", "--eager")
-    assert ygg("run", prompt_file, "-a", copy, "-n", 4, "--eager").returncode == 0
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "compiled with torch 2.0.0", "recompile")
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy, "--eager"), "compiled with torch 2.0.0")
 
 
 def test_refuses_another_device(copy, prompt_file):
@@ -129,9 +135,11 @@ def test_refuses_another_dtype(copy, prompt_file):
 
 
 def test_refuses_a_cpu_lacking_an_instruction_set_the_compiled_code_uses(copy, prompt_file):
-    edit_plan(copy, aot__cpu_flags=["avx512f", "avx1024_imaginary"])
-    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "this CPU lacks avx1024_imaginary", "--eager")
+    edit_plan(copy, aot__cpu_flags=["avx512f", "avx1024_imaginary"])  # the graphs need it: --eager does not
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy), "this CPU lacks avx1024_imaginary")
     assert ygg("run", prompt_file, "-a", copy, "-n", 4, "--eager").returncode == 0
+    edit_plan(copy, kernel__cpu_flags=["avx1024_imaginary"])  # the attention kernel runs eager too
+    assert_one_line_error(ygg("run", prompt_file, "-a", copy, "--eager"), "this CPU lacks avx1024_imaginary")
 
 
 def test_ctrl_c_during_compile_leaves_nothing_at_the_output(pair, tmp_path):

@@ -45,6 +45,7 @@ def test_run_json_is_the_targets_greedy_output(pair, artifact, prompt_file, meth
     assert out["prompt_tokens"] == len(prompt_ids) and out["method"] == method
     assert out["token_ids"] == hf_greedy(pair["hf"], prompt_ids, 40)
     assert sum(out["accepted_lengths"]) >= 40 and len(out["accepted_lengths"]) == out["steps"]
+    assert out["exact"] is True and "identical to this artifact's plain decoding" in out["exactness"]
     assert out["text"] == pair["tokenizer"].decode(out["token_ids"])
 
 
@@ -54,6 +55,7 @@ def test_run_streams_text_and_prints_stats(artifact, prompt_file):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == as_json["text"] + "\n"
     assert "mean accepted length" in proc.stderr and "TPOT" in proc.stderr
+    assert "exactness" in proc.stderr and "greedy output is identical" in " ".join(proc.stderr.split())
 
 
 def test_run_reads_stdin_and_sampling_is_reproducible(artifact):

@@ -27,7 +27,7 @@ from ygg_compile.convert import convert_state
 from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
 from ygg_runtime.errors import YggError
 from ygg_runtime.integrity import file_entry
-from ygg_runtime import objective, proposers
+from ygg_runtime import exactness, kernels, objective, proposers
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.text import TextCodec
 
@@ -121,10 +121,20 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         with phase("convert", "writing tokenizer"):
             tok_info = _write_tokenizer(tokenizer, target, tmp)
             tok_info["eos_token_ids"] = sorted(set(tok_info["eos_token_ids"]) | set(models["target"]["eos_token_ids"]))
+        kernel = None
+        if device.startswith("cpu"):
+            from ygg_compile.aot import cpu_requirements
+
+            with phase("aot", "building the row-invariant attention kernel"):
+                shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
+            kernel = {"file": kernels.LIBRARY, **cpu_requirements(device)}
         runners = _load_runners(tmp, device, cache_slots)
         aot_info = None
         if opts.aot:
             aot_info = _compile_forwards(runners, device, tmp, phase, ui)
+        with phase("exactness", None):
+            exact = _check_rows(runners["target"], max_context, opts.methods, aot_info is not None, ui)
+        runners["target"].min_width = exactness.min_width(exact.get("compiled" if aot_info else "eager"))
         with phase("profile", None):
             profile = _profiles(runners, models, device, str(dtype).removeprefix("torch."), max_context, opts, ui)
         with phase("calibrate", f"calibrating on {len(calib_prompts)} prompts ({calib_tokens} tokens each)"):
@@ -162,6 +172,8 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             "max_context": max_context,
             "cache_slots": cache_slots,
             "aot": aot_info,
+            "kernel": kernel,  # the row-invariant attention (None: PyTorch's, on CUDA)
+            "exactness": exact,
             "method": opts.method,
             "methods": methods,
             "profile": profile,
@@ -302,6 +314,35 @@ def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter
     return {"package": aot.PACKAGE, "max_width": MAX_WIDTH, "seconds": seconds, **aot.cpu_requirements(device)}
 
 
+def _check_rows(target, max_context: int, methods: dict[str, dict], aot: bool, ui: Reporter) -> dict:
+    """The target's row invariance (ygg_compile.invariance) at every width a generation can use:
+    the profile's widths, and the verify of a static tree wider than them. For the compiled
+    forwards and for the eager ones (`ygg run --eager`)."""
+    from ygg_compile import invariance
+    from ygg_compile.profile import plan_grid
+    from ygg_runtime.compiled import MAX_WIDTH
+
+    widths = list(plan_grid(max_context)[0])
+    for name, params in methods.items():  # a static tree wider than every padded width runs at its own
+        n = proposers.unbound(name, params).step_shape().verify_width
+        if n > MAX_WIDTH:
+            raise YggError(f"{name}'s tree of {n} nodes is wider than the widest forward ({MAX_WIDTH}): make it smaller")
+        if n > widths[-1]:
+            widths.append(n)
+    widths = sorted(set(widths))
+    kinds = (["compiled"] if aot else []) + ["eager"]
+    out = {}
+    compiled = target.compiled
+    try:
+        for kind in kinds:
+            target.compiled = compiled if kind == "compiled" else None
+            with ui.step(f"checking the target's row invariance ({kind} forwards, widths {widths[0]}..{widths[-1]})"):
+                out[kind] = invariance.check(target, widths)
+    finally:
+        target.compiled = compiled
+    return out
+
+
 def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context: int, opts: CompileOptions,
               ui: Reporter) -> dict:
     """The plan's latency profile: each model's stored profile when one matches this machine,
@@ -331,6 +372,8 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
         found[role], files[role] = stored, str(path)
     out = prof.combine(found["target"], found["draft"], widths, contexts)
     compiled = {f"{role}_widths": objective.undominated(out["widths"], out[f"{role}_ms"]) for role in ("target", "draft")}
+    floor = runners["target"].min_width  # the target's forwards are never narrower (exactness)
+    compiled["target_widths"] = [w for w in compiled["target_widths"] if w >= floor] or [out["widths"][-1]]
     for role in ("target", "draft"):  # calibration runs the forwards as `ygg run` will
         runners[role].widths = tuple(compiled[f"{role}_widths"])
     return out | compiled | {"files": files}

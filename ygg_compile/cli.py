@@ -85,7 +85,8 @@ def phase_table(plan: dict):
     """Where the compile's time went, one row per phase."""
     from rich.table import Table
 
-    names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "AOT-compile forwards",
+    names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "attention kernel + AOT forwards",
+             "exactness": "row-invariance check",
              "profile": "latency profiles", "calibrate": "calibration (probe + agreement)", "stages": "stage timing",
              "plan": "planning + predictor", "hash": "hash files"}
     total = plan["compile_seconds"]
@@ -110,7 +111,19 @@ def plan_summary(plan: dict) -> str:
                 f"modelled {sbest['speedup']:.2f}×)")
     return (f"plan — {egt_text}; {seq_text}; calibrated on {cal['prompts']} prompts, {cal['steps']} probe steps "
             f"in {cal['seconds']:.0f} s\n{predictor_summary(plan['planning'].get('predictor') or {})}\n"
-            f"{stages_summary(plan['planning']['stages'])}")
+            f"{stages_summary(plan['planning']['stages'])}\n{exactness_summary(plan)}")
+
+
+def exactness_summary(plan: dict) -> str:
+    """One line on whether greedy output is plain decoding's, for each forward kind checked."""
+    from ygg_runtime.exactness import verdict
+
+    lines = []
+    for kind, record in plan["exactness"].items():
+        _, why = verdict(record)
+        checked = f"checked in {record['seconds']:.0f} s" if record else "not checked"
+        lines.append(f"exactness ({kind} forwards, {checked}): {why}")
+    return "\n".join(lines)
 
 
 def stages_summary(r: dict) -> str:
@@ -183,6 +196,7 @@ def run_cmd(
         from ygg_compile.ui import err, stats_table
 
         err.print(stats_table(result.metrics, f"{result.method} · {artifact}", decoder.info["forwards"]))
+        err.print(f"exactness: {result.exactness}")
 
 
 def _split(values: Optional[list[str]]) -> Optional[list[str]]:
@@ -280,6 +294,10 @@ def inspect_cmd(
                  f"AOTInductor {aot['package']} per model, widths 1..{aot['max_width']}, built for {aot['isa'] or plan['device']} "
                  f"(needs {', '.join(aot['cpu_flags']) or 'nothing special'}) in "
                  + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot["seconds"].items()))
+    kernel = plan.get("kernel")
+    info.add_row("attention", f"row-invariant kernel {kernel['file']} (needs {', '.join(kernel['cpu_flags']) or 'nothing special'})"
+                 if kernel else "PyTorch's scaled_dot_product_attention")
+    info.add_row("exactness", exactness_summary(plan))
     prof = plan["profile"]
     for role in ("target", "draft"):
         for ctx, row in zip(prof["contexts"], prof.get(f"{role}_ms") or []):

@@ -22,6 +22,7 @@ import yaml
 from ygg_compile import hardware
 from ygg_compile.build import Reporter
 from ygg_compile.report import write_atomic
+from ygg_runtime import kernels
 from ygg_runtime.accept import accept_greedy
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
@@ -183,8 +184,8 @@ def profiles_dir() -> Path:
 def fingerprint(device: str, forward: str) -> dict:
     """What a profile's numbers depend on besides the model: the same fingerprint means reusable.
     forward: "aot" (the ahead-of-time compiled forwards) or "eager"."""
-    info = {"device": device, "forward": forward, "torch_version": str(torch.__version__),
-            "threads": torch.get_num_threads()}
+    info = {"device": device, "forward": forward, "attention": kernels.version(device),
+            "torch_version": str(torch.__version__), "threads": torch.get_num_threads()}
     if device.startswith("cuda"):
         return info | {"gpu": torch.cuda.get_device_name()}
     cpu = hardware.cpu_info()

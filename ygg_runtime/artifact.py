@@ -9,13 +9,15 @@ import yaml
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
+from ygg_runtime import kernels
 from ygg_runtime.integrity import check_machine, verify_files
 from ygg_runtime.model import load_model
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
-FORMAT_VERSION = 4  # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks
+FORMAT_VERSION = 5  # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks;
+# 5: the row-invariant attention kernel and the exactness check
 PLAN_FILE = "plan.yaml"
 DEFAULT_DIR = Path("artifacts/default")
 
@@ -54,6 +56,8 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     device = device or plan["device"]
     aot = None if eager else plan.get("aot")
     check_machine(plan, device, dtype, compiled=aot is not None)
+    if plan.get("kernel"):
+        kernels.load(directory / plan["kernel"]["file"])
     runners = {}
     for role in ("target", "draft"):
         if not (directory / role).is_dir():

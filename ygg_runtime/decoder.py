@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ygg_runtime import engine, proposers
+from ygg_runtime import engine, exactness, proposers
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
@@ -26,6 +26,8 @@ class Result:
     tpot_ms: float
     wall_s: float
     metrics: Metrics = field(repr=False)
+    exact: bool = False  # greedy output guaranteed identical to this artifact's plain decoding
+    exactness: str = ""  # that, or why not, in one sentence (`ygg_runtime.exactness`)
 
     def to_json(self) -> dict:
         return {
@@ -37,6 +39,8 @@ class Result:
             "accepted_lengths": self.accepted_lengths,
             "tpot_ms": self.tpot_ms,
             "wall_s": self.wall_s,
+            "exact": self.exact,
+            "exactness": self.exactness,
             "metrics": self.metrics.to_dict(),
         }
 
@@ -59,8 +63,15 @@ class Decoder:
         # The context the artifact serves (its cache has room past it for compile-time probing).
         self.max_context = self.info.get("max_context")
         self.predictor = predictor  # egt's depth predictor, when the artifact has one
+        # The compile-time row-invariance records by forward kind ("compiled", "eager").
+        self.exactness: dict[str, dict] = self.info.get("exactness") or {}
+        target.min_width = exactness.min_width(self.exactness.get(self.forward_kind()))
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
         self._proposers: dict[tuple, proposers.Proposer] = {}
+
+    def forward_kind(self, eager: bool = False) -> str:
+        """Which forwards a generation runs: "compiled" when the target has compiled ones loaded."""
+        return "eager" if eager or self.target.compiled is None else "compiled"
 
     @property
     def runners(self) -> dict[str, ModelRunner]:
@@ -114,16 +125,22 @@ class Decoder:
         ids = self.encode(prompt, raw)
         prop = self.proposer(method or self.default_method, predictor, stages)
         compiled = {role: r.compiled for role, r in self.runners.items()}
+        record = self.exactness.get(self.forward_kind(eager))
+        floor = self.target.min_width
         if eager:
             for r in self.runners.values():
                 r.compiled = None
+        self.target.min_width = exactness.min_width(record)
         try:
-            return self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text, on_step)
+            return self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text,
+                                  on_step, record)
         finally:
+            self.target.min_width = floor
             for role, r in self.runners.items():
                 r.compiled = compiled[role]
 
-    def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text, on_step) -> Result:
+    def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text, on_step,
+                  record) -> Result:
         if self.max_context and len(ids) + max_new_tokens > self.max_context:
             raise YggError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens does not fit the context of "
                            f"{self.max_context} tokens; shorten the prompt or lower --max-new-tokens")
@@ -143,9 +160,14 @@ class Decoder:
             on_tokens=on_tokens,
             on_step=on_step,
         )
+        kinds = []
         for r, (calls, compiled) in zip(runners, before):
-            m.compiled_forwards += (len(r.compiled.calls) if r.compiled else 0) - compiled
-            m.eager_forwards += len(r.calls) - calls - ((len(r.compiled.calls) if r.compiled else 0) - compiled)
+            ran_compiled = (len(r.compiled.calls) if r.compiled else 0) - compiled
+            ran_eager = len(r.calls) - calls - ran_compiled
+            m.compiled_forwards += ran_compiled
+            m.eager_forwards += ran_eager
+            kinds.append(ran_compiled > 0 and ran_eager > 0)
+        exact, why = exactness.verdict(record, mixed=kinds[0])  # kinds[0]: the target's
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:
             on_text(stream.finish())
@@ -159,4 +181,6 @@ class Decoder:
             tpot_ms=m.tpot_ms,
             wall_s=time.perf_counter() - start,
             metrics=m,
+            exact=exact,
+            exactness=why,
         )

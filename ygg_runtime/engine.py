@@ -16,8 +16,9 @@ from ygg_runtime.tree import TokenTree
 
 
 def step_room(target: ModelRunner, proposer: Proposer) -> int:
-    """Cache slots a step needs past the sequence: the largest tree, padded to a compiled width."""
-    return fit_width(proposer.max_tree_size, target.widths)
+    """Cache slots a step needs past the sequence: the largest tree, padded to a compiled width
+    and at least to the target's min_width."""
+    return fit_width(max(proposer.max_tree_size, target.min_width), target.widths)
 
 
 def generate(

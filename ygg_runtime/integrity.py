@@ -90,8 +90,9 @@ def cpu_flags() -> set[str]:
 
 def check_machine(plan: dict, device: str, dtype: str | None, compiled: bool) -> None:
     """Refuse, in one line, to run an artifact on a device, dtype, torch or CPU it was not built for.
-    compiled: whether its ahead-of-time code is about to be loaded (torch and CPU checks apply
-    only then; `--eager` runs the weights with any torch and CPU)."""
+    compiled: whether its ahead-of-time graphs are about to be loaded. The torch and CPU checks
+    apply to native code only: the graphs, and the attention kernel, which runs eager too (an
+    artifact without the kernel runs `--eager` on any torch and CPU)."""
     kind, built = device.split(":")[0], plan["device"].split(":")[0]
     if kind != built:
         raise YggError(f"artifact was compiled for {plan['device']}, not {device}: recompile with --device {device}")
@@ -99,13 +100,15 @@ def check_machine(plan: dict, device: str, dtype: str | None, compiled: bool) ->
         raise YggError(f"artifact was compiled for {plan['device']} but CUDA is not available here")
     if dtype is not None and dtype != plan["dtype"]:
         raise YggError(f"artifact holds {plan['dtype']} weights, not {dtype}: recompile with --dtype {dtype}")
-    if not compiled:
+    native = [part for part in ((plan.get("aot") if compiled else None), plan.get("kernel")) if part]
+    if not native:
         return
+    hint = "" if plan.get("kernel") else " (or run with --eager)"
     if plan["torch_version"] != str(torch.__version__):
         raise YggError(f"artifact was compiled with torch {plan['torch_version']} but this is torch {torch.__version__}: "
-                       "recompile (or run with --eager)")
+                       f"recompile{hint}")
     have = cpu_flags()
-    lacking = [f for f in plan["aot"].get("cpu_flags", []) if have and f not in have]
+    lacking = sorted({f for part in native for f in part.get("cpu_flags", []) if have and f not in have})
     if lacking:
         raise YggError(f"this CPU lacks {', '.join(lacking)}, which the artifact's compiled code uses: "
-                       "recompile on this machine (or run with --eager)")
+                       f"recompile on this machine{hint}")

@@ -37,6 +37,10 @@ class ModelRunner:
         # (a narrower one that is slower than a wider one on this machine is left out). Empty:
         # forwards run at their own width.
         self.widths: tuple[int, ...] = ()
+        # The narrowest width from which this model's rows come out bitwise the same whatever the
+        # forward around them (measured at compile time, `ygg_compile.invariance`): every forward
+        # is padded to at least it, so a tree verify scores a token exactly as plain decoding does.
+        self.min_width = 0
         self.hidden: Tensor | None = None  # final hidden states [W, dim] of the last forward
         self.logits: Tensor | None = None  # its logits [W, vocab] (what forward returned)
         # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for every
@@ -68,9 +72,13 @@ class ModelRunner:
         width > W pads the forward to that many tokens (a compiled width) with masked slots placed
         after the tree, which see only the prefix and themselves and whose outputs are dropped."""
         n = len(tokens)
-        width = max(width, fit_width(n, self.widths)) if self.widths else width
-        # Padding is only a speed-up: at the very end of the cache a forward runs at its own width.
-        if width > n and self.committed + tree_mask.shape[1] + width - n <= self.max_len:
+        need = max(n, self.min_width)  # padding to min_width is the exactness rule, not a choice
+        width = max(width, fit_width(need, self.widths) if self.widths else need)
+        # Padding to a compiled width is only a speed-up: at the very end of the cache a forward
+        # pads just to min_width (the engine keeps room for that).
+        if width > need and self.committed + tree_mask.shape[1] + width - n > self.max_len:
+            width = need
+        if width > n:
             tokens, offsets, depths, tree_mask = _pad(tokens, offsets, depths, tree_mask, width)
         w, t = tree_mask.shape
         base = self.committed

@@ -1,0 +1,94 @@
+"""Exactness in the artifact's own dtype: the compile-time row-invariance check, the padding rule
+the runtime follows from it, and what a generation says about it."""
+
+import pytest
+import tiny
+import torch
+from helpers import runner, to_runtime
+
+from ygg_compile import invariance
+from ygg_runtime import exactness
+from ygg_runtime.proposers import build, Drafter
+from ygg_runtime.engine import generate
+
+WIDTHS = [1, 2, 4, 8, 16, 32]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return runner(to_runtime(tiny.hf_model("llama", seed=30), torch.bfloat16), 400)
+
+
+def perturb(r, when, where="logits"):
+    """Make the runner's eager forward disagree with itself whenever when(width, mask) holds:
+    its logits, or the KV rows it writes, moved by a little."""
+    model = r.model
+    forward = model.forward
+
+    def wrapped(tokens, positions, slots, mask):
+        logits, hidden = forward(tokens, positions, slots, mask)
+        if when(tokens.shape[1], mask):
+            if where == "logits":
+                logits = logits + 1e-3
+            else:
+                for cache in model.caches():
+                    cache.k[:, :, slots] += 0.01
+        return logits, hidden
+
+    model.forward = wrapped
+    return lambda: model.__dict__.pop("forward")
+
+
+def test_the_check_finds_every_width_agreeing_on_a_row_invariant_forward(target):
+    """Our attention kernel makes rows independent of their layout; the tiny model's matmuls agree
+    from one or two rows on (a one-row bf16 matmul may take a gemv path)."""
+    rec = invariance.check(target, WIDTHS)
+    assert rec["min_width"] in (1, 2) and all(rec["agree"][w] for w in WIDTHS if w >= rec["min_width"])
+    assert rec["widths"] == WIDTHS and rec["threads"] == torch.get_num_threads() and rec["contexts"]
+    exact, why = exactness.verdict(rec)
+    assert exact and "identical" in why
+
+
+@pytest.mark.parametrize("when,where,expected", [
+    (lambda w, m: w < 4, "logits", 4),           # a narrow-width kernel path (as bf16 linear at one row)
+    (lambda w, m: w == 8, "logits", 16),          # one width in the middle of the family
+    (lambda w, m: w == 2, "kv", 4),               # right logits, wrong KV rows written
+    (lambda w, m: w == 32, "logits", 32),         # only the widest agrees with itself: pad to it
+    (lambda w, m: m.sum(1).unique().numel() > 1, "logits", None),  # trees only (rows see different lengths)
+])
+def test_the_check_detects_an_injected_disagreement(target, when, where, expected):
+    undo = perturb(target, when, where)
+    try:
+        rec = invariance.check(target, WIDTHS)
+    finally:
+        undo()
+    assert rec["min_width"] == expected, rec["agree"]
+    exact, why = exactness.verdict(rec)
+    assert exact == (expected is not None)
+    assert ("never used" in why) if expected else ("can differ" in why)
+
+
+def test_every_target_forward_is_padded_to_min_width_even_at_the_end_of_the_cache(target):
+    draft = runner(to_runtime(tiny.hf_model("llama", seed=31), torch.bfloat16), 400)
+    target.min_width, target.widths = 4, (4, 8, 16)
+    try:
+        for method, params in (("ar", {}), ("chain", {"k": 2})):
+            prop = build(method, params, Drafter(draft, target.vocab_size))
+            prompt = list(range(3, 40))
+            room = 400 - len(prompt) - 4  # the whole cache but the step room
+            target.calls.clear()
+            out, _ = generate(target, prop, prompt, max_new_tokens=room)
+            assert len(out) == room and min(target.calls) >= 4
+    finally:
+        target.min_width, target.widths = 0, ()
+
+
+def test_a_generation_says_whether_it_is_exact():
+    rec = {"min_width": 2, "widths": [1, 2, 4], "agree": {1: False, 2: True, 4: True},
+           "max_abs_logit_diff": {1: 0.19, 2: 0.0, 4: 0.0}, "threads": torch.get_num_threads()}
+    exact, why = exactness.verdict(rec)
+    assert exact and "width 1 differs (|Δlogit| up to 0.19) and is never used" in why
+    exact, why = exactness.verdict(rec, mixed=True)
+    assert not exact and "both compiled and eager" in why
+    assert "threads" in exactness.verdict(rec | {"threads": rec["threads"] + 1})[1]
+    assert not exactness.verdict(None)[0] and not exactness.verdict(rec | {"min_width": None})[0]
