@@ -72,6 +72,42 @@ def test_smollm2_greedy_equals_hf_generate(smollm2_hf, smollm2_tokenizer):
     assert mean["self"] > 3.5 and mean["truncated"] < 1.6 and 1.6 < mean["noised"] < 3.5, mean
 
 
+def test_a_target_with_more_vocabulary_rows_than_its_drafter_keeps_its_greedy_output():
+    """Qwen2.5-7B has 152 064 embedding rows and Qwen2.5-0.5B 151 936 over one tokenizer. Here the
+    target has 6 rows more than its drafter, and one of them wins the argmax wherever the target
+    would otherwise say its favourite token: the drafter must never be fed an id it lacks."""
+    hf = tiny.hf_model("llama", seed=10, vocab_size=tiny.BYTE_VOCAB + 6)
+    plain = prompts(4, seed=13)
+    favourite = torch.tensor([t for p in plain for t in hf_greedy(hf, p, 24)]).bincount().argmax()
+    with torch.no_grad():
+        hf.lm_head.weight[tiny.BYTE_VOCAB + 2] = hf.lm_head.weight[favourite] * 1.01
+    target = runner(to_runtime(hf))
+    draft = runner(noised_runtime(to_runtime(tiny.hf_model("llama", seed=10)), 0.05, seed=1))
+    extra = 0
+    for prompt in plain:
+        ref = hf_greedy(hf, prompt, 24)
+        extra += ref.count(tiny.BYTE_VOCAB + 2)
+        for method, params in METHODS:
+            out, _ = decode(target, draft, method, params, prompt, 24)
+            assert out == ref, f"{method} diverged from generate()"
+    assert extra > 0  # the target really emitted ids the drafter has no row for
+
+
+def test_metrics_count_only_the_tokens_that_reach_the_output():
+    """A drafter that always agrees, a budget that cuts a step short and an eos inside a tree:
+    the per-step lengths add up to the output and no cut draft is counted as accepted."""
+    hf = tiny.hf_model("llama", seed=10)
+    target = runner(to_runtime(hf))
+    prompt = prompts(1, seed=14)[0]
+    out, m = decode(target, runner(to_runtime(hf)), "chain", {"k": 4}, prompt, 7)
+    assert len(out) == 7 and m.accepted_lengths == [5, 2] and m.accepted_tokens == 6
+    ref = hf_greedy(hf, prompt, 10)
+    at = next(i for i in range(1, 4) if ref[i] not in ref[:i])  # an eos that first comes inside the first tree
+    out, m = decode(target, runner(to_runtime(hf)), "chain", {"k": 4}, prompt, 20, eos_ids=frozenset({ref[at]}))
+    assert out == ref[: at + 1]
+    assert m.accepted_lengths == [at + 1] and m.accepted_tokens == at + 1 and m.generated_tokens == at + 1
+
+
 PROSE_AND_CODE = [
     "The history of the printing press begins", "def quicksort(items):\n", "Once upon a time, in a small village",
     "import numpy as np\n\ndef softmax(x):\n", "The three laws of thermodynamics are", "SELECT name, COUNT(*) FROM",

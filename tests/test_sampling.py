@@ -24,19 +24,26 @@ def models():
     return runner(target, 64), runner(noised_runtime(target, 0.4, seed=21), 64)
 
 
-def exact_joint(target, temperature: float) -> torch.Tensor:
-    """P(x1, x2 | PROMPT) at `temperature`, from the target's own logits."""
+def exact_joint(target, temperature: float, top_p: float = 1.0, eos: int | None = None) -> torch.Tensor:
+    """P(x1, x2 | PROMPT) at `temperature` and `top_p`, from the target's own logits; with an eos,
+    a sequence that starts with it stops there: cell (eos, eos) holds P(x1 = eos)."""
     target.reset()
-    first = accept.warp(target.forward_chain(PROMPT)[-1], temperature)
+    first = accept.warp(target.forward_chain(PROMPT)[-1], temperature, top_p)
     joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     for x1 in range(VOCAB):
         target.reset()
-        joint[x1] = first[x1] * accept.warp(target.forward_chain(PROMPT + [x1])[-1], temperature)
+        joint[x1] = first[x1] * accept.warp(target.forward_chain(PROMPT + [x1])[-1], temperature, top_p)
+    if eos is not None:
+        joint[eos] = 0.0
+        joint[eos, eos] = first[eos]
     return joint.flatten()
 
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pool the cells expected below 5 samples into one, then Pearson's chi-square."""
+    """Pool the cells expected below 5 samples into one, then Pearson's chi-square (0 when a
+    sample landed where the target puts no mass at all)."""
+    if counts[probs == 0].sum() > 0:
+        return 0.0
     expected = probs * counts.sum()
     small = expected < 5
     obs = torch.cat([counts[~small], counts[small].sum()[None]]).double()
@@ -45,29 +52,49 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(obs[keep].numpy(), exp[keep].numpy() * obs.sum().item() / exp[keep].sum().item()).pvalue)
 
 
-def sample_counts(target, draft, method, params, temperature) -> tuple[torch.Tensor, float]:
+def sample_counts(target, draft, method, params, temperature, top_p=1.0, eos=None) -> tuple[torch.Tensor, float]:
     counts = torch.zeros(VOCAB * VOCAB)
     accepted = 0.0
+    eos_ids = frozenset() if eos is None else frozenset({eos})
     for seed in range(SAMPLES):
-        out, m = decode(target, draft, method, params, PROMPT, N_TOKENS, temperature=temperature, seed=seed)
-        counts[out[0] * VOCAB + out[1]] += 1
+        out, m = decode(target, draft, method, params, PROMPT, N_TOKENS, temperature=temperature, top_p=top_p,
+                        seed=seed, eos_ids=eos_ids)
+        counts[out[0] * VOCAB + (out[1] if len(out) > 1 else eos)] += 1
         accepted += m.accepted_tokens
     return counts, accepted / SAMPLES
 
 
-CASES = [("chain", {"k": 3}, 1.0), ("chain", {"k": 3}, 0.7), ("specinfer", {"width": 2, "depth": 2}, 1.0),
-         ("specinfer", {"width": 3, "depth": 2}, 0.7),
-         ("egt", {"depth": 2, "draft_width": 2, "top_k": 3, "verify_widths": [2, 4, 8]}, 1.0),
-         ("egt", {"depth": 3, "draft_width": 4, "top_k": 2, "verify_widths": [4, 8]}, 0.7),
-         ("sequoia", {"parents": [-1, 0, 0, 1], "ranks": [0, 0, 1, 0]}, 1.0)]
+EGT = {"depth": 2, "draft_width": 2, "top_k": 3, "verify_widths": [2, 4, 8]}
+SEQUOIA = {"parents": [-1, 0, 0, 1], "ranks": [0, 0, 1, 0]}
+# (method, params, temperature, top_p): every method as users run it, nucleus sampling included
+# The nucleus cases run at T = 1.5, top_p = 0.9: this model is peaked (0.86 on one first token at
+# T = 1), and there the nucleus keeps 6 of the 38 likely (x1, x2) cells.
+CASES = [("chain", {"k": 3}, 1.0, 1.0), ("chain", {"k": 3}, 0.7, 1.0), ("chain", {"k": 3}, 1.5, 0.9),
+         ("specinfer", {"width": 2, "depth": 2}, 1.0, 1.0), ("specinfer", {"width": 3, "depth": 2}, 0.7, 1.0),
+         ("specinfer", {"width": 2, "depth": 2}, 1.5, 0.9),
+         ("egt", EGT, 1.0, 1.0), ("egt", {"depth": 3, "draft_width": 4, "top_k": 2, "verify_widths": [4, 8]}, 0.7, 1.0),
+         ("egt", EGT, 1.5, 0.9), ("egt", EGT | {"stages": {"tail": "ahead", "head": "ahead"}}, 1.0, 1.0),
+         ("sequoia", SEQUOIA, 1.0, 1.0), ("sequoia", SEQUOIA, 0.7, 1.0), ("sequoia", SEQUOIA, 1.5, 0.9)]
 
 
-@pytest.mark.parametrize("method,params,temperature", CASES, ids=lambda x: str(x))
-def test_sampling_matches_target_distribution(models, method, params, temperature):
+@pytest.mark.parametrize("method,params,temperature,top_p", CASES, ids=lambda x: str(x))
+def test_sampling_matches_target_distribution(models, method, params, temperature, top_p):
     target, draft = models
-    counts, accepted = sample_counts(target, draft, method, params, temperature)
+    counts, accepted = sample_counts(target, draft, method, params, temperature, top_p)
     assert 0.1 < accepted < N_TOKENS  # drafts were accepted and rejected: both branches ran
-    assert chi_square_pvalue(counts, exact_joint(target, temperature)) > ALPHA
+    assert chi_square_pvalue(counts, exact_joint(target, temperature, top_p)) > ALPHA
+
+
+@pytest.mark.parametrize("method,params", [("chain", {"k": 3}), ("egt", EGT)], ids=str)
+def test_sampling_with_an_eos_inside_the_tree_matches_the_target(models, method, params):
+    """An eos the tree drafts before its last node: the output stops there, exactly as often as
+    the target itself would stop."""
+    target, draft = models
+    target.reset()
+    eos = int(accept.warp(target.forward_chain(PROMPT)[-1], 1.0).argsort()[-2])  # a likely first token
+    counts, _ = sample_counts(target, draft, method, params, 1.0, eos=eos)
+    assert counts[eos * VOCAB + eos] > 100
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0, eos=eos)) > ALPHA
 
 
 def test_chi_square_detects_a_wrong_residual_rule(models, monkeypatch):
@@ -77,6 +104,52 @@ def test_chi_square_detects_a_wrong_residual_rule(models, monkeypatch):
     monkeypatch.setattr(accept, "residual", lambda p, q: p)
     counts, _ = sample_counts(target, draft, "chain", {"k": 3}, 1.0)
     assert chi_square_pvalue(counts, exact_joint(target, 1.0)) < ALPHA
+
+
+def test_chi_square_detects_a_wrong_deterministic_child_rule(models, monkeypatch):
+    """... and a wrong rule for children picked by rank (egt, sequoia): keeping a rejected token
+    in the target's distribution."""
+    target, draft = models
+    monkeypatch.setattr(accept, "discard", lambda p, x: p)
+    counts, _ = sample_counts(target, draft, "egt", EGT, 1.0)
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0)) < ALPHA
+
+
+def test_chi_square_detects_verification_that_ignores_top_p(models, monkeypatch):
+    """... and a verify against the whole distribution when the user asked for a nucleus."""
+    import ygg_runtime.engine as engine
+
+    target, draft = models
+    monkeypatch.setattr(engine, "warp", lambda logits, temperature, top_p=1.0: accept.warp(logits, temperature))
+    counts, _ = sample_counts(target, draft, "chain", {"k": 3}, 1.5, top_p=0.9)
+    assert chi_square_pvalue(counts, exact_joint(target, 1.5, top_p=0.9)) < ALPHA
+
+
+def test_unseeded_sampling_leaves_the_callers_random_state_alone(models):
+    target, draft = models
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    decode(target, draft, "chain", {"k": 3}, PROMPT, 4, temperature=1.0)
+    assert torch.equal(torch.get_rng_state(), state)
+    a, _ = decode(target, draft, "chain", {"k": 3}, PROMPT, 8, temperature=1.0)
+    b, _ = decode(target, draft, "chain", {"k": 3}, PROMPT, 8, temperature=1.0)
+    c, _ = decode(target, draft, "chain", {"k": 3}, PROMPT, 8, temperature=1.0)
+    assert len({tuple(a), tuple(b), tuple(c)}) > 1  # still random from run to run
+
+
+def test_a_zero_exponential_draw_never_picks_a_token_the_drafter_rules_out(monkeypatch):
+    """Gumbel top-k keys are log q - log E with E ~ Exp(1); E can be exactly 0. A token with
+    q = 0 then got the key NaN, which topk ranks first."""
+    from ygg_runtime.proposers.base import pick_children
+    from ygg_runtime.proposers import Sampling
+
+    logits = torch.tensor([2.0, 1.0, float("-inf"), 0.5, float("-inf"), 0.0])
+    real = torch.Tensor.exponential_
+    monkeypatch.setattr(torch.Tensor, "exponential_",
+                        lambda self, generator=None: real(self, generator=generator).index_fill_(0, torch.tensor([2, 4]), 0.0))
+    tree = TokenTree(0, child_rule="without_replacement")
+    picks = pick_children(tree, 0, logits, 3, Sampling(1.0, 1.0, torch.Generator().manual_seed(0)))
+    assert all(tree.tokens[c] not in (2, 4) for c in picks) and len(picks) == 3
 
 
 @pytest.mark.parametrize("rule", ["iid", "without_replacement", "deterministic"])

@@ -114,6 +114,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         for role, src in (("target", target), ("draft", draft)):
             with phase("convert", f"converting {role} ({src.spec}) to {str(dtype).removeprefix('torch.')}"):
                 models[role] = _convert(src, role, dtype, tmp / role)
+        _check_vocab(len(tokenizer), models, ui)
         max_context = min(opts.max_context, *(m["max_position"] for m in models.values()))
         # Room past max_context for the calibration probe's wide trees (slots, not positions);
         # `ygg run` sets up the same cache, which the compiled graphs are built around.
@@ -258,6 +259,18 @@ def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):
             f"({len(vd)} vs {len(vt)} tokens, ~{differ} entries differ): speculative decoding needs one vocabulary"
         )
     return toks[1]
+
+
+def _check_vocab(tokens: int, models: dict, ui: Reporter) -> None:
+    """The tokenizer's ids must all be the target's; the drafter may lack some (padded embeddings
+    differ between sizes of one family): those reach it as a stand-in (proposers.Drafter)."""
+    target, draft = models["target"], models["draft"]
+    if tokens > target["vocab_size"]:
+        raise YggError(f"the tokenizer has {tokens} tokens but the target {target['spec']} embeds only "
+                       f"{target['vocab_size']}: not a model of this tokenizer")
+    if draft["vocab_size"] != target["vocab_size"]:
+        ui.note(f"vocabularies: target {target['vocab_size']} rows, draft {draft['vocab_size']}, tokenizer {tokens} "
+                "tokens; the target's ids the drafter lacks reach it as a stand-in")
 
 
 def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path) -> dict:

@@ -229,13 +229,13 @@ def agreement(target: ModelRunner, draft: ModelRunner, texts: dict[int, list[int
     """Run every text through both models teacher-forced (chunks of `chunk` tokens) and record
     hidden states and ranks (see `Agreement`)."""
     shared = _common_prefix(list(texts.values())) if len(texts) > 1 else 0
-    fit = Drafter(draft, target.vocab_size).fit
+    drafter = Drafter(draft, target.vocab_size)
     hidden, rank, prompt, position, ends = [], [], [], [], {}
     for q, seq in texts.items():
         ends[q] = len(seq)
         t_logits, t_hidden = _teacher_forced(target, seq, chunk)
-        d, _ = _teacher_forced(draft, seq, chunk)
-        d = fit(d)
+        d, _ = _teacher_forced(draft, drafter.known(seq), chunk)
+        d = drafter.fit(d)
         best = t_logits.argmax(-1)
         r = (d > d.gather(1, best[:, None])).sum(1).clamp(max=RANK_CAP)
         keep = list(range(shared, len(seq) - 1))

@@ -55,6 +55,12 @@ def _normalise(p: Tensor) -> Tensor:
     return p / total if total > 0 else p
 
 
+def discard(p: Tensor, x: int) -> Tensor:
+    """p without x, renormalised: what is left of a distribution once x was ruled out."""
+    p[x] = 0.0
+    return _normalise(p)
+
+
 def residual(p: Tensor, q: Tensor) -> Tensor:
     """What is left of p after a draft from q was rejected: norm(max(0, p - q))."""
     return _normalise(torch.clamp(p - q, min=0.0))
@@ -74,16 +80,14 @@ def accept_sampling(tree: TokenTree, target_probs: Tensor, generator: torch.Gene
                 if u < p[x].item():
                     chosen = child
                     break
-                p[x] = 0.0
-                p = _normalise(p)
+                p = discard(p, x)
                 continue
             if u * q[x].item() < p[x].item():  # u < p(x) / q(x), without dividing by q
                 chosen = child
                 break
             p = residual(p, q)
             if tree.child_rule == "without_replacement":
-                q[x] = 0.0
-                q = _normalise(q)
+                q = discard(q, x)
         if chosen is None:
             if p.sum() <= 0:  # p == q up to rounding: every rejection left nothing; p itself is exact
                 p = target_probs[node].double()

@@ -52,8 +52,11 @@ def generate(
         )
     sampling = None
     if temperature > 0:
-        gen = torch.Generator(device=target.device)
-        gen.manual_seed(seed if seed is not None else torch.seed())
+        gen = torch.Generator(device=target.device)  # private: the caller's generators stay as they were
+        if seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(seed)
         sampling = Sampling(temperature, top_p, gen)
 
     m = Metrics(method=proposer.name, prompt_tokens=len(prompt))
@@ -83,13 +86,15 @@ def generate(
         proposer.update(tree, verdict)
         m.ahead_hits += proposer.ahead_hit
         proposer.see(target.hidden[verdict.path[-1]])
-        last = verdict.path[-1]
-        m.record_step(len(tree) - 1, verdict.accepted, verdict.accepted + bool(tree.children[last]), max(tree.depths))
         new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         new = new[: max_new_tokens - len(out)]
         stop = next((i for i, t in enumerate(new) if t in eos_ids), None)
         if stop is not None:
             new = new[: stop + 1]
+        # The metrics describe the output: drafted tokens the budget or an eos cut are not counted.
+        kept = min(verdict.accepted, len(new))
+        tried = kept + bool(tree.children[verdict.path[kept]]) if kept == verdict.accepted else kept
+        m.record_step(len(tree) - 1, kept, len(new), tried, max(tree.depths))
         seq += new
         out += new
         if on_tokens is not None:

@@ -26,14 +26,16 @@ class Metrics:
     compiled_forwards: int = 0  # model forwards (target and drafter, prefill included) run ahead-of-time compiled
     eager_forwards: int = 0  # ... and run eager (`--eager`, no compiled forwards, or wider than they hold)
 
-    def record_step(self, drafted: int, accepted: int, tried_depths: int, tree_depth: int) -> None:
-        """accepted: drafted tokens accepted this step; tried_depths: how deep the accepted path
-        could have gone (the depth of the accepted node's deepest child, or the path length)."""
+    def record_step(self, drafted: int, accepted: int, yielded: int, tried_depths: int, tree_depth: int) -> None:
+        """accepted: drafted tokens of this step in the output; yielded: tokens the step added to
+        the output (accepted, and the bonus unless the budget or an eos cut it); tried_depths: how
+        deep the accepted path could have gone (the depth of the accepted node's deepest child, or
+        the path length)."""
         self.steps += 1
         self.tree_depths.append(tree_depth)
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
-        self.accepted_lengths.append(accepted + 1)
+        self.accepted_lengths.append(yielded)
         while len(self.depth_tries) < tried_depths:
             self.depth_tries.append(0)
             self.depth_accepts.append(0)

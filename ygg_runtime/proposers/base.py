@@ -85,7 +85,13 @@ class Drafter:
     Tokens it has not seen yet (an accepted leaf it never fed, and the bonus) are fed as a chain
     at the start of the next step, together with the new root — unless a stage ran ahead of the
     verify (egt's AOT tail and head drafts) and already fed them.
+
+    Its vocabulary may be smaller than the target's (Qwen2.5-7B pads its embedding to 152 064 rows,
+    Qwen2.5-0.5B to 151 936, over one tokenizer): a token it has no row for is fed as STAND_IN.
+    Its guesses after one are worse, never wrong: the target verifies every token.
     """
+
+    STAND_IN = 0
 
     def __init__(self, runner: ModelRunner, target_vocab: int):
         self.runner = runner
@@ -97,14 +103,19 @@ class Drafter:
         self.runner.reset()
         self.ready = None
 
+    def known(self, tokens: list[int]) -> list[int]:
+        """The tokens as the drafter can embed them (see STAND_IN)."""
+        v = self.runner.vocab_size
+        return tokens if all(t < v for t in tokens) else [t if t < v else self.STAND_IN for t in tokens]
+
     def prefill(self, tokens: list[int]) -> None:
-        self.runner.prefill(tokens)
+        self.runner.prefill(self.known(tokens))
 
     def begin(self, seq: list[int]) -> Tensor:
         """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0.
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in
         chunks of the widest compiled width, so every forward keeps a compiled width."""
-        pending = seq[self.runner.committed :]
+        pending = self.known(seq[self.runner.committed :])
         ready, self.ready = self.ready, None
         if ready is not None and len(pending) == 1:  # the root was fed ahead, at tree slot 0
             self.fed = {0}
@@ -122,7 +133,7 @@ class Drafter:
         """Run the drafter over tree nodes (their ancestors already fed), padded to `width`;
         logits [len(nodes), V]."""
         mask = tree.ancestor_mask()[nodes]
-        tokens, depths = [tree.tokens[i] for i in nodes], [tree.depths[i] for i in nodes]
+        tokens, depths = self.known([tree.tokens[i] for i in nodes]), [tree.depths[i] for i in nodes]
         logits = self.runner.forward(tokens, nodes, depths, mask, width)
         self.fed.update(nodes)
         return self.fit(logits)
@@ -166,7 +177,10 @@ def pick_children(
     q = warp(logits, sampling.temperature, sampling.top_p)
     tree.draft_dists[node] = q
     k = min(k, int((q > 0).sum()))
-    gumbel = -torch.empty_like(q).exponential_(generator=sampling.generator).log()
-    keys = q.log() + gumbel
+    # Gumbel top-k: the k largest log q(x) - log E_x, E_x ~ Exp(1), are k draws without replacement.
+    # exponential_ can return 0 (then -log E = inf): tokens q rules out get -inf, never NaN, which
+    # topk would rank first.
+    noise = torch.empty_like(q).exponential_(generator=sampling.generator)
+    keys = torch.where(q > 0, q.log() - noise.log(), float("-inf"))
     picks = keys.topk(k).indices.tolist()
     return [tree.add(node, t, q[t].item()) for t in picks]
