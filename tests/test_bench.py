@@ -29,7 +29,7 @@ def contestants(artifact):
     stages = plan["planning"]["stages"]
     plain = stages["chosen"] == {"tail": "plain", "head": "plain"}
     ablations = {"egt-fixed": bool(plan["methods"]["egt"].get("depth_policy")), "egt-eager": bool(plan["aot"]),
-                 "egt-plain": not plain, "egt-ahead": plain and bool(stages["alternatives"])}
+                 "egt-plain": not plain, "egt-ahead": plain and bool(stages["alternatives"]), "ar-eager": bool(plan["aot"])}
     return [*plan["methods"], *(name for name, applies in ablations.items() if applies), *PEERS]
 
 
@@ -60,6 +60,7 @@ def test_bench_greedy_outputs_all_equal_the_targets_in_float32(bench, contestant
     assert set(overall) == set(contestants)
     for name, row in overall.items():  # a peer with the checkpoint's own sampling defaults would fail here
         assert row["same_as_ar"] == row["prompts"] == 2, name
+    assert overall["egt-eager"]["reference"] == "ar-eager" and overall["chain"]["reference"] == "ar"
     assert overall["ar"]["speedup_vs_ar"] == 1.0 and overall["hf-assisted"]["speedup_vs_hf_assisted"] == 1.0
     assert overall["ar"]["mean_accepted_length"] == 1.0 and overall["hf"]["mean_accepted_length"] == 1.0
     assert overall["chain"]["mean_accepted_length"] > 1.0
@@ -127,8 +128,9 @@ def test_bench_bad_input_is_one_line(artifact, tmp_path, args, needle):
 def test_inspect_explains_the_plan_and_draws_a_tree(artifact, tmp_path):
     proc = ygg("inspect", artifact, "--prompt", "Once upon a time", "--method", "specinfer", "-n", 16, "-o", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    for needle in ("chain", "specinfer", "break-even", "predicted speed-up", "T(W) target"):
+    for needle in ("chain", "specinfer", "break-even", "predicted speed-up", "T(W) target", "exactness", "attention"):
         assert needle in proc.stdout, needle
+    assert "greedy output is identical to this artifact's plain decoding" in " ".join(proc.stdout.split()).replace("│ ", "")
     for png in ("tree.png", "tw_curves.png"):
         data = (tmp_path / png).read_bytes()
         assert data.startswith(PNG) and len(data) > 5000

@@ -26,7 +26,7 @@ import torch
 from ygg_compile import hardware
 from ygg_compile.build import Reporter
 from ygg_compile.peers import PEERS, HFPeers
-from ygg_compile.report import ABLATIONS, output_dir, summarize, write_results
+from ygg_compile.report import ABLATIONS, REFERENCES, output_dir, summarize, write_results
 from ygg_runtime.errors import YggError
 from ygg_runtime.engine import step_room
 
@@ -105,7 +105,7 @@ class Contestant:
 def ablation(decoder, name: str) -> tuple[str, dict]:
     """(method, Decoder.generate options) of a contestant; refuses, in one line, an ablation the
     artifact has nothing to ablate for."""
-    if name not in ABLATIONS:
+    if name not in ABLATIONS and name not in REFERENCES:
         return name, {}
     from ygg_compile.stages import PLAIN as plain
 
@@ -116,6 +116,10 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
         if decoder.predictor is None:
             raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
         return "egt", {"predictor": False}
+    if name == "ar-eager":
+        if not plan.get("aot"):
+            raise YggError("ar-eager is plain decoding on the eager forwards, and this artifact has only those")
+        return "ar", {"eager": True}
     if name == "egt-eager":
         if not plan.get("aot"):
             raise YggError("egt-eager is egt without the compiled forwards, and this artifact has none")
@@ -134,7 +138,7 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
 def ablations_of(decoder) -> list[str]:
     """The ablations that apply to this artifact (bench runs them by default)."""
     out = []
-    for name in ABLATIONS:
+    for name in (*ABLATIONS, *REFERENCES):
         try:
             ablation(decoder, name)
             out.append(name)
