@@ -120,7 +120,7 @@ def exactness_summary(plan: dict) -> str:
 
     lines = []
     for kind, record in plan["exactness"].items():
-        _, why = verdict(record)
+        _, why = verdict(record, kind=kind)
         checked = f"checked in {record['seconds']:.0f} s" if record else "not checked"
         lines.append(f"exactness ({kind} forwards, {checked}): {why}")
     return "\n".join(lines)

@@ -160,14 +160,14 @@ class Decoder:
             on_tokens=on_tokens,
             on_step=on_step,
         )
-        kinds = []
+        mixed, kind = [], self.forward_kind()
         for r, (calls, compiled) in zip(runners, before):
             ran_compiled = (len(r.compiled.calls) if r.compiled else 0) - compiled
             ran_eager = len(r.calls) - calls - ran_compiled
             m.compiled_forwards += ran_compiled
             m.eager_forwards += ran_eager
-            kinds.append(ran_compiled > 0 and ran_eager > 0)
-        exact, why = exactness.verdict(record, mixed=kinds[0])  # kinds[0]: the target's
+            mixed.append(ran_compiled > 0 and ran_eager > 0)
+        exact, why = exactness.verdict(record, mixed=mixed[0], kind=kind)  # mixed[0]: the target's
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:
             on_text(stream.finish())

@@ -19,9 +19,10 @@ def min_width(record: dict | None) -> int:
     return (record or {}).get("min_width") or 0
 
 
-def verdict(record: dict | None, mixed: bool = False) -> tuple[bool, str]:
-    """(exact, sentence) for a generation run under `record`; mixed: its target forwards ran
-    both compiled and eager."""
+def verdict(record: dict | None, mixed: bool = False, kind: str = "compiled") -> tuple[bool, str]:
+    """(exact, sentence) for a generation run under `record`, on the `kind` forwards ("compiled"
+    or "eager", each exact against its own plain decoding: they round differently); mixed: its
+    target forwards ran both."""
     lost = "greedy output can differ from plain decoding at float near-ties"
     if not record:
         return False, f"{lost}: this forward kind was not checked when the artifact was compiled"
@@ -39,5 +40,6 @@ def verdict(record: dict | None, mixed: bool = False) -> tuple[bool, str]:
         diff = max(record["max_abs_logit_diff"][w] for w in off)
         unused = (f"; width{'s' if len(off) > 1 else ''} {', '.join(map(str, off))} "
                   f"differ{'' if len(off) > 1 else 's'} (|Δlogit| up to {diff:.3g}) and {'are' if len(off) > 1 else 'is'} never used")
-    return True, (f"greedy output is identical to this artifact's plain decoding: a token's row has the same bits "
-                  f"in every target forward of width {record['min_width']} to {record['widths'][-1]}, alone or in a tree{unused}")
+    return True, (f"greedy output is identical to this artifact's plain decoding on its {kind} forwards: a token's row "
+                  f"has the same bits in every target forward of width {record['min_width']} to {record['widths'][-1]}, "
+                  f"alone or in a tree{unused}")
