@@ -148,6 +148,10 @@ def test_invalid_method_parameters_are_refused_before_writing(tmp_path, pair):
     proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--tree-depth", 0)
     assert_one_line_error(proc, "specinfer needs width >= 1 and depth >= 1")
     assert not out.exists()
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--tree-width", 8,
+               "--tree-depth", 4)  # 4681 nodes: no compiled forward holds the verify
+    assert_one_line_error(proc, "specinfer's tree of 4681 nodes is wider than the widest forward (512)")
+    assert not out.exists()
 
 
 def test_unknown_default_method_is_refused_before_writing(tmp_path, pair):

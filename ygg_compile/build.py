@@ -74,6 +74,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     ui = ui or Reporter()
     sources.quiet_transformers()
     proposers.validate(opts.methods)
+    _static_trees(opts.methods)
     planned = ("sequoia", "egt")
     if opts.method not in (*opts.methods, *planned):
         raise YggError(f"default method '{opts.method}' is not one of the compiled methods ({', '.join([*opts.methods, *planned])})")
@@ -327,21 +328,28 @@ def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter
     return {"package": aot.PACKAGE, "max_width": MAX_WIDTH, "seconds": seconds, **aot.cpu_requirements(device)}
 
 
+def _static_trees(methods: dict[str, dict]) -> list[int]:
+    """The verify width of each hand-set method, refusing a tree no compiled forward holds."""
+    from ygg_runtime.compiled import MAX_WIDTH
+
+    out = []
+    for name, params in methods.items():
+        n = proposers.unbound(name, params).step_shape().verify_width
+        if n > MAX_WIDTH:
+            raise YggError(f"{name}'s tree of {n} nodes is wider than the widest forward ({MAX_WIDTH}): make it smaller")
+        out.append(n)
+    return out
+
+
 def _check_rows(target, max_context: int, methods: dict[str, dict], aot: bool, ui: Reporter) -> dict:
     """The target's row invariance (ygg_compile.invariance) at every width a generation can use:
     the profile's widths, and the verify of a static tree wider than them. For the compiled
     forwards and for the eager ones (`ygg run --eager`)."""
     from ygg_compile import invariance
     from ygg_compile.profile import plan_grid
-    from ygg_runtime.compiled import MAX_WIDTH
 
     widths = list(plan_grid(max_context)[0])
-    for name, params in methods.items():  # a static tree wider than every padded width runs at its own
-        n = proposers.unbound(name, params).step_shape().verify_width
-        if n > MAX_WIDTH:
-            raise YggError(f"{name}'s tree of {n} nodes is wider than the widest forward ({MAX_WIDTH}): make it smaller")
-        if n > widths[-1]:
-            widths.append(n)
+    widths += [n for n in _static_trees(methods) if n > widths[-1]]  # these run at their own width
     widths = sorted(set(widths))
     kinds = (["compiled"] if aot else []) + ["eager"]
     out = {}
