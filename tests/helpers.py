@@ -12,7 +12,7 @@ import torch
 from ygg_compile.convert import to_runtime
 from ygg_runtime import proposers
 from ygg_runtime.engine import generate
-from ygg_runtime.model import Transformer
+from ygg_runtime.model import Transformer, from_state
 from ygg_runtime.runner import ModelRunner
 
 YGG = str(Path(sys.executable).parent / "ygg")
@@ -60,14 +60,8 @@ def truncated(model: Transformer, n_layers: int) -> Transformer:
     """A drafter made of the first layers of `model` (shares embeddings, final norm and head)."""
     from dataclasses import replace
 
-    args = replace(model.args, n_layers=n_layers)
-    with torch.device("meta"):
-        small = Transformer(args)
     state = {k: v for k, v in model.state_dict().items() if not k.startswith("layers.") or int(k.split(".")[1]) < n_layers}
-    small.load_state_dict(state, assign=True, strict=False)
-    if args.tie_embeddings:
-        small.output.weight = small.tok_embeddings.weight
-    return small.eval()
+    return from_state(replace(model.args, n_layers=n_layers), state)
 
 
 def noised_runtime(model: Transformer, scale: float, seed: int) -> Transformer:

@@ -28,7 +28,6 @@ def test_compile_writes_a_complete_artifact(artifact):
     assert plan["format_version"] == FORMAT_VERSION and plan["dtype"] == "float32" and plan["method"] == "chain"
     assert set(plan["methods"]) == {"ar", "chain", "specinfer", "sequoia", "egt"}
     assert plan["calibration"]["steps"] > 0 and plan["calibration"]["tokens"] > 0
-    assert "calibration.safetensors" in plan["files"]
     for rel, meta in plan["files"].items():
         assert (artifact / rel).stat().st_size == meta["bytes"]
     assert {"draft/model.safetensors", "target/model.safetensors", "tokenizer.json"} <= set(plan["files"])
@@ -212,14 +211,14 @@ def test_bad_calibration_input_is_one_line_before_writing(tmp_path, pair, conten
 
 
 def test_calibration_prompts_from_text_jsonl_and_directories(tmp_path):
-    from ygg_compile.calibrate import load_prompts
+    from ygg_compile.prompts import calibration
 
     (tmp_path / "a.txt").write_text("first prompt\n---\nsecond\nprompt\n")
     (tmp_path / "b.jsonl").write_text('{"turns": ["third"]}\n{"prompt": "fourth"}\n')
     (tmp_path / "ignored.bin").write_bytes(b"\x00")
-    assert load_prompts(tmp_path / "a.txt") == ["first prompt", "second\nprompt"]
-    assert load_prompts(tmp_path) == ["first prompt", "second\nprompt", "third", "fourth"]
-    builtin = load_prompts(None)
+    assert calibration(tmp_path / "a.txt") == ["first prompt", "second\nprompt"]
+    assert calibration(tmp_path) == ["first prompt", "second\nprompt", "third", "fourth"]
+    builtin = calibration(None)
     assert len(builtin) >= 10
     spec_bench = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
     if spec_bench.exists():  # written by us: nothing shared with the benchmark's prompts

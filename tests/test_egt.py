@@ -8,7 +8,7 @@ import torch
 from helpers import COMPILED, PROFILE, decode, hf_greedy, noised_runtime, runner, to_runtime
 
 from ygg_compile import calibrate
-from ygg_compile.build import Reporter
+from ygg_compile.ui import Reporter
 from ygg_runtime import objective
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.proposers import Drafter, build
@@ -48,14 +48,13 @@ def test_every_egt_forward_has_a_compiled_width_whatever_the_context(models):
         drafter = Drafter(draft, target.vocab_size)
         egt = build("egt", params, drafter, Curves(PROFILE))
         for prompt in prompts(4, seed=32):
-            target.calls.clear()
-            draft.calls.clear()
-            out, m = generate(target, egt, prompt, max_new_tokens=48, on_step=lambda t, v: chosen.append(t.verify_width))
+            with target.recording() as target_calls, draft.recording() as draft_calls:
+                out, m = generate(target, egt, prompt, max_new_tokens=48, on_step=lambda t, v: chosen.append(t.verify_width))
             assert out == hf_greedy(hf, prompt, 48)
             prefill = {len(prompt) - 1} if len(prompt) > 1 else set()
-            steps_target = target.calls[1:] if prefill else target.calls
+            steps_target = target_calls[1:] if prefill else target_calls
             assert set(steps_target) <= set(params["verify_widths"]), steps_target
-            rounds = draft.calls[1:] if prefill else draft.calls
+            rounds = draft_calls[1:] if prefill else draft_calls
             assert set(rounds) <= set(COMPILED) and params["draft_width"] in rounds, rounds
     assert len(set(chosen)) > 1, chosen  # the objective traded widths step by step
 
@@ -74,10 +73,10 @@ def test_every_stage_order_decodes_the_targets_greedy_output(models, tail, head,
     params = {"depth": 3, "draft_width": 2, "top_k": 3, "verify_widths": [2] if same else [4, 8],
               "stages": {"tail": tail, "head": head}}
     for prompt in prompts(2, seed=34):
-        draft.calls.clear()
-        out, m = decode(target, draft, "egt", params, prompt, 40)
+        with draft.recording() as draft_calls:
+            out, m = decode(target, draft, "egt", params, prompt, 40)
         assert out == hf_greedy(hf, prompt, 40), (tail, head)
-        rounds = len(draft.calls) - (len(prompt) > 1)  # the prompt's prefill aside
+        rounds = len(draft_calls) - (len(prompt) > 1)  # the prompt's prefill aside
         ahead = m.steps if "ahead" in (tail, head) else 0  # at most one stage forward per step
         assert rounds <= 3 * m.steps - m.ahead_hits + 1 + ahead  # the last step's hit saves nothing
         if head == "plain":
@@ -88,10 +87,10 @@ def test_every_stage_order_decodes_the_targets_greedy_output(models, tail, head,
 
 def test_egt_depth_zero_is_plain_decoding_and_never_runs_the_drafter(models):
     hf, target, draft = models
-    draft.calls.clear()
     prompt = prompts(1, seed=33)[0]
-    out, m = decode(target, draft, "egt", {"depth": 0}, prompt, 24)
-    assert out == hf_greedy(hf, prompt, 24) and m.steps == 24 and draft.calls == []
+    with draft.recording() as draft_calls:
+        out, m = decode(target, draft, "egt", {"depth": 0}, prompt, 24)
+    assert out == hf_greedy(hf, prompt, 24) and m.steps == 24 and draft_calls == []
 
 
 def test_objective_interpolates_context_and_keeps_plain_decoding_at_one():
@@ -217,14 +216,13 @@ def test_runners_pad_every_forward_to_their_compiled_widths_and_outputs_stay_the
         target.widths, draft.widths = (2, 4, 8, 16), (2, 4, 8)
         target.reset()
         target.prefill(prompt[:-1])
-        target.calls.clear()
-        padded = target.forward_chain(prompt[-1:])
-        assert target.calls == [2] and torch.allclose(plain, padded, atol=1e-5)
+        with target.recording() as calls:
+            padded = target.forward_chain(prompt[-1:])
+        assert calls == [2] and torch.allclose(plain, padded, atol=1e-5)
         ref = hf_greedy(hf, prompt, 32)
         for method, params in (("ar", {}), ("egt", {"depth": 3, "draft_width": 2, "top_k": 2, "verify_widths": [2, 4, 8]})):
-            target.calls.clear()
-            draft.calls.clear()
-            assert decode(target, draft, method, params, prompt, 32)[0] == ref
-            assert set(target.calls[1:]) <= {2, 4, 8, 16} and set(draft.calls[1:]) <= {2, 4, 8}
+            with target.recording() as target_calls, draft.recording() as draft_calls:
+                assert decode(target, draft, method, params, prompt, 32)[0] == ref
+            assert set(target_calls[1:]) <= {2, 4, 8, 16} and set(draft_calls[1:]) <= {2, 4, 8}
     finally:
         target.widths = draft.widths = ()

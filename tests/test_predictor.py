@@ -142,14 +142,13 @@ def test_egt_with_a_predictor_picks_a_depth_each_step_and_keeps_the_targets_gree
         g = torch.Generator().manual_seed(35)
         for n in (1, 5, 90):
             prompt = torch.randint(0, 256, (n,), generator=g).tolist()
-            target.calls.clear()
-            draft.calls.clear()
-            out, m = generate(target, egt, prompt, max_new_tokens=64)
+            with target.recording() as target_calls, draft.recording() as draft_calls:
+                out, m = generate(target, egt, prompt, max_new_tokens=64)
             assert out == hf_greedy(hf, prompt, 64)
             depths += m.tree_depths
             skip = 1 if n > 1 else 0  # the prompt's prefill runs at its own length
-            assert set(target.calls[skip:]) <= set(COMPILED), target.calls
-            assert set(draft.calls[skip:]) <= {2, 4, 8}, draft.calls
+            assert set(target_calls[skip:]) <= set(COMPILED), target_calls
+            assert set(draft_calls[skip:]) <= {2, 4, 8}, draft_calls
     finally:
         target.widths = draft.widths = ()
     assert 0 in depths and len(set(depths)) >= 3, depths

@@ -23,22 +23,20 @@ from typing import Callable
 
 import torch
 
-from ygg_compile import hardware
-from ygg_compile.build import Reporter
+import ygg_runtime
+from ygg_compile import hardware, sources
+from ygg_compile.ui import Reporter
 from ygg_compile.peers import PEERS, HFPeers
-from ygg_compile.report import ABLATIONS, REFERENCES, output_dir, summarize, write_results
+from ygg_compile.profile import fitting_widths, profile_models
+from ygg_compile.prompts import read_jsonl
+from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
+from ygg_compile.stages import PLAIN
+from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
+from ygg_runtime.files import output_dir
 from ygg_runtime.engine import step_room
 
-BUILTIN_PROMPTS = Path(__file__).parent / "data" / "bench_prompts.jsonl"
 WARMUP_TOKENS = 8
-
-
-@dataclass
-class Prompt:
-    key: str  # question_id, or the line number
-    category: str
-    text: str
 
 
 @dataclass
@@ -54,39 +52,9 @@ class BenchOptions:
     top_p: float = 1.0
     seed: int = 0
     rounds: int = 1
-    output: Path = Path("bench-results")
+    output: Path | None = None  # None: default_output(artifact)
     resume: bool = False
     command: str = ""
-
-
-def load_prompts(path: Path | None, categories: list[str] | None = None, limit: int | None = None) -> list[Prompt]:
-    """Spec-Bench's JSONL (`question_id`, `category`, `turns`; the first turn is the prompt; a
-    `prompt` field is read too), in file order, at most `limit` per category."""
-    path = Path(path) if path is not None else BUILTIN_PROMPTS
-    if not path.is_file():
-        raise YggError(f"prompt file {path} does not exist")
-    out: list[Prompt] = []
-    seen: dict[str, int] = {}
-    found: set[str] = set()
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            text = row["turns"][0] if "turns" in row else row["prompt"]
-        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise YggError(f"{path}:{n} is not a prompt record (JSON with `turns` or `prompt`)") from None
-        cat = str(row.get("category", "default"))
-        found.add(cat)
-        if categories and cat not in categories:
-            continue
-        if limit and seen.get(cat, 0) >= limit:
-            continue
-        seen[cat] = seen.get(cat, 0) + 1
-        out.append(Prompt(str(row.get("question_id", n)), cat, text))
-    if not out:
-        raise YggError(f"no prompts in {path} for categories {', '.join(categories or [])} (it has: {', '.join(sorted(found))})")
-    return out
 
 
 # ---------------------------------------------------------------- contestants
@@ -107,11 +75,10 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
     artifact has nothing to ablate for."""
     if name not in ABLATIONS and name not in REFERENCES:
         return name, {}
-    from ygg_compile.stages import PLAIN as plain
 
     plan = decoder.info
     stages = plan.get("planning", {}).get("stages") or {}
-    chosen = stages.get("chosen", plain)
+    chosen = stages.get("chosen", PLAIN)
     if name == "egt-fixed":
         if decoder.predictor is None:
             raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
@@ -125,11 +92,11 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
             raise YggError("egt-eager is egt without the compiled forwards, and this artifact has none")
         return "egt", {"eager": True}
     if name == "egt-plain":
-        if chosen == plain:
+        if chosen == PLAIN:
             raise YggError("egt-plain is egt with the plain stage order, which is already this artifact's plan")
-        return "egt", {"stages": plain}
-    rejected = [a for a in stages.get("alternatives", []) if {"tail": a["tail"], "head": a["head"]} != plain]
-    if chosen != plain or not rejected:
+        return "egt", {"stages": PLAIN}
+    rejected = [a for a in stages.get("alternatives", []) if {"tail": a["tail"], "head": a["head"]} != PLAIN]
+    if chosen != PLAIN or not rejected:
         raise YggError("egt-ahead is the stage order the search rejected, and this artifact's plan is not plain")
     best = min(rejected, key=lambda a: a["ms_per_token"])
     return "egt", {"stages": {"tail": best["tail"], "head": best["head"]}}
@@ -188,18 +155,21 @@ class Peer(Contestant):
 # ---------------------------------------------------------------- the run
 
 
+def default_output(artifact: Path) -> Path:
+    """Where results go unless told: benchmarks/results/<device slug>, one directory per machine kind."""
+    return Path("benchmarks/results") / hardware.device_slug(read_plan(artifact)["device"])
+
+
 def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     """Run the benchmark and write its files into opts.output; returns results.json's content."""
-    import ygg_runtime
-
     ui = ui or Reporter()
     if opts.max_new_tokens < 1 or opts.rounds < 1:
         raise YggError("--max-new-tokens and --rounds must be at least 1")
     for peer in opts.peers:
         if peer not in PEERS:
             raise YggError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)}, or none)")
-    prompts = load_prompts(opts.prompts, opts.categories, opts.limit)
-    out = output_dir(opts.output, "benchmark results")
+    prompts = read_jsonl(opts.prompts, opts.categories, opts.limit)
+    out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
     plan = decoder.info
@@ -263,7 +233,6 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
                     ui.progress(label, count, total, unit="runs")
 
     with ui.step("measuring forward latency T(W) of both models"):
-        from ygg_compile.profile import fitting_widths, profile_models
 
         context = int(statistics.median(len(ids) for _, ids in encoded))
         profile = profile_models(decoder.runners, fitting_widths(context, decoder.target.max_len), context, ui=ui)
@@ -284,7 +253,6 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
 
 
 def _load_peers(plan: dict, peers: list[str]) -> HFPeers:
-    from ygg_compile import sources
 
     def model_dir(role: str) -> Path:
         info = plan["models"][role]

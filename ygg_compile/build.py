@@ -14,6 +14,7 @@ import statistics
 import tempfile
 import threading
 import time
+from importlib.metadata import PackageNotFoundError, version
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -22,13 +23,21 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from ygg_compile import hardware, sources
+from tokenizers import Tokenizer
+
+from ygg_compile import aot, calibrate, hardware, invariance, predictor, prompts, sources, stages
+from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
-from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
-from ygg_runtime.errors import YggError
-from ygg_runtime.integrity import file_entry
+from ygg_compile.ui import Reporter
 from ygg_runtime import exactness, kernels, objective, proposers
+from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
+from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
+from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.integrity import file_entry
+from ygg_runtime.model import load_model
+from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
+from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
 CHAT_PROBE = "\x00YGG-PROMPT\x00"
@@ -56,19 +65,6 @@ class CompileOptions:
     profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
 
 
-class Reporter:
-    """What the pipeline tells the user; the CLI backs it with rich progress bars."""
-
-    def step(self, description: str) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def progress(self, description: str, done: int, total: int, unit: str = "B") -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        pass
-
-
 def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     """Build the artifact at opts.output; returns the plan written."""
     ui = ui or Reporter()
@@ -84,9 +80,8 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     dtype = hardware.resolve_dtype(opts.dtype, device)
     out = Path(opts.output)
     _check_output(out)
-    from ygg_compile import calibrate
 
-    calib_prompts = calibrate.load_prompts(opts.calib)
+    calib_prompts = prompts.calibration(opts.calib)
     calib_tokens, predictor = opts.calib_tokens, opts.predictor
     if opts.quick:
         calib_prompts, calib_tokens, predictor = calib_prompts[:QUICK_PROMPTS], min(calib_tokens, QUICK_TOKENS), False
@@ -125,11 +120,10 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             tok_info["eos_token_ids"] = sorted(set(tok_info["eos_token_ids"]) | set(models["target"]["eos_token_ids"]))
         kernel = None
         if device.startswith("cpu"):
-            from ygg_compile.aot import cpu_requirements
 
             with phase("aot", "building the row-invariant attention kernel"):
                 shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
-            kernel = {"file": kernels.LIBRARY, **cpu_requirements(device)}
+            kernel = {"file": kernels.LIBRARY, **aot.cpu_requirements(device)}
         runners = _load_runners(tmp, device, cache_slots)
         aot_info = None
         if opts.aot:
@@ -142,7 +136,6 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         with phase("calibrate", f"calibrating on {len(calib_prompts)} prompts ({calib_tokens} tokens each)"):
             codec = TextCodec(tmp / tok_info["file"], tok_info["chat_prefix"], tok_info["chat_suffix"])
             calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, calib_tokens, ui)
-            calibrate.save_steps(calib, tmp / "calibration.safetensors")
         agreement = None
         if predictor and calib.texts:
             with phase("calibrate", f"reading {sum(map(len, calib.texts.values()))} calibration positions for the depth predictor"):
@@ -186,7 +179,6 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
                 "steps": len(calib.steps),
                 "seconds": round(calib.seconds, 1),
                 "probe_tokens_per_step": round(calib.tokens / max(1, len(calib.steps)), 3),
-                "file": "calibration.safetensors" if calib.steps else None,
             },
             "planning": planning,
             "tokenizer": tok_info,
@@ -251,7 +243,7 @@ def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):
         try:
             toks.append(AutoTokenizer.from_pretrained(src.path))
         except Exception as e:
-            raise YggError(f"cannot load the tokenizer of {src.spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+            raise YggError(f"cannot load the tokenizer of {src.spec}: {first_line(e)}") from e
     vd, vt = toks[0].get_vocab(), toks[1].get_vocab()
     if vd != vt:
         differ = len(set(vd.items()) ^ set(vt.items())) // 2 or abs(len(vd) - len(vt))
@@ -280,7 +272,7 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
     try:
         hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype)
     except Exception as e:
-        raise YggError(f"cannot load the {role} model {src.spec}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        raise YggError(f"cannot load the {role} model {src.spec}: {first_line(e)}") from e
     args, state = convert_state(hf, dtype)
     eos = _eos_ids(hf)
     del hf
@@ -305,8 +297,6 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
 
 
 def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
-    from ygg_runtime.model import load_model
-    from ygg_runtime.runner import ModelRunner
 
     return {role: ModelRunner(load_model(tmp / role, device), cache_slots) for role in ("target", "draft")}
 
@@ -314,8 +304,6 @@ def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
 def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter) -> dict:
     """Each model's forward compiled ahead of time into <role>/model.pt2; the runners use it from
     here on, so profiling and calibration time the forwards `ygg run` will run."""
-    from ygg_compile import aot
-    from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 
     seconds = {}
     for role in ("target", "draft"):
@@ -330,7 +318,6 @@ def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter
 
 def _static_trees(methods: dict[str, dict]) -> list[int]:
     """The verify width of each hand-set method, refusing a tree no compiled forward holds."""
-    from ygg_runtime.compiled import MAX_WIDTH
 
     out = []
     for name, params in methods.items():
@@ -345,10 +332,8 @@ def _check_rows(target, max_context: int, methods: dict[str, dict], aot: bool, u
     """The target's row invariance (ygg_compile.invariance) at every width a generation can use:
     the profile's widths, and the verify of a static tree wider than them. For the compiled
     forwards and for the eager ones (`ygg run --eager`)."""
-    from ygg_compile import invariance
-    from ygg_compile.profile import plan_grid
 
-    widths = list(plan_grid(max_context)[0])
+    widths = list(prof.plan_grid(max_context)[0])
     widths += [n for n in _static_trees(methods) if n > widths[-1]]  # these run at their own width
     widths = sorted(set(widths))
     kinds = (["compiled"] if aot else []) + ["eager"]
@@ -368,7 +353,6 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
               ui: Reporter) -> dict:
     """The plan's latency profile: each model's stored profile when one matches this machine,
     else measured now and stored (see ygg_compile.profile)."""
-    from ygg_compile import profile as prof
 
     widths, contexts = prof.plan_grid(max_context)
     root = Path(opts.profiles) if opts.profiles else prof.profiles_dir()
@@ -403,12 +387,10 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
 def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: dict, profile: dict, tmp: Path,
                 quick: bool, ui: Reporter) -> dict:
     """egt's stage order, searched on the real models (ygg_compile.stages)."""
-    from ygg_compile import stages
-    from ygg_runtime.predictor import DepthPredictor
 
     egt = methods["egt"]
     if not egt["depth"] and not egt.get("depth_policy"):
-        return {"chosen": dict(stages.PLAIN), "why": "plain: egt does not draft", "overlap": "none", "alternatives": []}
+        return {"chosen": dict(stages.PLAIN), "why": "plain: egt does not draft", "alternatives": []}
     n = 2 if quick else stages.PROMPTS
     ids = [codec.encode(p) for p in prompts[:n]]
     policy = egt.get("depth_policy")
@@ -420,7 +402,6 @@ def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: di
 def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:
     """egt and sequoia parameters from calibration and the curves, with the candidates' table;
     egt's depth predictor trained and saved into `tmp` when it beats egt's fixed depth."""
-    from ygg_compile import calibrate, predictor
 
     curves = objective.Curves(profile)
     verify_widths, draft_widths = tuple(profile["target_widths"]), tuple(profile["draft_widths"])
@@ -463,7 +444,6 @@ def _eos_ids(hf) -> set[int]:
 
 
 def _write_tokenizer(tokenizer, target: sources.ModelSource, tmp: Path) -> dict:
-    from tokenizers import Tokenizer
 
     with tempfile.TemporaryDirectory() as d:
         tokenizer.save_pretrained(d)
@@ -486,7 +466,6 @@ def _write_tokenizer(tokenizer, target: sources.ModelSource, tmp: Path) -> dict:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("yggdrasil")

@@ -11,7 +11,7 @@ every verified node, the accepted length and the target's final hidden state at 
 - every smaller `egt` shape replayed on the recorded trees with the same code the runtime runs, so
   its tokens per step are measured, not modelled; the objective then picks depth and draft width
   (depth 0, plain decoding, included);
-- per-step accepted lengths with the hidden state, kept in calibration.safetensors.
+- per-step accepted lengths with the hidden state, which the depth predictor is gated on (`ygg_compile.predictor`).
 
 The probe yields one labelled step per ~5 tokens, and each costs a deep draft plus a wide verify:
 too few for the depth predictor. So every calibration text (prompt and the target's continuation)
@@ -23,19 +23,16 @@ position at the price of two prefills.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 
 import torch
 
-from ygg_compile.build import Reporter
+from ygg_compile.ui import Reporter
 from ygg_compile.sequoia import SequoiaTables
 from ygg_runtime import engine, objective
-from ygg_runtime.errors import YggError
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter
 from ygg_runtime.proposers.egt import EGT
@@ -43,50 +40,12 @@ from ygg_runtime.proposers.sequoia import Sequoia
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
-BUILTIN_PROMPTS = Path(__file__).parent / "data" / "calib_prompts.jsonl"
 PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, PROBE_VERIFY = 6, 8, 8, 32
 PROBE_ROOM = 1 + PROBE_TOP_K * (1 + PROBE_WIDTH * (PROBE_DEPTH - 1)) + PROBE_WIDTH  # cache slots of a probe tree
 EGT_WIDTHS = (1, 2, 4, 8)  # draft widths tried (≤ PROBE_WIDTH, so replays stay inside the probe)
 SEQUOIA_MAX_DEPTH = 8
 MAP_GRID = (0.0, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 MIN_PAIRS = 50  # below this many labelled children the map stays the identity
-
-
-def load_prompts(path: Path | None) -> list[str]:
-    """Calibration prompts: a JSONL file (`turns` or `prompt` fields), a text file (prompts
-    separated by lines holding only `---`), or a directory of such files; default: our own set."""
-    from ygg_compile.bench import load_prompts as load_jsonl
-
-    path = Path(path) if path is not None else BUILTIN_PROMPTS
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".txt", ".md") and p.is_file())
-        prompts = [t for f in files for t in load_prompts(f)]
-    elif path.is_file():
-        if path.suffix == ".jsonl":
-            prompts = [p.text for p in load_jsonl(path)]
-        else:
-            try:
-                text = path.read_text(encoding="utf-8")
-            except UnicodeDecodeError:
-                raise YggError(f"calibration file {path} is not UTF-8 text") from None
-            prompts = [part.strip() for part in _split(text)]
-    else:
-        raise YggError(f"calibration path {path} does not exist")
-    prompts = [p for p in prompts if p.strip()]
-    if not prompts:
-        raise YggError(f"no calibration prompts in {path}")
-    return prompts
-
-
-def _split(text: str) -> list[str]:
-    parts, cur = [], []
-    for line in text.splitlines():
-        if line.strip() == "---":
-            parts.append("\n".join(cur))
-            cur = []
-        else:
-            cur.append(line)
-    return parts + ["\n".join(cur)]
 
 
 @dataclass
@@ -378,21 +337,3 @@ def plan_sequoia(p: list[float], curves: Curves, widths: tuple[int, ...], contex
     best = max(rows, key=lambda r: r["speedup"])
     table = [{k: v for k, v in r.items() if k not in ("parents", "ranks")} for r in rows]
     return {"parents": best["parents"], "ranks": best["ranks"], "widths": list(widths)}, table
-
-
-def save_steps(calib: Calibration, path: Path) -> None:
-    """Per-step hidden states and accepted lengths of the probe, for anyone who wants to study
-    them (the depth predictor trains on `agreement`); steps without a hidden state are left out."""
-    from safetensors.torch import save_file
-
-    steps = [s for s in calib.steps if s.hidden is not None]
-    if not steps:
-        return
-    save_file({
-        "hidden": torch.stack([s.hidden for s in steps]).to(torch.float16),
-        "accepted": torch.tensor([s.accepted for s in steps], dtype=torch.int32),
-        "context": torch.tensor([s.context for s in steps], dtype=torch.int32),
-        "prompt": torch.tensor([s.prompt for s in steps], dtype=torch.int32),
-    }, str(path), metadata={"probe": json.dumps({"depth": PROBE_DEPTH, "width": PROBE_WIDTH, "top_k": PROBE_TOP_K,
-                                                  "verify": PROBE_VERIFY})})
-

@@ -5,14 +5,25 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
+from rich.console import Console
+from rich.table import Table
 
+import ygg_runtime
+from ygg_compile.bench import BenchOptions, default_output, run_bench
+from ygg_compile.build import CompileOptions, compile_artifact
+from ygg_compile.inspection import inspect_artifact
+from ygg_compile.report import fmt, render_table
+from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR
-from ygg_runtime.errors import YggError
+from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.exactness import verdict
 
 app = typer.Typer(
     add_completion=False,
@@ -46,9 +57,6 @@ def compile_cmd(
     quick: bool = typer.Option(False, "--quick", help="a smaller plan, sooner: 6 calibration prompts of at most 32 tokens, no depth predictor"),
 ) -> None:
     """Convert a draft/target pair and write an artifact that `ygg run` loads."""
-    from ygg_compile.build import CompileOptions, compile_artifact
-    from ygg_compile.ui import RichReporter, err
-
     if no_predictor and force_predictor:
         raise YggError("--no-predictor and --force-predictor contradict each other: pick one")
     opts = CompileOptions(
@@ -83,8 +91,6 @@ def compile_cmd(
 
 def phase_table(plan: dict):
     """Where the compile's time went, one row per phase."""
-    from rich.table import Table
-
     names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "attention kernel + AOT forwards",
              "exactness": "row-invariance check",
              "profile": "latency profiles", "calibrate": "calibration (probe + agreement)", "stages": "stage timing",
@@ -116,8 +122,6 @@ def plan_summary(plan: dict) -> str:
 
 def exactness_summary(plan: dict) -> str:
     """One line on whether greedy output is plain decoding's, for each forward kind checked."""
-    from ygg_runtime.exactness import verdict
-
     lines = []
     for kind, record in plan["exactness"].items():
         _, why = verdict(record, kind=kind)
@@ -168,8 +172,6 @@ def run_cmd(
 ) -> None:
     """Generate from a prompt with a compiled artifact: exactly the target's own output, faster."""
     prompt = _read_prompt(prompt_file)
-    import ygg_runtime
-
     decoder = ygg_runtime.load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype)
 
     def stream(text: str) -> None:
@@ -193,8 +195,6 @@ def run_cmd(
         sys.stdout.write("\n")
         sys.stdout.flush()
     if stats:
-        from ygg_compile.ui import err, stats_table
-
         err.print(stats_table(result.metrics, f"{result.method} · {artifact}", decoder.info["forwards"]))
         err.print(f"exactness: {result.exactness}")
 
@@ -221,18 +221,8 @@ def bench_cmd(
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted benchmark in the same directory"),
 ) -> None:
     """Time every compiled method and the Hugging Face peers on the same prompts, interleaved."""
-    import shlex
-
-    from rich.console import Console
-
-    from ygg_compile import hardware
-    from ygg_compile.bench import BenchOptions, run_bench
-    from ygg_compile.report import render_table
-    from ygg_compile.ui import RichReporter, err
-
     peer_list = [p for p in _split(peers) or [] if p != "none"]
-    if output is None:
-        output = Path("benchmarks/results") / hardware.device_slug(_plan_device(artifact))
+    output = output or default_output(artifact)
     opts = BenchOptions(
         artifact=artifact, prompts=prompts, categories=_split(categories), limit=limit, methods=_split(methods),
         peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, rounds=rounds, output=output,
@@ -242,12 +232,6 @@ def bench_cmd(
         results = run_bench(opts, ui)
     Console(width=None if sys.stdout.isatty() else 200).print(render_table(results))  # piped: keep every column
     err.print(f"[green]wrote[/] {output}/summary.md, results.json, results.csv, speedup.png, tpot_vs_accepted.png, tw_curves.png")
-
-
-def _plan_device(artifact: Path) -> str:
-    from ygg_runtime.artifact import read_plan
-
-    return read_plan(artifact)["device"]
 
 
 @app.command("inspect")
@@ -260,11 +244,7 @@ def inspect_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="where the PNGs go (default: DIR-inspect)"),
 ) -> None:
     """Show what the plan is and why: step shapes, modelled costs, T(W) curves, an example tree."""
-    from rich.console import Console
-    from rich.table import Table
 
-    from ygg_compile.inspection import inspect_artifact
-    from ygg_compile.report import fmt
 
     if step < 1:
         raise YggError("--step must be at least 1")
@@ -325,7 +305,7 @@ def inspect_cmd(
     stages = plan["planning"].get("stages") or {}
     if stages.get("alternatives"):
         st = Table(title=f"egt stage orders, timed on {stages['prompts']} calibration prompts × {stages['tokens']} tokens "
-                   f"(ms per step; overlap: {stages['overlap']})", title_justify="left")
+                   "(ms per step; stages run one after the other)", title_justify="left")
         for col in ("tail draft", "head draft", "begin", "rounds", "ahead", "verify", "other", "step", "tokens/step",
                     "head hits", "modelled ms/token"):
             st.add_column(col, justify="left" if "draft" in col else "right")
@@ -399,8 +379,6 @@ def _read_prompt(spec: str) -> str:
 
 
 def main() -> None:
-    import click
-
     debug = "--debug" in sys.argv or os.environ.get("YGG_DEBUG") == "1"
     args = [a for a in sys.argv[1:] if a != "--debug"]
     try:
@@ -425,6 +403,7 @@ def main() -> None:
     except Exception as e:
         if debug:
             raise
-        detail = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        print(f"error: {type(e).__name__}: {detail} (run with --debug for the traceback)", file=sys.stderr)
+        detail = first_line(e)
+        what = detail if detail == type(e).__name__ else f"{type(e).__name__}: {detail}"
+        print(f"error: {what} (run with --debug for the traceback)", file=sys.stderr)
         sys.exit(1)

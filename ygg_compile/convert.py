@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.model import ModelArgs, Transformer
+from ygg_runtime.model import ModelArgs, Transformer, from_state
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 
@@ -77,10 +77,4 @@ def convert_state(hf_model, dtype: torch.dtype) -> tuple[ModelArgs, dict[str, Te
 
 def to_runtime(hf_model, dtype: torch.dtype = torch.float32) -> Transformer:
     """An in-memory runtime model from a transformers model (tests and calibration use this)."""
-    args, state = convert_state(hf_model, dtype)
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.load_state_dict(state, assign=True, strict=False)
-    if args.tie_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    return model.eval().requires_grad_(False)
+    return from_state(*convert_state(hf_model, dtype))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 from pathlib import Path
 
 import torch
@@ -50,7 +51,6 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 def device_slug(device: str) -> str:
     """A directory name for results measured here, e.g. cpu-amd-epyc-2t or cuda-nvidia-a100-sxm4-80gb."""
-    import re
 
     if device.startswith("cuda") and torch.cuda.is_available():
         kind, name, suffix = "cuda", torch.cuda.get_device_name(), ""

@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import ygg_runtime
+from ygg_compile import plots
 from ygg_runtime import objective, proposers
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
+from ygg_runtime.files import output_dir, write_atomic
 
 
 @dataclass
@@ -48,8 +51,6 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
         r.break_even = objective.break_even(r.shape, curves)
         reports.append(r)
     result = Inspection(plan, reports)
-    from ygg_compile import plots
-    from ygg_compile.report import output_dir
 
     output_dir(out, "inspect's figures")
     _write(out / "tw_curves.png", plots.tw_curves(plan["profile"], "T(W) measured at compile time"), result)
@@ -60,9 +61,6 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
 
 def _run_prompt(directory: Path, plan: dict, prompt: str, method: str, step: int, max_new_tokens: int,
                 curves, result: Inspection, out: Path) -> None:
-    import ygg_runtime
-    from ygg_compile import plots
-
     if method not in plan["methods"]:
         raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan['methods'])})")
     decoder = ygg_runtime.load(directory)
@@ -103,8 +101,6 @@ def _visible(text: str) -> str:
 
 
 def _write(path: Path, data: bytes, result: Inspection) -> None:
-    from ygg_compile.report import write_atomic
-
     try:
         write_atomic(path, data)
     except OSError as e:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import torch
 
-from ygg_runtime.errors import YggError
+from ygg_compile.sources import quiet_transformers
+from ygg_runtime.errors import YggError, first_line
 
 PEERS = ("hf", "hf-assisted", "hf-pld")
 PLD_TOKENS = 10  # prompt_lookup_num_tokens, the value transformers' documentation uses
@@ -58,7 +59,6 @@ class HFPeers:
 
     def __init__(self, target_dir: Path, draft_dir: Path | None, dtype: torch.dtype, device: str,
                  eos_ids: list[int], pad_id: int | None):
-        from ygg_compile.sources import quiet_transformers
 
         quiet_transformers()
         from transformers import AutoModelForCausalLM
@@ -67,7 +67,7 @@ class HFPeers:
             try:
                 return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
             except Exception as e:
-                raise YggError(f"peers: cannot load {path} with transformers: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+                raise YggError(f"peers: cannot load {path} with transformers: {first_line(e)}") from e
 
         self.target = load(target_dir)
         self.draft = load(draft_dir) if draft_dir is not None else None

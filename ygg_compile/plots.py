@@ -5,18 +5,25 @@ from __future__ import annotations
 
 import io
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 COLORS = {"ar": "#7f7f7f", "chain": "#1f77b4", "specinfer": "#ff7f0e", "sequoia": "#9467bd", "egt": "#2ca02c",
           "hf": "#bcbd22", "hf-assisted": "#d62728", "hf-pld": "#8c564b"}
+
+
+def _figure(**kw):
+    """A new figure and axes; matplotlib (half a second to import) loads on the first plot only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(**kw)
 
 
 def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
     plt.close(fig)
     return buf.getvalue()
 
@@ -30,7 +37,7 @@ def speedup_bars(summary: list[dict]) -> bytes:
     cats = list(dict.fromkeys(r["category"] for r in summary))
     names = [n for n in dict.fromkeys(r["contestant"] for r in summary) if n != "ar"]
     value = {(r["category"], r["contestant"]): r["speedup_vs_ar"] for r in summary}
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cats) * max(1, len(names)) / 3), 4))
+    fig, ax = _figure(figsize=(max(6.0, 1.2 * len(cats) * max(1, len(names)) / 3), 4))
     width = 0.8 / max(1, len(names))
     for j, name in enumerate(names):
         xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(cats))]
@@ -49,7 +56,7 @@ def speedup_bars(summary: list[dict]) -> bytes:
 
 def tpot_vs_accepted(runs: list[dict]) -> bytes:
     """One point per (prompt, contestant): TPOT against tokens per target forward."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _figure(figsize=(6, 4))
     names = list(dict.fromkeys(r["contestant"] for r in runs))
     for j, name in enumerate(names):
         pts = [(r["mean_accepted_length"], r["tpot_ms"]) for r in runs if r["contestant"] == name]
@@ -64,7 +71,7 @@ def tpot_vs_accepted(runs: list[dict]) -> bytes:
 
 def tw_curves(profile: dict, title: str = "Forward latency T(W)") -> bytes:
     """Measured ms per forward against the number of new tokens W, per model and context length."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = _figure(figsize=(6, 4))
     widths = profile["widths"]
     for role, style in (("target", "o-"), ("draft", "s--")):
         for ctx, row in zip(profile["contexts"], profile.get(f"{role}_ms") or []):
@@ -107,7 +114,7 @@ def token_tree(tokens: list[str], parents: list[int], probs: list[float], accept
     place(0)
     on_path = set(accepted)
     rows = max(1, leaf[0])
-    fig, ax = plt.subplots(figsize=(2.2 * (max(depth) + 2), max(2.5, 0.45 * rows + 1)))
+    fig, ax = _figure(figsize=(2.2 * (max(depth) + 2), max(2.5, 0.45 * rows + 1)))
     for v in range(1, n):
         p = parents[v]
         good = v in on_path and p in on_path

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from ygg_compile.calibrate import PROBE_DEPTH, PROBE_TOP_K, Agreement, Calibration, Replays
 from ygg_runtime import objective
@@ -229,6 +230,5 @@ def plan_policy(trained: Trained, calib: Calibration, ag: Agreement, replays: Re
 
 
 def save(trained: Trained, path: Path) -> None:
-    from safetensors.torch import save_file
 
     save_file(trained.tensors, str(path), metadata={"heads": str(PROBE_DEPTH), "hidden_layers": str(HIDDEN_LAYERS)})

@@ -20,10 +20,12 @@ import torch
 import yaml
 
 from ygg_compile import hardware
-from ygg_compile.build import Reporter
+from ygg_compile.ui import Reporter
 from ygg_compile.report import write_atomic
 from ygg_runtime import kernels
 from ygg_runtime.accept import accept_greedy
+from ygg_runtime.errors import first_line
+from ygg_runtime.integrity import cache_dir
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
 
@@ -176,7 +178,6 @@ def profiles_dir() -> Path:
     repo = Path(__file__).resolve().parents[1] / "profiles"
     if repo.is_dir():
         return repo
-    from ygg_runtime.integrity import cache_dir
 
     return cache_dir() / "profiles"
 
@@ -206,7 +207,7 @@ def load_matching(path: Path, model: dict, dtype: str, device: str, forward: str
     try:
         stored = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, OSError) as e:
-        return None, f"unreadable ({str(e).splitlines()[0]})"
+        return None, f"unreadable ({first_line(e)})"
     if not isinstance(stored, dict) or stored.get("format") != PROFILE_FORMAT:
         return None, "another profile format"
     if stored.get("model", {}).get("sha256") != model["sha256"] or stored.get("dtype") != dtype:

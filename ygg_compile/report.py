@@ -10,7 +10,10 @@ import statistics
 from pathlib import Path
 from typing import Callable
 
-from ygg_runtime.errors import YggError
+from rich.table import Table
+
+from ygg_compile import plots
+from ygg_runtime.files import write_atomic
 
 # Contestants that run egt another way, each measuring what one part of the artifact adds
 # (`bench.ablation` says how each runs; the summary reports egt's paired gain over each).
@@ -138,7 +141,6 @@ CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_
 
 
 def write_results(results: dict, out: Path) -> None:
-    from ygg_compile import plots
 
     write_atomic(out / "results.json", json.dumps(results, indent=1).encode())
     buf = io.StringIO()
@@ -152,25 +154,6 @@ def write_results(results: dict, out: Path) -> None:
     write_atomic(out / "tpot_vs_accepted.png", plots.tpot_vs_accepted(results["runs"]))
     write_atomic(out / "tw_curves.png", plots.tw_curves(results["profile"], "T(W) measured during the benchmark"))
     write_atomic(out / "summary.md", summary_markdown(results).encode())
-
-
-def output_dir(out: Path, what: str) -> Path:
-    """Create `out` and make sure files can be written there, before any long work starts."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise YggError(f"cannot write {what} to {out}: {e.strerror or e}") from e
-    return out
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temporary sibling and a rename: readers never see a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def fmt(v, spec: str = ".2f", suffix: str = "") -> str:
@@ -275,7 +258,6 @@ def _pivot(rows: list[dict], text: Callable[[dict], str], header: Callable[[str]
 
 def render_table(results: dict):
     """The summary as a rich table for the terminal."""
-    from rich.table import Table
 
     cfg = results["config"]
     greedy = cfg["temperature"] == 0

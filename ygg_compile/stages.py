@@ -19,7 +19,7 @@ after another.
 
 from __future__ import annotations
 
-from ygg_compile.build import Reporter
+from ygg_compile.ui import Reporter
 from ygg_runtime import engine, proposers
 from ygg_runtime.objective import Curves
 from ygg_runtime.predictor import DepthPredictor
@@ -79,5 +79,5 @@ def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], eg
            if chosen is not plain else
            f"plain: the best alternative ({name(best)}) models {plain['ms_per_token'] / best['ms_per_token']:.3f}× "
            f"(needs {MIN_GAIN}×)" if best is not plain else "plain: fastest of all")
-    return {"chosen": {"tail": chosen["tail"], "head": chosen["head"]}, "why": why, "overlap": "none",
+    return {"chosen": {"tail": chosen["tail"], "head": chosen["head"]}, "why": why,
             "prompts": len(prompts), "tokens": tokens, "alternatives": rows}

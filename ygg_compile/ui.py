@@ -1,4 +1,5 @@
-"""Rich progress and tables for the CLI (the pipeline itself only talks to a Reporter)."""
+"""What the user sees of long work: the Reporter interface the pipeline talks to, its rich progress
+bars, and the tables the CLI prints."""
 
 from __future__ import annotations
 
@@ -10,10 +11,23 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ygg_compile.build import Reporter
 from ygg_runtime.metrics import Metrics
 
 err = Console(stderr=True)
+
+
+class Reporter:
+    """What the pipeline (compile, bench, profiles) tells the user, and nothing else: these no-ops
+    serve tests and the Python API; the CLI passes a RichReporter that draws progress bars."""
+
+    def step(self, description: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def progress(self, description: str, done: int, total: int, unit: str = "B") -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
 
 
 class RichReporter(Reporter):

@@ -8,7 +8,7 @@ import yaml
 
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.decoder import Decoder
-from ygg_runtime.errors import YggError
+from ygg_runtime.errors import YggError, first_line
 from ygg_runtime import kernels
 from ygg_runtime.integrity import check_machine, verify_files
 from ygg_runtime.model import load_model
@@ -34,7 +34,7 @@ def read_plan(directory: Path) -> dict:
     try:
         plan = yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise YggError(f"{path} is corrupt: {str(e).splitlines()[0]}") from e
+        raise YggError(f"{path} is corrupt: {first_line(e)}") from e
     if not isinstance(plan, dict) or "format_version" not in plan:
         raise YggError(f"{path} is not a Yggdrasil plan (no format_version)")
     if plan["format_version"] != FORMAT_VERSION:

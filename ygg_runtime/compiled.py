@@ -15,7 +15,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ygg_runtime import kernels
-from ygg_runtime.errors import YggError
+from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.model import Transformer
 from ygg_runtime.runner import PREFILL_CHUNK as MAX_WIDTH  # the widest dynamic forward
 
@@ -40,14 +40,13 @@ class CompiledForward:
             kernels.load()  # the graph calls ygg::attention: it must be registered before loading
         self.max_len = model.max_len
         self.max_width = min(MAX_WIDTH, model.max_len)
-        self.calls: list[int] = []  # width of every compiled forward run, for tests and stats
         shared = constants(model)
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
                 self.graph = load_package(str(path), model_name=GRAPH)
         except Exception as e:  # a corrupt or foreign package: one line, not a C++ trace
-            raise YggError(f"cannot load the compiled forward {path}: {str(e).splitlines()[0]}") from None
+            raise YggError(f"cannot load the compiled forward {path}: {first_line(e)}") from None
         names = self.graph.get_constant_fqns()
         missing = [n for n in names if n not in shared]
         if missing:
@@ -55,13 +54,12 @@ class CompiledForward:
         try:
             self.graph.load_constants({n: shared[n] for n in names}, check_full_update=True, user_managed=True)
         except Exception as e:  # same names, other shapes (another cache size or model size)
-            raise YggError(f"{path} does not fit this model or cache: {str(e).splitlines()[0]}: recompile") from None
+            raise YggError(f"{path} does not fit this model or cache: {first_line(e)}: recompile") from None
 
     def holds(self, width: int, span: int) -> bool:
         """Whether a forward of this width over this many cache slots is within the graph's range."""
         return 1 <= width <= self.max_width and 2 <= span <= self.max_len
 
     def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        self.calls.append(mask.shape[0])
         logits, hidden = self.graph(tokens, positions, slots, mask)
         return logits, hidden

@@ -146,7 +146,7 @@ class Decoder:
                            f"{self.max_context} tokens; shorten the prompt or lower --max-new-tokens")
         stream = StreamDecoder(self.codec) if on_text is not None and self.codec is not None else None
         runners = self.runners.values()
-        before = [(len(r.calls), len(r.compiled.calls) if r.compiled else 0) for r in runners]
+        before = [(r.forwards, r.compiled_forwards) for r in runners]
         on_tokens = (lambda new: on_text(stream.push(new))) if stream is not None else None
         out, m = engine.generate(
             self.target,
@@ -161,9 +161,9 @@ class Decoder:
             on_step=on_step,
         )
         mixed, kind = [], self.forward_kind()
-        for r, (calls, compiled) in zip(runners, before):
-            ran_compiled = (len(r.compiled.calls) if r.compiled else 0) - compiled
-            ran_eager = len(r.calls) - calls - ran_compiled
+        for r, (forwards, compiled) in zip(runners, before):
+            ran_compiled = r.compiled_forwards - compiled
+            ran_eager = r.forwards - forwards - ran_compiled
             m.compiled_forwards += ran_compiled
             m.eager_forwards += ran_eager
             mixed.append(ran_compiled > 0 and ran_eager > 0)

@@ -8,36 +8,20 @@ compiled code depends on: device, dtype, torch version and the CPU instructions 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from ygg_runtime.errors import YggError
+from ygg_runtime.files import sha256_of, write_atomic
 
 
 def cache_dir() -> Path:
     """Where Yggdrasil keeps what it can rebuild: $YGG_CACHE, else $XDG_CACHE_HOME/yggdrasil."""
     root = os.environ.get("YGG_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yggdrasil"
     return Path(root)
-
-
-def sha256_of(paths: list[Path], progress: Callable[[str, int, int], None] | None = None, label: str = "hashing") -> str:
-    """The sha256 of the files' concatenated bytes."""
-    h = hashlib.sha256()
-    total = sum(p.stat().st_size for p in paths)
-    done = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-                done += len(chunk)
-                if progress:
-                    progress(label, done, total)
-    return h.hexdigest()
 
 
 def file_entry(path: Path) -> dict:
@@ -69,9 +53,7 @@ def verify_files(directory: Path, files: dict[str, dict]) -> None:
     if changed:
         try:  # best effort: a read-only cache only costs the next run a rehash
             record_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = record_path.with_name(f".{record_path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(record))
-            tmp.replace(record_path)
+            write_atomic(record_path, json.dumps(record).encode())
         except OSError:
             pass
 

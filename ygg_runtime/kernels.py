@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ygg_runtime.errors import YggError
+from ygg_runtime.integrity import cache_dir
 
 SOURCE = Path(__file__).parent / "csrc" / "attention.cpp"
 LIBRARY = "attention.so"  # its name inside an artifact
@@ -75,8 +76,6 @@ def build(cache: Path | None = None) -> Path:
     compiler and flags built it before, else compiled now (written under a temporary name, then
     renamed, so a concurrent or interrupted build never leaves a broken library)."""
     from torch.utils.cpp_extension import include_paths, library_paths
-
-    from ygg_runtime.integrity import cache_dir
 
     cxx = _compiler()
     flags = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *isa_flags(),

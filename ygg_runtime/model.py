@@ -157,11 +157,9 @@ class Transformer(nn.Module):
         return self.output(h).float(), h
 
 
-def load_model(directory: Path, device: str | torch.device = "cpu") -> Transformer:
-    """Load a converted model (config.json + model.safetensors) without unpickling anything."""
-    directory = Path(directory)
-    args = ModelArgs.load(directory / "config.json")
-    state = load_file(str(directory / "model.safetensors"), device=str(device))
+def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the state dict") -> Transformer:
+    """A model whose parameters are `state`'s tensors themselves (built on the meta device, so no
+    memory is allocated twice), the head tied to the embeddings where the model ties them."""
     with torch.device("meta"):
         model = Transformer(args)
     model.load_state_dict(state, assign=True, strict=False)
@@ -170,5 +168,12 @@ def load_model(directory: Path, device: str | torch.device = "cpu") -> Transform
         model.output.weight = model.tok_embeddings.weight
         missing.discard("output.weight")
     if missing or "inv_freq" not in state:
-        raise ValueError(f"weights in {directory} lack {sorted(missing) or ['inv_freq']}")
+        raise ValueError(f"weights in {where} lack {sorted(missing) or ['inv_freq']}")
     return model.eval().requires_grad_(False)
+
+
+def load_model(directory: Path, device: str | torch.device = "cpu") -> Transformer:
+    """Load a converted model (config.json + model.safetensors) without unpickling anything."""
+    directory = Path(directory)
+    args = ModelArgs.load(directory / "config.json")
+    return from_state(args, load_file(str(directory / "model.safetensors"), device=str(device)), str(directory))

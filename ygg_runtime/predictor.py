@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import Tensor
 
 from ygg_runtime.errors import YggError
@@ -33,9 +35,6 @@ class DepthPredictor:
 
     @classmethod
     def load(cls, path: Path) -> "DepthPredictor":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
             return cls(load_file(str(path)))
         except (OSError, SafetensorError) as e:

@@ -8,6 +8,9 @@ prefix plus the tree slots its mask row allows.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -32,7 +35,11 @@ class ModelRunner:
         model.setup_cache(max_len)
         self.max_len = max_len
         self.committed = 0
-        self.calls: list[int] = []  # width of every forward, for tests and metrics
+        # Forwards run in this runner's life, and how many of them compiled (a decoder reports the
+        # difference around a generation). Counters, so a long-lived process does not grow.
+        self.forwards = 0
+        self.compiled_forwards = 0
+        self._recorded: list[int] | None = None
         # The plan's compiled widths for this model: every forward is padded up to one of them
         # (a narrower one that is slower than a wider one on this machine is left out). Empty:
         # forwards run at their own width.
@@ -46,6 +53,18 @@ class ModelRunner:
         # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for every
         # forward they hold; any other (wider than their widest) runs eager.
         self.compiled = None
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[int]]:
+        """The width of every forward run inside the block, in order: what tests and compile-time
+        measurements read to see the shapes a method really runs (nothing is kept outside one)."""
+        outer, self._recorded = self._recorded, []
+        try:
+            yield self._recorded
+        finally:
+            if outer is not None:
+                outer.extend(self._recorded)
+            self._recorded = outer
 
     @property
     def vocab_size(self) -> int:
@@ -92,8 +111,11 @@ class ModelRunner:
         x = torch.tensor([tokens], device=dev)
         positions = torch.tensor(depths, device=dev) + base
         slots = torch.tensor(offsets, device=dev) + base
-        self.calls.append(w)
         compiled = self.compiled is not None and self.compiled.holds(w, span)
+        self.forwards += 1
+        self.compiled_forwards += compiled
+        if self._recorded is not None:
+            self._recorded.append(w)
         logits, hidden = (self.compiled if compiled else self.model)(x, positions, slots, mask)
         self.hidden, self.logits = hidden[0, :n], logits[0, :n]
         return self.logits

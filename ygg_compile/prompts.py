@@ -1,0 +1,86 @@
+"""Prompt files: the benchmark's Spec-Bench-style JSONL and the calibration texts compile learns from."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ygg_runtime.errors import YggError
+
+DATA = Path(__file__).parent / "data"
+BENCH_PROMPTS = DATA / "bench_prompts.jsonl"
+CALIBRATION_PROMPTS = DATA / "calib_prompts.jsonl"
+
+
+@dataclass
+class Prompt:
+    key: str  # question_id, or the line number
+    category: str
+    text: str
+
+
+def read_jsonl(path: Path | None, categories: list[str] | None = None, limit: int | None = None) -> list[Prompt]:
+    """Spec-Bench's JSONL (`question_id`, `category`, `turns`; the first turn is the prompt; a
+    `prompt` field is read too), in file order, at most `limit` per category; default: the
+    benchmark's built-in set."""
+    path = Path(path) if path is not None else BENCH_PROMPTS
+    if not path.is_file():
+        raise YggError(f"prompt file {path} does not exist")
+    out: list[Prompt] = []
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            text = row["turns"][0] if "turns" in row else row["prompt"]
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise YggError(f"{path}:{n} is not a prompt record (JSON with `turns` or `prompt`)") from None
+        cat = str(row.get("category", "default"))
+        found.add(cat)
+        if categories and cat not in categories:
+            continue
+        if limit and seen.get(cat, 0) >= limit:
+            continue
+        seen[cat] = seen.get(cat, 0) + 1
+        out.append(Prompt(str(row.get("question_id", n)), cat, text))
+    if not out:
+        raise YggError(f"no prompts in {path} for categories {', '.join(categories or [])} (it has: {', '.join(sorted(found))})")
+    return out
+
+
+def calibration(path: Path | None) -> list[str]:
+    """Calibration prompts: a JSONL file (`turns` or `prompt` fields), a text file (prompts
+    separated by lines holding only `---`), or a directory of such files; default: our own set."""
+    path = Path(path) if path is not None else CALIBRATION_PROMPTS
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".txt", ".md") and p.is_file())
+        prompts = [t for f in files for t in calibration(f)]
+    elif path.is_file():
+        if path.suffix == ".jsonl":
+            prompts = [p.text for p in read_jsonl(path)]
+        else:
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise YggError(f"calibration file {path} is not UTF-8 text") from None
+            prompts = [part.strip() for part in _split(text)]
+    else:
+        raise YggError(f"calibration path {path} does not exist")
+    prompts = [p for p in prompts if p.strip()]
+    if not prompts:
+        raise YggError(f"no calibration prompts in {path}")
+    return prompts
+
+
+def _split(text: str) -> list[str]:
+    parts, cur = [], []
+    for line in text.splitlines():
+        if line.strip() == "---":
+            parts.append("\n".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    return parts + ["\n".join(cur)]
