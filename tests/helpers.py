@@ -104,20 +104,20 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
     import json
     import shutil
 
-    import yaml
     from safetensors.torch import save_file
 
     from ygg_runtime.integrity import file_entry
+    from ygg_runtime.plan import Plan
 
     shutil.copytree(artifact, out)
-    plan = yaml.safe_load((out / "plan.yaml").read_text())
+    plan = Plan.from_yaml((out / "plan.yaml").read_text())
     dim = json.loads((out / "target" / "config.json").read_text())["dim"]
     save_file(random_predictor(dim, seed=seed), str(out / "predictor.safetensors"))
-    plan["methods"]["egt"] |= {"depth_policy": depth_policy(factor=4.0), "verify_widths": list(COMPILED)}
-    plan["profile"] |= {k: v for k, v in PROFILE.items() if k != "threads"} | {"target_widths": list(COMPILED),
-                                                                              "draft_widths": list(COMPILED)}
-    plan["files"]["predictor.safetensors"] = file_entry(out / "predictor.safetensors")
-    (out / "plan.yaml").write_text(yaml.safe_dump(plan, sort_keys=False))
+    plan.methods["egt"] |= {"depth_policy": depth_policy(factor=4.0), "verify_widths": list(COMPILED)}
+    plan.profile |= {k: v for k, v in PROFILE.items() if k != "threads"} | {"target_widths": list(COMPILED),
+                                                                          "draft_widths": list(COMPILED)}
+    plan.files["predictor.safetensors"] = file_entry(out / "predictor.safetensors")
+    (out / "plan.yaml").write_text(plan.to_yaml())
     return out
 
 

@@ -11,7 +11,7 @@ import tiny
 import yaml
 from helpers import assert_one_line_error, hf_greedy, ygg
 
-from ygg_runtime.artifact import FORMAT_VERSION
+from ygg_runtime.plan import FORMAT_VERSION
 
 PROMPT = "Once upon a time"
 

@@ -130,9 +130,9 @@ def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smol
     target = runner(to_runtime(smollm2_hf, torch.bfloat16))
     draft = runner(noised_runtime(to_runtime(smollm2_hf, torch.bfloat16), 0.1, seed=3))
     rec = invariance.check(target, [1, 2, 4, 8, 16, 32, 64])
-    assert rec["min_width"] is not None, rec
+    assert rec.min_width is not None, rec
     if os.environ.get("YGG_TEST_NO_PADDING") != "1":
-        target.min_width = rec["min_width"]
+        target.min_width = rec.min_width
     accepted, diverged = [], []
     for text in PROSE_AND_CODE:
         prompt = smollm2_tokenizer(text).input_ids

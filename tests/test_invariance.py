@@ -1,6 +1,8 @@
 """Exactness in the artifact's own dtype: the compile-time row-invariance check, the padding rule
 the runtime follows from it, and what a generation says about it."""
 
+from dataclasses import replace
+
 import pytest
 import tiny
 import torch
@@ -10,6 +12,7 @@ from ygg_compile import invariance
 from ygg_runtime import exactness
 from ygg_runtime.proposers import build, Drafter
 from ygg_runtime.engine import generate
+from ygg_runtime.plan import ExactnessRecord
 
 WIDTHS = [1, 2, 4, 8, 16, 32]
 
@@ -43,8 +46,8 @@ def test_the_check_finds_every_width_agreeing_on_a_row_invariant_forward(target)
     """Our attention kernel makes rows independent of their layout; the tiny model's matmuls agree
     from one or two rows on (a one-row bf16 matmul may take a gemv path)."""
     rec = invariance.check(target, WIDTHS)
-    assert rec["min_width"] in (1, 2) and all(rec["agree"][w] for w in WIDTHS if w >= rec["min_width"])
-    assert rec["widths"] == WIDTHS and rec["threads"] == torch.get_num_threads() and rec["contexts"]
+    assert rec.min_width in (1, 2) and all(rec.agree[w] for w in WIDTHS if w >= rec.min_width)
+    assert rec.widths == WIDTHS and rec.threads == torch.get_num_threads() and rec.contexts
     exact, why = exactness.verdict(rec)
     assert exact and "identical" in why
 
@@ -62,7 +65,7 @@ def test_the_check_detects_an_injected_disagreement(target, when, where, expecte
         rec = invariance.check(target, WIDTHS)
     finally:
         undo()
-    assert rec["min_width"] == expected, rec["agree"]
+    assert rec.min_width == expected, rec.agree
     exact, why = exactness.verdict(rec)
     assert exact == (expected is not None)
     assert ("never used" in why) if expected else ("can differ" in why)
@@ -84,11 +87,10 @@ def test_every_target_forward_is_padded_to_min_width_even_at_the_end_of_the_cach
 
 
 def test_a_generation_says_whether_it_is_exact():
-    rec = {"min_width": 2, "widths": [1, 2, 4], "agree": {1: False, 2: True, 4: True},
-           "max_abs_logit_diff": {1: 0.19, 2: 0.0, 4: 0.0}, "threads": torch.get_num_threads()}
+    rec = ExactnessRecord(2, [1, 2, 4], {1: False, 2: True, 4: True}, {1: 0.19, 2: 0.0, 4: 0.0}, [37], torch.get_num_threads(), 1.0)
     exact, why = exactness.verdict(rec)
     assert exact and "width 1 differs (|Δlogit| up to 0.19) and is never used" in why
     exact, why = exactness.verdict(rec, mixed=True)
     assert not exact and "both compiled and eager" in why
-    assert "threads" in exactness.verdict(rec | {"threads": rec["threads"] + 1})[1]
-    assert not exactness.verdict(None)[0] and not exactness.verdict(rec | {"min_width": None})[0]
+    assert "threads" in exactness.verdict(replace(rec, threads=rec.threads + 1))[1]
+    assert not exactness.verdict(None)[0] and not exactness.verdict(replace(rec, min_width=None))[0]

@@ -33,6 +33,7 @@ from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
 from ygg_compile.stages import PLAIN
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
+from ygg_runtime.plan import Plan
 from ygg_runtime.files import output_dir
 from ygg_runtime.engine import step_room
 
@@ -76,19 +77,19 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
     if name not in ABLATIONS and name not in REFERENCES:
         return name, {}
 
-    plan = decoder.info
-    stages = plan.get("planning", {}).get("stages") or {}
+    plan = decoder.plan
+    stages = plan.planning.get("stages") or {}
     chosen = stages.get("chosen", PLAIN)
     if name == "egt-fixed":
         if decoder.predictor is None:
             raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
         return "egt", {"predictor": False}
     if name == "ar-eager":
-        if not plan.get("aot"):
+        if not plan.aot:
             raise YggError("ar-eager is plain decoding on the eager forwards, and this artifact has only those")
         return "ar", {"eager": True}
     if name == "egt-eager":
-        if not plan.get("aot"):
+        if not plan.aot:
             raise YggError("egt-eager is egt without the compiled forwards, and this artifact has none")
         return "egt", {"eager": True}
     if name == "egt-plain":
@@ -157,7 +158,7 @@ class Peer(Contestant):
 
 def default_output(artifact: Path) -> Path:
     """Where results go unless told: benchmarks/results/<device slug>, one directory per machine kind."""
-    return Path("benchmarks/results") / hardware.device_slug(read_plan(artifact)["device"])
+    return Path("benchmarks/results") / hardware.device_slug(read_plan(artifact).device)
 
 
 def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
@@ -172,7 +173,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
-    plan = decoder.info
+    plan = decoder.plan
     methods = opts.methods or list(decoder.methods) + ablations_of(decoder)
     for m in methods:
         proposer_of(decoder, m)
@@ -190,12 +191,12 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     contestants += [Peer(peers, p) for p in opts.peers]
 
     encoded, skipped = [], []
-    room = int(plan["max_context"]) - opts.max_new_tokens - max(step_room(decoder.target, proposer_of(decoder, m)) for m in methods)
+    room = plan.max_context - opts.max_new_tokens - max(step_room(decoder.target, proposer_of(decoder, m)) for m in methods)
     for p in prompts:
         ids = decoder.encode(p.text)
         (encoded if len(ids) <= room else skipped).append((p, ids))
     if skipped:
-        ui.note(f"skipping {len(skipped)} prompt(s) longer than the artifact's context ({plan['max_context']} tokens)")
+        ui.note(f"skipping {len(skipped)} prompt(s) longer than the artifact's context ({plan.max_context} tokens)")
     if not encoded:
         raise YggError("every prompt is longer than the artifact's context: compile with a larger --max-context")
 
@@ -252,20 +253,15 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     return results
 
 
-def _load_peers(plan: dict, peers: list[str]) -> HFPeers:
-
+def _load_peers(plan: Plan, peers: list[str]) -> HFPeers:
     def model_dir(role: str) -> Path:
-        info = plan["models"][role]
-        path = Path(info.get("path", ""))
-        if info.get("path") and (path / "config.json").exists():
+        path = Path(plan.models[role].path)
+        if (path / "config.json").exists():
             return path
-        return sources.resolve(info["spec"]).path  # artifacts from before paths were recorded
+        return sources.resolve(plan.models[role].spec).path  # the conversion left the cache: convert again
 
-    dtype = getattr(torch, plan["dtype"])
     draft = model_dir("draft") if "hf-assisted" in peers else None
-    tok = plan["tokenizer"]
-    eos = tok.get("eos_token_ids", [])
-    return HFPeers(model_dir("target"), draft, dtype, plan["device"], eos, None)
+    return HFPeers(model_dir("target"), draft, getattr(torch, plan.dtype), plan.device, plan.tokenizer.eos_token_ids)
 
 
 # A resumed run must agree with the runs it reuses on these; the prompt and contestant selection
@@ -273,10 +269,10 @@ def _load_peers(plan: dict, peers: list[str]) -> HFPeers:
 RESUME_KEYS = ("artifact_created", "max_new_tokens", "temperature", "top_p", "seed", "rounds")
 
 
-def _config(opts: BenchOptions, plan: dict, contestants: list[str], prompt_keys: list[str]) -> dict:
+def _config(opts: BenchOptions, plan: Plan, contestants: list[str], prompt_keys: list[str]) -> dict:
     return {
         "artifact": str(opts.artifact),
-        "artifact_created": plan.get("created"),
+        "artifact_created": plan.created,
         "prompts": str(opts.prompts or "built-in"),
         "prompt_keys": prompt_keys,
         "contestants": contestants,
@@ -314,16 +310,16 @@ def _resume(log: Path, config: dict) -> tuple[dict | None, list[dict]]:
     return old, [r for r in lines[1:] if r["prompt"] in keys and r["contestant"] in names]
 
 
-def machine_info(plan: dict) -> dict:
+def machine_info(plan: Plan) -> dict:
     cpu = hardware.cpu_info()
     info = {
-        "cpu": cpu["model"],
+        "cpu": cpu.model,
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
         "torch": str(torch.__version__),
         "python": platform.python_version(),
-        "device": plan["device"],
-        "dtype": plan["dtype"],
+        "device": plan.device,
+        "dtype": plan.dtype,
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     try:
@@ -332,12 +328,12 @@ def machine_info(plan: dict) -> dict:
         info["transformers"] = transformers.__version__
     except ImportError:
         pass
-    if plan["device"].startswith("cuda") and torch.cuda.is_available():
+    if plan.device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
     return info
 
 
-def _artifact_info(path: Path, plan: dict) -> dict:
-    models = {r: {k: m[k] for k in ("spec", "parameters", "layers")} for r, m in plan["models"].items()}
-    return {"path": str(path), "created": plan.get("created"), "models": models, "methods": plan["methods"],
-            "default_method": plan["method"], "max_context": plan["max_context"]}
+def _artifact_info(path: Path, plan: Plan) -> dict:
+    models = {r: {k: getattr(m, k) for k in ("spec", "parameters", "layers")} for r, m in plan.models.items()}
+    return {"path": str(path), "created": plan.created, "models": models, "methods": plan.methods,
+            "default_method": plan.method, "max_context": plan.max_context}

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import yaml
 from safetensors.torch import save_file
 
 from tokenizers import Tokenizer
@@ -30,11 +29,12 @@ from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.ui import Reporter
 from ygg_runtime import exactness, kernels, objective, proposers
-from ygg_runtime.artifact import FORMAT_VERSION, PLAN_FILE
+from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import file_entry
 from ygg_runtime.model import load_model
+from ygg_runtime.plan import FORMAT_VERSION, AOTInfo, CalibrationInfo, ExactnessRecord, KernelInfo, ModelInfo, Plan, TokenizerInfo
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.runner import ModelRunner
@@ -111,19 +111,19 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             with phase("convert", f"converting {role} ({src.spec}) to {str(dtype).removeprefix('torch.')}"):
                 models[role] = _convert(src, role, dtype, tmp / role)
         _check_vocab(len(tokenizer), models, ui)
-        max_context = min(opts.max_context, *(m["max_position"] for m in models.values()))
+        max_context = min(opts.max_context, *(m.max_position for m in models.values()))
         # Room past max_context for the calibration probe's wide trees (slots, not positions);
         # `ygg run` sets up the same cache, which the compiled graphs are built around.
         cache_slots = max_context + calibrate.PROBE_ROOM
         with phase("convert", "writing tokenizer"):
             tok_info = _write_tokenizer(tokenizer, target, tmp)
-            tok_info["eos_token_ids"] = sorted(set(tok_info["eos_token_ids"]) | set(models["target"]["eos_token_ids"]))
+            tok_info.eos_token_ids = sorted(set(tok_info.eos_token_ids) | set(models["target"].eos_token_ids))
         kernel = None
         if device.startswith("cpu"):
 
             with phase("aot", "building the row-invariant attention kernel"):
                 shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
-            kernel = {"file": kernels.LIBRARY, **aot.cpu_requirements(device)}
+            kernel = KernelInfo(kernels.LIBRARY, **aot.cpu_requirements(device))
         runners = _load_runners(tmp, device, cache_slots)
         aot_info = None
         if opts.aot:
@@ -134,7 +134,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         with phase("profile", None):
             profile = _profiles(runners, models, device, str(dtype).removeprefix("torch."), max_context, opts, ui)
         with phase("calibrate", f"calibrating on {len(calib_prompts)} prompts ({calib_tokens} tokens each)"):
-            codec = TextCodec(tmp / tok_info["file"], tok_info["chat_prefix"], tok_info["chat_suffix"])
+            codec = TextCodec(tmp / tok_info.file, tok_info.chat_prefix, tok_info.chat_suffix)
             calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, calib_tokens, ui)
         agreement = None
         if predictor and calib.texts:
@@ -152,39 +152,39 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         gc.collect()
         with phase("hash", "hashing artifact files"):
             files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        plan = {
-            "format_version": FORMAT_VERSION,
-            "yggdrasil_version": _version(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "compile_seconds": round(time.time() - started, 1),
-            "compile_phases": phases,
-            "quick": opts.quick,
-            "models": models,
-            "device": device,
-            "dtype": str(dtype).removeprefix("torch."),
-            "torch_version": str(torch.__version__),
-            "cpu": hardware.cpu_info(),
-            "max_context": max_context,
-            "cache_slots": cache_slots,
-            "aot": aot_info,
-            "kernel": kernel,  # the row-invariant attention (None: PyTorch's, on CUDA)
-            "exactness": exact,
-            "method": opts.method,
-            "methods": methods,
-            "profile": profile,
-            "calibration": {
-                "source": str(opts.calib) if opts.calib else "builtin",
-                "prompts": calib.prompts,
-                "tokens": calib.tokens,
-                "steps": len(calib.steps),
-                "seconds": round(calib.seconds, 1),
-                "probe_tokens_per_step": round(calib.tokens / max(1, len(calib.steps)), 3),
-            },
-            "planning": planning,
-            "tokenizer": tok_info,
-            "files": files,
-        }
-        (tmp / PLAN_FILE).write_text(yaml.safe_dump(plan, sort_keys=False, allow_unicode=True))
+        plan = Plan(
+            format_version=FORMAT_VERSION,
+            yggdrasil_version=_version(),
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            compile_seconds=round(time.time() - started, 1),
+            compile_phases=phases,
+            quick=opts.quick,
+            models=models,
+            device=device,
+            dtype=str(dtype).removeprefix("torch."),
+            torch_version=str(torch.__version__),
+            cpu=hardware.cpu_info(),
+            max_context=max_context,
+            cache_slots=cache_slots,
+            aot=aot_info,
+            kernel=kernel,
+            exactness=exact,
+            method=opts.method,
+            methods=methods,
+            profile=profile,
+            calibration=CalibrationInfo(
+                source=str(opts.calib) if opts.calib else "builtin",
+                prompts=calib.prompts,
+                tokens=calib.tokens,
+                steps=len(calib.steps),
+                seconds=round(calib.seconds, 1),
+                probe_tokens_per_step=round(calib.tokens / max(1, len(calib.steps)), 3),
+            ),
+            planning=planning,
+            tokenizer=tok_info,
+            files=files,
+        )
+        (tmp / PLAN_FILE).write_text(plan.to_yaml())
     return plan
 
 
@@ -254,19 +254,19 @@ def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):
     return toks[1]
 
 
-def _check_vocab(tokens: int, models: dict, ui: Reporter) -> None:
+def _check_vocab(tokens: int, models: dict[str, ModelInfo], ui: Reporter) -> None:
     """The tokenizer's ids must all be the target's; the drafter may lack some (padded embeddings
     differ between sizes of one family): those reach it as a stand-in (proposers.Drafter)."""
     target, draft = models["target"], models["draft"]
-    if tokens > target["vocab_size"]:
-        raise YggError(f"the tokenizer has {tokens} tokens but the target {target['spec']} embeds only "
-                       f"{target['vocab_size']}: not a model of this tokenizer")
-    if draft["vocab_size"] != target["vocab_size"]:
-        ui.note(f"vocabularies: target {target['vocab_size']} rows, draft {draft['vocab_size']}, tokenizer {tokens} "
+    if tokens > target.vocab_size:
+        raise YggError(f"the tokenizer has {tokens} tokens but the target {target.spec} embeds only "
+                       f"{target.vocab_size}: not a model of this tokenizer")
+    if draft.vocab_size != target.vocab_size:
+        ui.note(f"vocabularies: target {target.vocab_size} rows, draft {draft.vocab_size}, tokenizer {tokens} "
                 "tokens; the target's ids the drafter lacks reach it as a stand-in")
 
 
-def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path) -> dict:
+def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path) -> ModelInfo:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -282,29 +282,27 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
     n_params = sum(t.numel() for k, t in state.items() if k != "inv_freq")
     del state
     gc.collect()
-    return {
-        "spec": src.spec,
-        "source": src.kind,
-        "path": str(src.path.resolve()),
-        "sha256": src.sha256,
-        "arch": args.arch,
-        "parameters": n_params,
-        "layers": args.n_layers,
-        "vocab_size": args.vocab_size,
-        "max_position": args.max_position,
-        "eos_token_ids": sorted(eos),
-    }
+    return ModelInfo(
+        spec=src.spec,
+        source=src.kind,
+        path=str(src.path.resolve()),
+        sha256=src.sha256,
+        arch=args.arch,
+        parameters=n_params,
+        layers=args.n_layers,
+        vocab_size=args.vocab_size,
+        max_position=args.max_position,
+        eos_token_ids=sorted(eos),
+    )
 
 
 def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
-
     return {role: ModelRunner(load_model(tmp / role, device), cache_slots) for role in ("target", "draft")}
 
 
-def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter) -> dict:
+def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter) -> AOTInfo:
     """Each model's forward compiled ahead of time into <role>/model.pt2; the runners use it from
     here on, so profiling and calibration time the forwards `ygg run` will run."""
-
     seconds = {}
     for role in ("target", "draft"):
         label = f"compiling the {role}'s forward ahead of time (AOTInductor, widths 1..{MAX_WIDTH})"
@@ -313,12 +311,11 @@ def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter
             path = tmp / role / aot.PACKAGE
             seconds[role] = aot.compile_model(runners[role].model, path, report)
             runners[role].compiled = CompiledForward(path, runners[role].model)
-    return {"package": aot.PACKAGE, "max_width": MAX_WIDTH, "seconds": seconds, **aot.cpu_requirements(device)}
+    return AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(device))
 
 
 def _static_trees(methods: dict[str, dict]) -> list[int]:
     """The verify width of each hand-set method, refusing a tree no compiled forward holds."""
-
     out = []
     for name, params in methods.items():
         n = proposers.unbound(name, params).step_shape().verify_width
@@ -328,11 +325,10 @@ def _static_trees(methods: dict[str, dict]) -> list[int]:
     return out
 
 
-def _check_rows(target, max_context: int, methods: dict[str, dict], aot: bool, ui: Reporter) -> dict:
+def _check_rows(target, max_context: int, methods: dict[str, dict], aot: bool, ui: Reporter) -> dict[str, ExactnessRecord]:
     """The target's row invariance (ygg_compile.invariance) at every width a generation can use:
     the profile's widths, and the verify of a static tree wider than them. For the compiled
     forwards and for the eager ones (`ygg run --eager`)."""
-
     widths = list(prof.plan_grid(max_context)[0])
     widths += [n for n in _static_trees(methods) if n > widths[-1]]  # these run at their own width
     widths = sorted(set(widths))
@@ -349,11 +345,10 @@ def _check_rows(target, max_context: int, methods: dict[str, dict], aot: bool, u
     return out
 
 
-def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context: int, opts: CompileOptions,
+def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: str, max_context: int, opts: CompileOptions,
               ui: Reporter) -> dict:
     """The plan's latency profile: each model's stored profile when one matches this machine,
     else measured now and stored (see ygg_compile.profile)."""
-
     widths, contexts = prof.plan_grid(max_context)
     root = Path(opts.profiles) if opts.profiles else prof.profiles_dir()
     found, files = {}, {}
@@ -387,7 +382,6 @@ def _profiles(runners: dict, models: dict, device: str, dtype: str, max_context:
 def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: dict, profile: dict, tmp: Path,
                 quick: bool, ui: Reporter) -> dict:
     """egt's stage order, searched on the real models (ygg_compile.stages)."""
-
     egt = methods["egt"]
     if not egt["depth"] and not egt.get("depth_policy"):
         return {"chosen": dict(stages.PLAIN), "why": "plain: egt does not draft", "alternatives": []}
@@ -402,7 +396,6 @@ def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: di
 def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:
     """egt and sequoia parameters from calibration and the curves, with the candidates' table;
     egt's depth predictor trained and saved into `tmp` when it beats egt's fixed depth."""
-
     curves = objective.Curves(profile)
     verify_widths, draft_widths = tuple(profile["target_widths"]), tuple(profile["draft_widths"])
     context = int(statistics.median(s.context for s in calib.steps)) if calib.steps else profile["contexts"][0]
@@ -443,8 +436,7 @@ def _eos_ids(hf) -> set[int]:
     return ids
 
 
-def _write_tokenizer(tokenizer, target: sources.ModelSource, tmp: Path) -> dict:
-
+def _write_tokenizer(tokenizer, target: sources.ModelSource, tmp: Path) -> TokenizerInfo:
     with tempfile.TemporaryDirectory() as d:
         tokenizer.save_pretrained(d)
         if not (Path(d) / "tokenizer.json").exists():
@@ -462,11 +454,10 @@ def _write_tokenizer(tokenizer, target: sources.ModelSource, tmp: Path) -> dict:
         if rendered.count(CHAT_PROBE) == 1:
             prefix, suffix = rendered.split(CHAT_PROBE)
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    return {"file": "tokenizer.json", "chat_prefix": prefix, "chat_suffix": suffix, "eos_token_ids": eos}
+    return TokenizerInfo("tokenizer.json", prefix, suffix, eos)
 
 
 def _version() -> str:
-
     try:
         return version("yggdrasil")
     except PackageNotFoundError:

@@ -24,6 +24,7 @@ from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.exactness import verdict
+from ygg_runtime.plan import Plan
 
 app = typer.Typer(
     add_completion=False,
@@ -79,53 +80,53 @@ def compile_cmd(
     )
     with RichReporter() as ui:
         plan = compile_artifact(opts, ui)
-    models = plan["models"]
+    target, draft = plan.models["target"], plan.models["draft"]
     err.print(
-        f"[green]wrote[/] {output}  target {models['target']['spec']} ({models['target']['parameters'] / 1e6:.0f}M), "
-        f"draft {models['draft']['spec']} ({models['draft']['parameters'] / 1e6:.0f}M), {plan['dtype']} on "
-        f"{plan['device']}, default method {plan['method']} — try: ygg run prompt.txt --artifact {output} --stats"
+        f"[green]wrote[/] {output}  target {target.spec} ({target.parameters / 1e6:.0f}M), "
+        f"draft {draft.spec} ({draft.parameters / 1e6:.0f}M), {plan.dtype} on "
+        f"{plan.device}, default method {plan.method} — try: ygg run prompt.txt --artifact {output} --stats"
     )
     err.print(plan_summary(plan))
     err.print(phase_table(plan))
 
 
-def phase_table(plan: dict):
+def phase_table(plan: Plan):
     """Where the compile's time went, one row per phase."""
     names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "attention kernel + AOT forwards",
              "exactness": "row-invariance check",
              "profile": "latency profiles", "calibrate": "calibration (probe + agreement)", "stages": "stage timing",
              "plan": "planning + predictor", "hash": "hash files"}
-    total = plan["compile_seconds"]
+    total = plan.compile_seconds
     t = Table(title=f"compile time: {total:.0f} s", title_justify="left")
     for col in ("phase", "seconds", "share"):
         t.add_column(col, justify="left" if col == "phase" else "right")
-    for key, seconds in plan["compile_phases"].items():
+    for key, seconds in plan.compile_phases.items():
         t.add_row(names.get(key, key), f"{seconds:.1f}", f"{seconds / max(total, 1e-9):.0%}")
     return t
 
 
-def plan_summary(plan: dict) -> str:
+def plan_summary(plan: Plan) -> str:
     """One line on what the objective chose, from the plan's candidate tables."""
-    egt, seq = plan["methods"]["egt"], plan["methods"]["sequoia"]
-    best = max(plan["planning"]["egt"], key=lambda r: r["speedup"]) if plan["planning"]["egt"] else None
-    sbest = max(plan["planning"]["sequoia"], key=lambda r: r["speedup"])
-    cal = plan["calibration"]
+    egt, seq = plan.methods["egt"], plan.methods["sequoia"]
+    best = max(plan.planning["egt"], key=lambda r: r["speedup"]) if plan.planning["egt"] else None
+    sbest = max(plan.planning["sequoia"], key=lambda r: r["speedup"])
+    cal = plan.calibration
     egt_text = ("egt: depth 0 (no tree pays for itself: plain decoding)" if not egt["depth"] else
                 f"egt: depth {egt['depth']} × {egt['draft_width']} nodes/round, verify ≈{egt['verify_width']} "
                 f"({best['tokens_per_step']:.2f} tokens/step replayed, modelled {best['speedup']:.2f}×)")
     seq_text = (f"sequoia: {len(seq['parents'])}-node tree, depth {sbest['depth']} (E[A] {sbest['expected_accepted']:.2f}, "
                 f"modelled {sbest['speedup']:.2f}×)")
-    return (f"plan — {egt_text}; {seq_text}; calibrated on {cal['prompts']} prompts, {cal['steps']} probe steps "
-            f"in {cal['seconds']:.0f} s\n{predictor_summary(plan['planning'].get('predictor') or {})}\n"
-            f"{stages_summary(plan['planning']['stages'])}\n{exactness_summary(plan)}")
+    return (f"plan — {egt_text}; {seq_text}; calibrated on {cal.prompts} prompts, {cal.steps} probe steps "
+            f"in {cal.seconds:.0f} s\n{predictor_summary(plan.planning.get('predictor') or {})}\n"
+            f"{stages_summary(plan.planning['stages'])}\n{exactness_summary(plan)}")
 
 
-def exactness_summary(plan: dict) -> str:
+def exactness_summary(plan: Plan) -> str:
     """One line on whether greedy output is plain decoding's, for each forward kind checked."""
     lines = []
-    for kind, record in plan["exactness"].items():
+    for kind, record in plan.exactness.items():
         _, why = verdict(record, kind=kind)
-        checked = f"checked in {record['seconds']:.0f} s" if record else "not checked"
+        checked = f"checked in {record.seconds:.0f} s"
         lines.append(f"exactness ({kind} forwards, {checked}): {why}")
     return "\n".join(lines)
 
@@ -195,7 +196,7 @@ def run_cmd(
         sys.stdout.write("\n")
         sys.stdout.flush()
     if stats:
-        err.print(stats_table(result.metrics, f"{result.method} · {artifact}", decoder.info["forwards"]))
+        err.print(stats_table(result.metrics, f"{result.method} · {artifact}", decoder.forwards))
         err.print(f"exactness: {result.exactness}")
 
 
@@ -256,53 +257,53 @@ def inspect_cmd(
     out = output or artifact.with_name(artifact.name + "-inspect")
     rep = inspect_artifact(artifact, out, text, method, step, max_new_tokens)
     plan, con = rep.plan, Console(width=None if sys.stdout.isatty() else 200)
-    models = plan["models"]
+    models = plan.models
     info = Table(show_header=False, title=f"artifact {artifact}", title_justify="left")
     info.add_column(style="bold")
     info.add_column()
     for role in ("target", "draft"):
         if role in models:
             m = models[role]
-            info.add_row(role, f"{m['spec']} ({m['parameters'] / 1e6:.0f}M parameters, {m['layers']} layers, {m['source']})")
-    cpu = plan.get("cpu", {})
-    info.add_row("device / dtype", f"{plan['device']} / {plan['dtype']}  (torch {plan['torch_version']}, {cpu.get('model', '?')}, {cpu.get('threads', '?')} threads)")
-    info.add_row("context", f"{plan['max_context']} tokens")
-    info.add_row("default method", f"{plan['method']}  (ygg run --method picks another)")
-    info.add_row("compiled", f"{plan.get('created', '?')} in {plan.get('compile_seconds', '?')} s")
-    aot = plan.get("aot")
+            info.add_row(role, f"{m.spec} ({m.parameters / 1e6:.0f}M parameters, {m.layers} layers, {m.source})")
+    cpu = plan.cpu
+    info.add_row("device / dtype", f"{plan.device} / {plan.dtype}  (torch {plan.torch_version}, {cpu.model}, {cpu.threads} threads)")
+    info.add_row("context", f"{plan.max_context} tokens")
+    info.add_row("default method", f"{plan.method}  (ygg run --method picks another)")
+    info.add_row("compiled", f"{plan.created} in {plan.compile_seconds} s")
+    aot = plan.aot
     info.add_row("forwards", "eager (compiled with --no-aot)" if not aot else
-                 f"AOTInductor {aot['package']} per model, widths 1..{aot['max_width']}, built for {aot['isa'] or plan['device']} "
-                 f"(needs {', '.join(aot['cpu_flags']) or 'nothing special'}) in "
-                 + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot["seconds"].items()))
-    kernel = plan.get("kernel")
-    info.add_row("attention", f"row-invariant kernel {kernel['file']} (needs {', '.join(kernel['cpu_flags']) or 'nothing special'})"
+                 f"AOTInductor {aot.package} per model, widths 1..{aot.max_width}, built for {aot.isa or plan.device} "
+                 f"(needs {', '.join(aot.cpu_flags) or 'nothing special'}) in "
+                 + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot.seconds.items()))
+    kernel = plan.kernel
+    info.add_row("attention", f"row-invariant kernel {kernel.file} (needs {', '.join(kernel.cpu_flags) or 'nothing special'})"
                  if kernel else "PyTorch's scaled_dot_product_attention")
     info.add_row("exactness", exactness_summary(plan))
-    prof = plan["profile"]
+    prof = plan.profile
     for role in ("target", "draft"):
         for ctx, row in zip(prof["contexts"], prof.get(f"{role}_ms") or []):
             info.add_row(f"T(W) {role} @ {ctx}, ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], row)))
     info.add_row("T_other(W), ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], prof["other_ms"])))
-    cal = plan["calibration"]
-    info.add_row("calibration", f"{cal['prompts']} prompts ({cal['source']}), {cal['tokens']} target tokens, "
-                 f"{cal['steps']} probe steps, {cal['probe_tokens_per_step']:.2f} tokens/step, {cal['seconds']:.0f} s")
-    info.add_row("rank acceptance", "  ".join(f"{p:.3f}" for p in plan["planning"]["rank_acceptance"]))
+    cal = plan.calibration
+    info.add_row("calibration", f"{cal.prompts} prompts ({cal.source}), {cal.tokens} target tokens, "
+                 f"{cal.steps} probe steps, {cal.probe_tokens_per_step:.2f} tokens/step, {cal.seconds:.0f} s")
+    info.add_row("rank acceptance", "  ".join(f"{p:.3f}" for p in plan.planning["rank_acceptance"]))
     con.print(info)
 
-    egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan['planning']['context']})",
+    egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan.planning['context']})",
                 title_justify="left")
     for col in ("depth", "draft width", "tokens/step", "modelled step ms", "usual verify W", "modelled speed-up"):
         egt.add_column(col, justify="right")
-    chosen = plan["methods"]["egt"]
-    for r in sorted(plan["planning"]["egt"], key=lambda r: -r["speedup"]):
+    chosen = plan.methods["egt"]
+    for r in sorted(plan.planning["egt"], key=lambda r: -r["speedup"]):
         mark = r["depth"] == chosen["depth"] and (r["depth"] == 0 or r["draft_width"] == chosen["draft_width"])
         cells = [str(r["depth"]), str(r["draft_width"]), f"{r['tokens_per_step']:.2f}", f"{r['step_ms']:.1f}",
                  str(r["verify_width"]), f"{r['speedup']:.2f}×"]
         egt.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
     con.print(egt)
-    report = plan["planning"].get("predictor") or {}
+    report = plan.planning.get("predictor") or {}
     con.print(predictor_summary(report))
-    stages = plan["planning"].get("stages") or {}
+    stages = plan.planning.get("stages") or {}
     if stages.get("alternatives"):
         st = Table(title=f"egt stage orders, timed on {stages['prompts']} calibration prompts × {stages['tokens']} tokens "
                    "(ms per step; stages run one after the other)", title_justify="left")
@@ -335,7 +336,7 @@ def inspect_cmd(
         for col in ("E[A] on prompt", "predicted speed-up", "measured speed-up"):
             t.add_column(col, justify="right")
     for r in rep.methods:
-        name = f"[bold]{r.name}[/] (default)" if r.name == plan["method"] else r.name
+        name = f"[bold]{r.name}[/] (default)" if r.name == plan.method else r.name
         row = [name, _short_params(r.name, r.params),
                " + ".join(map(str, r.shape.draft_widths)) or "–", str(r.shape.verify_width),
                fmt(r.step_ms, ".1f"), fmt(r.break_even)]

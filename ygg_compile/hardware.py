@@ -10,11 +10,12 @@ import torch
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.integrity import cpu_flags
+from ygg_runtime.plan import CPUInfo
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
-def cpu_info() -> dict:
+def cpu_info() -> CPUInfo:
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -24,7 +25,7 @@ def cpu_info() -> dict:
                 model = value.strip()
                 break
     isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    return {"model": model, "threads": torch.get_num_threads(), "isa": isa}
+    return CPUInfo(model, torch.get_num_threads(), isa)
 
 
 def resolve_device(device: str) -> str:
@@ -41,7 +42,7 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
              "float16": torch.float16, "fp16": torch.float16}
     if dtype == "auto":
-        if device.startswith("cuda") or BF16_FLAGS & set(cpu_info()["isa"]):
+        if device.startswith("cuda") or BF16_FLAGS & set(cpu_info().isa):
             return torch.bfloat16
         return torch.float32
     if dtype not in names:
@@ -51,10 +52,9 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 def device_slug(device: str) -> str:
     """A directory name for results measured here, e.g. cpu-amd-epyc-2t or cuda-nvidia-a100-sxm4-80gb."""
-
     if device.startswith("cuda") and torch.cuda.is_available():
         kind, name, suffix = "cuda", torch.cuda.get_device_name(), ""
     else:
-        kind, name, suffix = "cpu", cpu_info()["model"], f"-{torch.get_num_threads()}t"
+        kind, name, suffix = "cpu", cpu_info().model, f"-{torch.get_num_threads()}t"
     name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|\d+-core", "", name.lower())
     return f"{kind}-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-") + suffix

@@ -17,6 +17,7 @@ from ygg_runtime import objective, proposers
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import output_dir, write_atomic
+from ygg_runtime.plan import Plan
 
 
 @dataclass
@@ -34,7 +35,7 @@ class MethodReport:
 
 @dataclass
 class Inspection:
-    plan: dict
+    plan: Plan
     methods: list[MethodReport]
     files: list[Path] = field(default_factory=list)
     tree_caption: str | None = None
@@ -43,9 +44,9 @@ class Inspection:
 def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, method: str | None = None,
                      step: int = 1, max_new_tokens: int = 64) -> Inspection:
     plan = read_plan(directory)
-    curves = objective.Curves(plan["profile"], context=plan["planning"]["context"])
+    curves = objective.Curves(plan.profile, context=plan.planning["context"])
     reports = []
-    for name, params in plan["methods"].items():
+    for name, params in plan.methods.items():
         r = MethodReport(name, params, proposers.unbound(name, params).step_shape())
         r.step_ms = objective.step_ms(r.shape, curves)
         r.break_even = objective.break_even(r.shape, curves)
@@ -53,16 +54,16 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
     result = Inspection(plan, reports)
 
     output_dir(out, "inspect's figures")
-    _write(out / "tw_curves.png", plots.tw_curves(plan["profile"], "T(W) measured at compile time"), result)
+    _write(out / "tw_curves.png", plots.tw_curves(plan.profile, "T(W) measured at compile time"), result)
     if prompt is not None:
-        _run_prompt(directory, plan, prompt, method or plan["method"], step, max_new_tokens, curves, result, out)
+        _run_prompt(directory, plan, prompt, method or plan.method, step, max_new_tokens, curves, result, out)
     return result
 
 
-def _run_prompt(directory: Path, plan: dict, prompt: str, method: str, step: int, max_new_tokens: int,
+def _run_prompt(directory: Path, plan: Plan, prompt: str, method: str, step: int, max_new_tokens: int,
                 curves, result: Inspection, out: Path) -> None:
-    if method not in plan["methods"]:
-        raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan['methods'])})")
+    if method not in plan.methods:
+        raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan.methods)})")
     decoder = ygg_runtime.load(directory)
     ids = decoder.encode(prompt)
     decoder.generate(ids, max_new_tokens=4, method=method)  # warm-up

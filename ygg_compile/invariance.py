@@ -25,6 +25,7 @@ import time
 import torch
 from torch import Tensor
 
+from ygg_runtime.plan import ExactnessRecord
 from ygg_runtime.runner import ModelRunner
 
 CONTEXTS = (37, 230, 1000)  # at 230 the forwards of 32+ tokens cross into the second 256-slot span
@@ -69,7 +70,7 @@ def _kv(runner: ModelRunner, slot: int) -> Tensor:
     return torch.cat([torch.cat([c.k[0, :, slot], c.v[0, :, slot]]).flatten() for c in runner.model.caches()])
 
 
-def check(runner: ModelRunner, widths: list[int], contexts: tuple[int, ...] = CONTEXTS, seed: int = 0) -> dict:
+def check(runner: ModelRunner, widths: list[int], contexts: tuple[int, ...] = CONTEXTS, seed: int = 0) -> ExactnessRecord:
     """Measure the runner's forward as it is (compiled or eager) at every width in `widths`;
     returns the record kept in plan.yaml's `exactness`."""
     start = time.time()
@@ -117,5 +118,5 @@ def check(runner: ModelRunner, widths: list[int], contexts: tuple[int, ...] = CO
         if not agree[w]:
             break
         min_width = w
-    return {"min_width": min_width, "widths": widths, "agree": agree, "max_abs_logit_diff": {w: round(d, 6) for w, d in worst.items()},
-            "contexts": list(contexts), "threads": torch.get_num_threads(), "seconds": round(time.time() - start, 1)}
+    return ExactnessRecord(min_width, widths, agree, {w: round(d, 6) for w, d in worst.items()}, list(contexts),
+                           torch.get_num_threads(), round(time.time() - start, 1))

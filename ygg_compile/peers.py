@@ -57,9 +57,7 @@ class _Clock:
 class HFPeers:
     """The target (and, for `hf-assisted`, the drafter) loaded by transformers, ready to generate."""
 
-    def __init__(self, target_dir: Path, draft_dir: Path | None, dtype: torch.dtype, device: str,
-                 eos_ids: list[int], pad_id: int | None):
-
+    def __init__(self, target_dir: Path, draft_dir: Path | None, dtype: torch.dtype, device: str, eos_ids: list[int]):
         quiet_transformers()
         from transformers import AutoModelForCausalLM
 
@@ -73,7 +71,7 @@ class HFPeers:
         self.draft = load(draft_dir) if draft_dir is not None else None
         self.device = device
         self.eos_ids = list(eos_ids)
-        self.pad_id = pad_id if pad_id is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self.pad_id = self.eos_ids[0] if self.eos_ids else 0  # one prompt per call: padding never shows
 
     def config(self, peer: str, max_new_tokens: int, temperature: float, top_p: float):
         """A clean generation config: the checkpoint's own defaults (a repetition penalty, top-k)

@@ -230,5 +230,4 @@ def plan_policy(trained: Trained, calib: Calibration, ag: Agreement, replays: Re
 
 
 def save(trained: Trained, path: Path) -> None:
-
     save_file(trained.tensors, str(path), metadata={"heads": str(PROBE_DEPTH), "hidden_layers": str(HIDDEN_LAYERS)})

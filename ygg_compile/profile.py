@@ -26,6 +26,7 @@ from ygg_runtime import kernels
 from ygg_runtime.accept import accept_greedy
 from ygg_runtime.errors import first_line
 from ygg_runtime.integrity import cache_dir
+from ygg_runtime.plan import ModelInfo
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
 
@@ -190,16 +191,16 @@ def fingerprint(device: str, forward: str) -> dict:
     if device.startswith("cuda"):
         return info | {"gpu": torch.cuda.get_device_name()}
     cpu = hardware.cpu_info()
-    return info | {"cpu": cpu["model"], "isa": cpu["isa"]}
+    return info | {"cpu": cpu.model, "isa": cpu.isa}
 
 
-def profile_path(root: Path, device: str, model: dict, dtype: str, forward: str) -> Path:
-    name = Path(model["spec"].rstrip("/")).name.lower()
+def profile_path(root: Path, device: str, model: ModelInfo, dtype: str, forward: str) -> Path:
+    name = Path(model.spec.rstrip("/")).name.lower()
     name = re.sub(r"[^a-z0-9.]+", "-", name).strip("-") or "model"
-    return Path(root) / hardware.device_slug(device) / f"{name}-{model['sha256'][:8]}-{dtype}-{forward}.yaml"
+    return Path(root) / hardware.device_slug(device) / f"{name}-{model.sha256[:8]}-{dtype}-{forward}.yaml"
 
 
-def load_matching(path: Path, model: dict, dtype: str, device: str, forward: str, widths, contexts) -> tuple[dict | None, str]:
+def load_matching(path: Path, model: ModelInfo, dtype: str, device: str, forward: str, widths, contexts) -> tuple[dict | None, str]:
     """The stored profile at `path` when it was measured for these weights on this machine and
     covers the widths and contexts asked for; else None and why not."""
     if not path.is_file():
@@ -210,7 +211,7 @@ def load_matching(path: Path, model: dict, dtype: str, device: str, forward: str
         return None, f"unreadable ({first_line(e)})"
     if not isinstance(stored, dict) or stored.get("format") != PROFILE_FORMAT:
         return None, "another profile format"
-    if stored.get("model", {}).get("sha256") != model["sha256"] or stored.get("dtype") != dtype:
+    if stored.get("model", {}).get("sha256") != model.sha256 or stored.get("dtype") != dtype:
         return None, "other weights or dtype"
     if stored.get("fingerprint") != fingerprint(device, forward):
         return None, "measured on another machine, torch, thread count or forward kind"
@@ -219,10 +220,10 @@ def load_matching(path: Path, model: dict, dtype: str, device: str, forward: str
     return stored, ""
 
 
-def save(path: Path, measured: dict, model: dict, dtype: str, device: str, forward: str) -> dict:
+def save(path: Path, measured: dict, model: ModelInfo, dtype: str, device: str, forward: str) -> dict:
     stored = {
         "format": PROFILE_FORMAT,
-        "model": {k: model[k] for k in ("spec", "sha256", "arch", "parameters", "layers")},
+        "model": {k: getattr(model, k) for k in ("spec", "sha256", "arch", "parameters", "layers")},
         "dtype": dtype,
         "fingerprint": fingerprint(device, forward),
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

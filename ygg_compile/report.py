@@ -141,7 +141,6 @@ CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_
 
 
 def write_results(results: dict, out: Path) -> None:
-
     write_atomic(out / "results.json", json.dumps(results, indent=1).encode())
     buf = io.StringIO()
     w = csv.DictWriter(buf, CSV_FIELDS, extrasaction="ignore")
@@ -258,7 +257,6 @@ def _pivot(rows: list[dict], text: Callable[[dict], str], header: Callable[[str]
 
 def render_table(results: dict):
     """The summary as a rich table for the terminal."""
-
     cfg = results["config"]
     greedy = cfg["temperature"] == 0
     t = Table(title=f"{results['artifact']['path']} · {results['machine']['dtype']} · {cfg['max_new_tokens']} new tokens · "

@@ -10,6 +10,7 @@ from ygg_runtime import engine, exactness, proposers
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
+from ygg_runtime.plan import ExactnessRecord, Plan
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import StreamDecoder, TextCodec
@@ -54,17 +55,19 @@ class Decoder:
         methods: dict[str, dict],
         default_method: str,
         eos_ids: frozenset[int] = frozenset(),
-        info: dict | None = None,
+        plan: Plan | None = None,
+        forwards: str = "eager",
         predictor: DepthPredictor | None = None,
     ):
         self.target, self.codec, self.eos_ids = target, codec, eos_ids
         self.methods, self.default_method = methods, default_method
-        self.info = info or {}
+        self.plan = plan  # the artifact's, when loaded from one
+        self.forwards = forwards  # how the models run, and why (`ygg run --stats` shows it)
         # The context the artifact serves (its cache has room past it for compile-time probing).
-        self.max_context = self.info.get("max_context")
+        self.max_context = plan.max_context if plan else None
         self.predictor = predictor  # egt's depth predictor, when the artifact has one
         # The compile-time row-invariance records by forward kind ("compiled", "eager").
-        self.exactness: dict[str, dict] = self.info.get("exactness") or {}
+        self.exactness: dict[str, ExactnessRecord] = plan.exactness if plan else {}
         target.min_width = exactness.min_width(self.exactness.get(self.forward_kind()))
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
         self._proposers: dict[tuple, proposers.Proposer] = {}
@@ -86,7 +89,7 @@ class Decoder:
         use = predictor and self.predictor is not None
         key = (method, use, tuple(sorted(stages.items())) if stages else None)
         if key not in self._proposers:
-            profile = self.info.get("profile")
+            profile = self.plan.profile if self.plan else None
             curves = Curves(profile) if profile else None
             params = self.methods[method] | ({"stages": stages} if stages else {})
             self._proposers[key] = proposers.build(method, params, self._drafter, curves, self.predictor if use else None)

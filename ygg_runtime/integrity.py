@@ -16,6 +16,7 @@ import torch
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import sha256_of, write_atomic
+from ygg_runtime.plan import FileEntry, Plan
 
 
 def cache_dir() -> Path:
@@ -24,12 +25,12 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def file_entry(path: Path) -> dict:
+def file_entry(path: Path) -> FileEntry:
     """What plan.yaml records of one artifact file."""
-    return {"sha256": sha256_of([path]), "bytes": path.stat().st_size}
+    return FileEntry(sha256_of([path]), path.stat().st_size)
 
 
-def verify_files(directory: Path, files: dict[str, dict]) -> None:
+def verify_files(directory: Path, files: dict[str, FileEntry]) -> None:
     """Refuse an artifact with a missing or changed file (one line naming it)."""
     record_path = cache_dir() / "verified.json"
     try:
@@ -42,12 +43,12 @@ def verify_files(directory: Path, files: dict[str, dict]) -> None:
         if not f.is_file():
             raise YggError(f"artifact file {rel} is missing from {directory}: recompile")
         st = f.stat()
-        if st.st_size != meta["bytes"]:
+        if st.st_size != meta.bytes:
             raise YggError(f"artifact file {rel} has changed since compile (size differs): recompile")
-        key, stamp = str(f.resolve()), [st.st_size, st.st_mtime_ns, meta["sha256"]]
+        key, stamp = str(f.resolve()), [st.st_size, st.st_mtime_ns, meta.sha256]
         if record.get(key) == stamp:
             continue
-        if sha256_of([f]) != meta["sha256"]:
+        if sha256_of([f]) != meta.sha256:
             raise YggError(f"artifact file {rel} has changed since compile (sha256 differs): recompile")
         record[key], changed = stamp, True
     if changed:
@@ -70,27 +71,27 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def check_machine(plan: dict, device: str, dtype: str | None, compiled: bool) -> None:
+def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool) -> None:
     """Refuse, in one line, to run an artifact on a device, dtype, torch or CPU it was not built for.
     compiled: whether its ahead-of-time graphs are about to be loaded. The torch and CPU checks
     apply to native code only: the graphs, and the attention kernel, which runs eager too (an
     artifact without the kernel runs `--eager` on any torch and CPU)."""
-    kind, built = device.split(":")[0], plan["device"].split(":")[0]
+    kind, built = device.split(":")[0], plan.device.split(":")[0]
     if kind != built:
-        raise YggError(f"artifact was compiled for {plan['device']}, not {device}: recompile with --device {device}")
+        raise YggError(f"artifact was compiled for {plan.device}, not {device}: recompile with --device {device}")
     if kind == "cuda" and not torch.cuda.is_available():
-        raise YggError(f"artifact was compiled for {plan['device']} but CUDA is not available here")
-    if dtype is not None and dtype != plan["dtype"]:
-        raise YggError(f"artifact holds {plan['dtype']} weights, not {dtype}: recompile with --dtype {dtype}")
-    native = [part for part in ((plan.get("aot") if compiled else None), plan.get("kernel")) if part]
+        raise YggError(f"artifact was compiled for {plan.device} but CUDA is not available here")
+    if dtype is not None and dtype != plan.dtype:
+        raise YggError(f"artifact holds {plan.dtype} weights, not {dtype}: recompile with --dtype {dtype}")
+    native = [part for part in ((plan.aot if compiled else None), plan.kernel) if part]
     if not native:
         return
-    hint = "" if plan.get("kernel") else " (or run with --eager)"
-    if plan["torch_version"] != str(torch.__version__):
-        raise YggError(f"artifact was compiled with torch {plan['torch_version']} but this is torch {torch.__version__}: "
+    hint = "" if plan.kernel else " (or run with --eager)"
+    if plan.torch_version != str(torch.__version__):
+        raise YggError(f"artifact was compiled with torch {plan.torch_version} but this is torch {torch.__version__}: "
                        f"recompile{hint}")
     have = cpu_flags()
-    lacking = sorted({f for part in native for f in part.get("cpu_flags", []) if have and f not in have})
+    lacking = sorted({f for part in native for f in part.cpu_flags if have and f not in have})
     if lacking:
         raise YggError(f"this CPU lacks {', '.join(lacking)}, which the artifact's compiled code uses: "
                        f"recompile on this machine{hint}")
