@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import tiny
 import yaml
 from helpers import assert_one_line_error, hf_greedy, ygg
 
+from ygg_runtime.metrics import DERIVED, PER_STEP, Metrics
 from ygg_runtime.plan import FORMAT_VERSION
 
 PROMPT = "Once upon a time"
@@ -46,6 +48,11 @@ def test_run_json_is_the_targets_greedy_output(pair, artifact, prompt_file, meth
     assert sum(out["accepted_lengths"]) == 40 and len(out["accepted_lengths"]) == out["steps"]
     assert out["exact"] is True and "identical to this artifact's plain decoding" in out["exactness"]
     assert out["text"] == pair["tokenizer"].decode(out["token_ids"])
+    # one schema: every counter (per-step lists aside) and every derived metric, agreeing with the top level
+    assert set(out["metrics"]) == {f.name for f in fields(Metrics) if f.name not in PER_STEP} | set(DERIVED)
+    m = out["metrics"]
+    assert (m["steps"], m["prompt_tokens"], m["method"], m["tpot_ms"]) == (out["steps"], out["prompt_tokens"], method, out["tpot_ms"])
+    assert (m["acceptance_rate"] is None) == (m["drafted_tokens"] == 0) and m["generated_tokens"] == 40
 
 
 def test_run_streams_text_and_prints_stats(artifact, prompt_file):

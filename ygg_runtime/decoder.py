@@ -18,32 +18,41 @@ from ygg_runtime.text import StreamDecoder, TextCodec
 
 @dataclass
 class Result:
+    """One generation: its text and tokens, and everything measured about it in `metrics`."""
+
     text: str
     token_ids: list[int]  # generated tokens only
-    prompt_tokens: int
-    method: str
-    steps: int
-    accepted_lengths: list[int]  # per step, bonus included
-    tpot_ms: float
-    wall_s: float
+    wall_s: float  # the whole call: encoding, prefill, decoding
     metrics: Metrics = field(repr=False)
     exact: bool = False  # greedy output guaranteed identical to this artifact's plain decoding
     exactness: str = ""  # that, or why not, in one sentence (`ygg_runtime.exactness`)
 
+    @property
+    def method(self) -> str:
+        return self.metrics.method
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.metrics.prompt_tokens
+
+    @property
+    def steps(self) -> int:
+        return self.metrics.steps
+
+    @property
+    def accepted_lengths(self) -> list[int]:
+        return self.metrics.accepted_lengths
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.metrics.tpot_ms
+
     def to_json(self) -> dict:
-        return {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "prompt_tokens": self.prompt_tokens,
-            "method": self.method,
-            "steps": self.steps,
-            "accepted_lengths": self.accepted_lengths,
-            "tpot_ms": self.tpot_ms,
-            "wall_s": self.wall_s,
-            "exact": self.exact,
-            "exactness": self.exactness,
-            "metrics": self.metrics.to_dict(),
-        }
+        """What `ygg run --json` prints: the output, the headline figures and every metric."""
+        return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
+                "method": self.method, "steps": self.steps, "accepted_lengths": self.accepted_lengths,
+                "tpot_ms": self.tpot_ms, "wall_s": self.wall_s, "exact": self.exact, "exactness": self.exactness,
+                "metrics": self.metrics.to_dict()}
 
 
 class Decoder:
@@ -174,16 +183,4 @@ class Decoder:
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:
             on_text(stream.finish())
-        return Result(
-            text=text,
-            token_ids=out,
-            prompt_tokens=len(ids),
-            method=m.method,
-            steps=m.steps,
-            accepted_lengths=m.accepted_lengths,
-            tpot_ms=m.tpot_ms,
-            wall_s=time.perf_counter() - start,
-            metrics=m,
-            exact=exact,
-            exactness=why,
-        )
+        return Result(text, out, time.perf_counter() - start, m, exact, why)

@@ -1,8 +1,19 @@
-"""One dataclass of counters that every method fills; each derived metric is defined next to it."""
+"""One dataclass of counters that every method fills; each derived metric is defined next to it.
+
+It is the one schema of a run: `ygg run --json` prints `to_dict()`, `Result` reads its fields from
+it, and each `ygg bench` row of ours is `to_dict()` plus the tokens (the summary and the CSV then
+aggregate those keys per category).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+# Per-step lists stay out of to_dict(): a run's record stays small whatever its length (Result
+# carries accepted_lengths; tree_depths and the depth counters are summarised by their properties).
+PER_STEP = ("accepted_lengths", "depth_tries", "depth_accepts", "tree_depths")
+# The derived metrics, in the order to_dict() reports them after the counters.
+DERIVED = ("mean_accepted_length", "acceptance_rate", "depth_acceptance", "mean_tree_depth", "tpot_ms", "forward")
 
 
 @dataclass
@@ -49,9 +60,10 @@ class Metrics:
         return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
 
     @property
-    def acceptance_rate(self) -> float:
-        """Accepted drafted tokens over drafted tokens: how much of the verify width was useful."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+    def acceptance_rate(self) -> float | None:
+        """Accepted drafted tokens over drafted tokens: how much of the verify width was useful
+        (None when nothing was drafted: `ar`, or `egt` at depth 0 throughout)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else None
 
     @property
     def depth_acceptance(self) -> list[float]:
@@ -78,25 +90,6 @@ class Metrics:
         return 1000.0 * self.decode_s / max(1, self.generated_tokens)
 
     def to_dict(self) -> dict:
-        return {
-            "method": self.method,
-            "prompt_tokens": self.prompt_tokens,
-            "generated_tokens": self.generated_tokens,
-            "steps": self.steps,
-            "drafted_tokens": self.drafted_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "mean_accepted_length": self.mean_accepted_length,
-            "acceptance_rate": self.acceptance_rate,
-            "depth_acceptance": self.depth_acceptance,
-            "mean_tree_depth": self.mean_tree_depth,
-            "ahead_hits": self.ahead_hits,
-            "tpot_ms": self.tpot_ms,
-            "prefill_s": self.prefill_s,
-            "draft_s": self.draft_s,
-            "verify_s": self.verify_s,
-            "other_s": self.other_s,
-            "decode_s": self.decode_s,
-            "forward": self.forward,
-            "compiled_forwards": self.compiled_forwards,
-            "eager_forwards": self.eager_forwards,
-        }
+        """The counters (per-step lists left out) and the derived metrics, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in PER_STEP} | {
+            name: getattr(self, name) for name in DERIVED}
