@@ -1,4 +1,4 @@
-"""Compile a model's forward ahead of time (DESIGN.md §9 recipe): `torch.export` (strict=False) of
+"""Compile a model's forward ahead of time (the recipe measured on these machines): `torch.export` (strict=False) of
 the slot-cache forward, then AOTInductor with the weights left out of the shared object
 (`package_constants_in_so=False`), packaged as the model's `model.pt2`. The runtime
 (`ygg_runtime.compiled`) loads the eager model's weights and KV cache into it as user-managed

@@ -1,5 +1,5 @@
 """Calibration: learn how well the drafter predicts the target, on the target's own continuations,
-and plan `egt` and `sequoia` from it with the measured curves (DESIGN.md §2–3, §5).
+and plan `egt` and `sequoia` from it with the measured curves (docs/design.md, "The objective").
 
 A *probe* (a deep, wide `egt`: PROBE_DEPTH rounds of PROBE_WIDTH nodes, every node's top PROBE_TOP_K
 children, the PROBE_VERIFY best verified) decodes each calibration prompt greedily, so the text is

@@ -1,5 +1,5 @@
 """Train the depth predictor on calibration text, export it for the runtime, and plan the
-per-step depth policy it drives (DESIGN.md §3; the runtime half is `ygg_runtime.predictor`).
+per-step depth policy it drives (docs/design.md, "egt"; the runtime half is `ygg_runtime.predictor`).
 
 Data (`calibrate.Agreement`): at every position q of every calibration text (prompt and the
 target's continuation), the target's final hidden state — what the runtime sees after a step whose

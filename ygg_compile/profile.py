@@ -1,7 +1,7 @@
 """Measured latency: T(W), one forward over W new tokens after a context of C tokens, and T_other(W),
 the CPU work of a step around a verify of W nodes.
 
-These curves are what every latency-aware choice reads (DESIGN.md §2). Widths are interleaved
+These curves are what every latency-aware choice reads (docs/design.md, "The objective"). Widths are interleaved
 within each repeat, so a slow drift of a shared machine hits every width alike, and the median of
 the repeats is kept. One profile per (device, model, dtype) is kept under `profiles/<device>/` and
 reused by every compile that matches it (same weights, dtype, torch, CPU/GPU, threads).

@@ -1,4 +1,4 @@
-"""Stage scheduling at compile time (DESIGN.md §4): which of egt's stages run ahead of the verify.
+"""Stage scheduling at compile time (docs/design.md, "Stages"): which of egt's stages run ahead of the verify.
 
 Every alternative of the grid (tail draft plain or ahead × head draft plain or ahead) decodes the
 same calibration prompts with the planned egt on the real models, interleaved prompt by prompt so a

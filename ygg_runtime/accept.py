@@ -1,4 +1,4 @@
-"""The acceptance rule every method uses (DESIGN.md §1), greedy and lossless sampling.
+"""The acceptance rule every method uses (docs/design.md, "The lossless rules"), greedy and lossless sampling.
 
 Walk down from the root; at each node try its children in order; the first accepted child becomes
 the node; when none is accepted the bonus token comes from the target (its argmax, or a sample from

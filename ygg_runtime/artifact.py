@@ -1,4 +1,4 @@
-"""Load and validate a compiled artifact directory (DESIGN.md §7). Nothing here unpickles."""
+"""Load and validate a compiled artifact directory (docs/design.md, "The artifact"). Nothing here unpickles."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ahead-of-time compiled forwards (DESIGN.md §7, §9), written by `ygg_compile.aot` into one
+"""Ahead-of-time compiled forwards (docs/design.md, "The artifact"), written by `ygg_compile.aot` into one
 `model.pt2` per model: one graph whose width (1..MAX_WIDTH) and attention span are dynamic (why
 not one per width: see ygg_compile.aot).
 

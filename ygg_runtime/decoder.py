@@ -1,4 +1,4 @@
-"""`Decoder`: a loaded artifact, ready to generate (DESIGN.md §8's Python contract)."""
+"""`Decoder`: a loaded artifact, ready to generate (the Python contract of docs/design.md)."""
 
 from __future__ import annotations
 

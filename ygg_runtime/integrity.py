@@ -1,4 +1,4 @@
-"""Is this artifact the one that was compiled, and can this machine run it? (DESIGN.md §7)
+"""Is this artifact the one that was compiled, and can this machine run it? (docs/design.md, "The artifact")
 
 Every file's sha256 is in plan.yaml. Hashing a few GB of weights takes seconds, so a file whose
 size and modification time are those of its last successful check is not hashed again (the record

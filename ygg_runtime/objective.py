@@ -1,4 +1,4 @@
-"""The latency-aware objective of DESIGN.md §2, the one place every plan choice asks:
+"""The latency-aware objective (docs/design.md, "The objective"), the one place every plan choice asks:
 
     speedup = E[A] · T_verify(1) / (Σ_rounds T_draft(W_draft) + T_verify(W_verify) + T_other)
 

@@ -1,4 +1,4 @@
-"""The depth predictor (DESIGN.md §3), evaluated in plain torch: the runtime never imports
+"""The depth predictor (docs/design.md, "egt"), evaluated in plain torch: the runtime never imports
 scikit-learn, which trains it at compile time (`ygg_compile.predictor`).
 
 A small MLP reads the target's final hidden state at the last accepted position and gives, for

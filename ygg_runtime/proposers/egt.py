@@ -1,4 +1,4 @@
-"""`egt`: the Equal-Growth Tree (DESIGN.md §3), a tree that follows the context with static shapes.
+"""`egt`: the Equal-Growth Tree (docs/design.md, "egt"), a tree that follows the context with static shapes.
 
 Each step runs `depth` drafter forwards: the first feeds the new root (and the accepted leaf the
 drafter never saw); each later one feeds exactly `draft_width` nodes, the unexpanded nodes with the
@@ -13,7 +13,7 @@ With a depth predictor (`ygg_runtime.predictor`) and its `depth_policy` from the
 is chosen every step from the target's hidden state (`objective.best_depth`); without one, every
 step has the planned fixed `depth`.
 
-Stages (DESIGN.md §4): by default the next step's first drafter forward feeds the accepted leaf
+Stages (docs/design.md, "Stages"): by default the next step's first drafter forward feeds the accepted leaf
 the drafter never saw (tail draft) and the bonus token (head draft). The plan's `stages` can run
 either ahead of the verify, in one extra drafter forward over a superset of its inputs: `tail:
 ahead` feeds every verified leaf the drafter has not seen; `head: ahead` feeds, under every verified
