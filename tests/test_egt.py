@@ -12,6 +12,7 @@ from ygg_compile.ui import Reporter
 from ygg_runtime import objective
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.proposers import Drafter, build
+from ygg_runtime.proposers.egt import EGTParams, Planner
 from ygg_runtime.prune import Pruning, best_subtree
 
 
@@ -138,10 +139,9 @@ def probe(models):
 def test_calibration_replay_of_the_probe_itself_reproduces_every_step(probe):
     """Replaying the probe's own shape on its recorded trees gives exactly the accepted lengths
     the real run had: the replay runs the runtime's growth, pruning and acceptance."""
-    egt = build("egt", {"depth": calibrate.PROBE_DEPTH, "draft_width": calibrate.PROBE_WIDTH,
-                        "top_k": calibrate.PROBE_TOP_K, "verify_widths": [calibrate.PROBE_VERIFY]}, Drafter(None, 1))
+    egt = Planner(EGTParams(calibrate.PROBE_DEPTH, calibrate.PROBE_WIDTH, calibrate.PROBE_TOP_K, [calibrate.PROBE_VERIFY]))
     assert len(probe.steps) > 10
-    assert [calibrate.replay(egt, s)[0] for s in probe.steps] == [s.accepted for s in probe.steps]
+    assert [calibrate.replay(egt, calibrate.PROBE_DEPTH, s)[0] for s in probe.steps] == [s.accepted for s in probe.steps]
     for prompt in range(probe.prompts):  # every prompt decoded its 24 tokens, the last step cut to fit
         lengths = [s.accepted for s in probe.steps if s.prompt == prompt]
         assert sum(lengths[:-1]) < 24 <= sum(lengths)

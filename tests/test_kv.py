@@ -37,7 +37,7 @@ def test_compacted_cache_equals_sequential_cache():
         prop.prefill(prompt[:-1])
         seq = list(prompt)
         for _ in range(4):
-            tree = prop.propose(seq, None)
+            tree = prop.propose(seq, proposers.StepState(), None)
             logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask())
             verdict = accept_greedy(tree, logits)
             target.commit(verdict.path)

@@ -318,7 +318,7 @@ def _static_trees(methods: dict[str, dict]) -> list[int]:
     """The verify width of each hand-set method, refusing a tree no compiled forward holds."""
     out = []
     for name, params in methods.items():
-        n = proposers.unbound(name, params).step_shape().verify_width
+        n = proposers.params(name, params).step_shape().verify_width
         if n > MAX_WIDTH:
             raise YggError(f"{name}'s tree of {n} nodes is wider than the widest forward ({MAX_WIDTH}): make it smaller")
         out.append(n)

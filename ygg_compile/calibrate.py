@@ -35,10 +35,12 @@ from ygg_compile.sequoia import SequoiaTables
 from ygg_runtime import engine, objective
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter
-from ygg_runtime.proposers.egt import EGT
-from ygg_runtime.proposers.sequoia import Sequoia
+from ygg_runtime.proposers.base import Hook, StepState
+from ygg_runtime.proposers.egt import EGT, EGTParams, Planner
+from ygg_runtime.proposers.sequoia import SequoiaParams
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
+from ygg_runtime.tree import TokenTree
 
 PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, PROBE_VERIFY = 6, 8, 8, 32
 PROBE_ROOM = 1 + PROBE_TOP_K * (1 + PROBE_WIDTH * (PROBE_DEPTH - 1)) + PROBE_WIDTH  # cache slots of a probe tree
@@ -110,12 +112,23 @@ def _reached(s: ProbeStep) -> list[int]:
     return out
 
 
+class _Drafted(Hook):
+    """Keeps the probe's last drafted tree (before pruning) and the hidden state it was drafted on."""
+
+    tree: TokenTree | None = None
+    hidden: torch.Tensor | None = None
+
+    def drafted(self, tree: TokenTree, state: StepState) -> None:
+        self.tree, self.hidden = tree, state.hidden
+
+
 def run_probe(
     target: ModelRunner, draft: ModelRunner, codec: TextCodec, prompts: list[str], tokens: int, ui: Reporter
 ) -> Calibration:
     """Decode every prompt with the probe and record each step."""
     drafter = Drafter(draft, target.vocab_size)
-    probe = EGT(drafter, PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, [PROBE_VERIFY])
+    probe = EGT(EGTParams(PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, [PROBE_VERIFY]), drafter)
+    probe.hook = seen = _Drafted()
     steps: list[ProbeStep] = []
     texts: dict[int, list[int]] = {}
     start, made, used = time.time(), 0, 0
@@ -127,14 +140,14 @@ def run_probe(
         context = [len(ids)]
 
         def record(tree, verdict, i=i, context=context):
-            full = probe.last_tree
+            full = seen.tree
             origin = tree.origin  # the probe verifies a pruned tree
             best = target.logits.argmax(-1).tolist()  # the verify's, as run (compiled or eager)
             children = {v: list(kids) for v, kids in enumerate(full.children) if kids}
             steps.append(ProbeStep(
                 full.parents, full.tokens, full.draft_probs, children,
                 {origin[v]: best[v] for v in range(len(tree))}, verdict.accepted + 1, context[0], i,
-                None if probe.hidden is None else probe.hidden.float().clone(),
+                None if seen.hidden is None else seen.hidden.float().clone(),
             ))
             context[0] += verdict.accepted + 1
 
@@ -235,8 +248,8 @@ def acceptance_map(calib: Calibration) -> list[list[float]]:
     return [[q, round(float(a), 4)] for q, a in zip(MAP_GRID, iso.predict(list(MAP_GRID)))]
 
 
-def replay(egt: EGT, step: ProbeStep) -> tuple[int, int]:
-    """Run `egt`'s growth and pruning on a recorded step: (tokens the step yields, verify width).
+def replay(egt: Planner, depth: int, step: ProbeStep) -> tuple[int, int]:
+    """Run egt's growth and pruning at `depth` on a recorded step: (tokens the step yields, verify width).
     A node the probe never expanded has no children here and one it never verified accepts
     nothing below it, so a replay can only under-count against a real run."""
     probe_of = {0: 0}
@@ -252,8 +265,8 @@ def replay(egt: EGT, step: ProbeStep) -> tuple[int, int]:
         cs = step.children.get(p, [])[: egt.top_k] if p is not None else []
         return [step.probs[c] for c in cs], [step.tokens[c] for c in cs]
 
-    tree = egt.grow(step.tokens[0], kids(0), lambda t, picks: [kids(probe_node(t, v)) for v in picks])
-    sub = egt.prune(tree, step.context)
+    tree = egt.grow(step.tokens[0], kids(0), lambda t, picks: [kids(probe_node(t, v)) for v in picks], depth)
+    sub = egt.prune(tree, step.context, depth)
     node, accepted = 0, 0
     while True:
         p = probe_node(tree, sub.origin[node])
@@ -293,11 +306,11 @@ def replay_all(calib: Calibration, curves: Curves, accept: list[list[float]], ve
     runs = {}
     for depth in range(1, PROBE_DEPTH + 1):
         for w in tried[: 1 if depth == 1 else None]:  # depth 1 has no round after the root's
-            egt = EGT(None, depth, w, PROBE_TOP_K, verify_widths, accept=accept, curves=curves)
-            draft = egt.step_shape().draft_widths
+            egt = Planner(EGTParams(depth, w, PROBE_TOP_K, list(verify_widths), accept=accept), curves)
+            draft = egt.shape(depth).draft_widths
             runs[(depth, w)] = []
             for s in calib.steps:
-                n, vw = replay(egt, s)
+                n, vw = replay(egt, depth, s)
                 runs[(depth, w)].append((n, vw, egt.step_ms(draft, vw, s.context)))
     return Replays(runs, [objective.plain_ms(curves, s.context) for s in calib.steps], tried)
 
@@ -330,7 +343,7 @@ def plan_sequoia(p: list[float], curves: Curves, widths: tuple[int, ...], contex
             tree = tables.tree(n, d)
             if tree.depth < d:  # the same tree as a shallower bound
                 continue
-            shape = Sequoia(None, tree.parents, tree.ranks, widths).step_shape()
+            shape = SequoiaParams(list(tree.parents), list(tree.ranks), list(widths)).step_shape()
             rows.append({"budget": n, "depth": d, "expected_accepted": round(tree.expected_accepted, 3),
                          "speedup": round(objective.speedup(tree.expected_accepted, shape, curves, context), 3),
                          "parents": list(tree.parents), "ranks": list(tree.ranks)})

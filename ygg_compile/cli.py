@@ -25,6 +25,8 @@ from ygg_runtime.artifact import DEFAULT_DIR
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.exactness import verdict
 from ygg_runtime.plan import Plan
+from ygg_runtime.proposers.chain import ChainParams
+from ygg_runtime.proposers.specinfer import SpecInferParams
 
 app = typer.Typer(
     add_completion=False,
@@ -43,9 +45,9 @@ def compile_cmd(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
     dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
     max_context: int = typer.Option(4096, "--max-context", help="longest prompt + generation the artifact serves"),
-    chain_k: int = typer.Option(4, "--chain-k", help="chain: drafted tokens per step"),
-    tree_width: int = typer.Option(2, "--tree-width", help="specinfer: children per node"),
-    tree_depth: int = typer.Option(3, "--tree-depth", help="specinfer: tree depth"),
+    chain_k: int = typer.Option(ChainParams.k, "--chain-k", help="chain: drafted tokens per step"),
+    tree_width: int = typer.Option(SpecInferParams.width, "--tree-width", help="specinfer: children per node"),
+    tree_depth: int = typer.Option(SpecInferParams.depth, "--tree-depth", help="specinfer: tree depth"),
     calib: Optional[Path] = typer.Option(
         None, "--calib", help="calibration prompts: .jsonl (turns/prompt), text (prompts split by --- lines) or a directory; default: a shipped set"
     ),

@@ -47,7 +47,7 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
     curves = objective.Curves(plan.profile, context=plan.planning["context"])
     reports = []
     for name, params in plan.methods.items():
-        r = MethodReport(name, params, proposers.unbound(name, params).step_shape())
+        r = MethodReport(name, params, proposers.params(name, params).step_shape())
         r.step_ms = objective.step_ms(r.shape, curves)
         r.break_even = objective.break_even(r.shape, curves)
         reports.append(r)

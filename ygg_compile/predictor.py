@@ -31,7 +31,7 @@ from ygg_compile.calibrate import PROBE_DEPTH, PROBE_TOP_K, Agreement, Calibrati
 from ygg_runtime import objective
 from ygg_runtime.objective import Curves
 from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers.egt import EGT
+from ygg_runtime.proposers.egt import EGTParams, Planner
 
 HIDDEN_LAYERS = (32, 16)
 # L2 strengths tried (cross-validated Brier picks). ~1 k positions from a dozen prompts against a
@@ -207,7 +207,7 @@ def plan_policy(trained: Trained, calib: Calibration, ag: Agreement, replays: Re
     fixed_speedup = replays.speedup([(i, fixed["depth"], fixed["draft_width"]) for i in judged])
     candidates = []
     for w in replays.widths:
-        shaper = EGT(None, PROBE_DEPTH, w, PROBE_TOP_K, verify_widths)
+        shaper = Planner(EGTParams(PROBE_DEPTH, w, PROBE_TOP_K, list(verify_widths)))
         factors, widths = [1.0], [1]
         for depth in range(1, PROBE_DEPTH + 1):
             runs = replays.at(depth, w)

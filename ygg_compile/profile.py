@@ -27,15 +27,14 @@ from ygg_runtime.accept import accept_greedy
 from ygg_runtime.errors import first_line
 from ygg_runtime.integrity import cache_dir
 from ygg_runtime.plan import ModelInfo
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.runner import WIDTHS, ModelRunner
 from ygg_runtime.tree import TokenTree
 
-DEFAULT_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (64, 512, 2048)
 PROFILE_FORMAT = 1
 
 
-def fitting_widths(context: int, max_len: int, widths: tuple[int, ...] = DEFAULT_WIDTHS) -> tuple[int, ...]:
+def fitting_widths(context: int, max_len: int, widths: tuple[int, ...] = WIDTHS) -> tuple[int, ...]:
     """The widths whose forward still fits a cache of max_len after `context` tokens."""
     return tuple(w for w in widths if context + w <= max_len)
 
@@ -49,7 +48,7 @@ def plan_grid(max_context: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 def forward_times(
     runner: ModelRunner,
-    widths: tuple[int, ...] = DEFAULT_WIDTHS,
+    widths: tuple[int, ...] = WIDTHS,
     context: int = 256,
     repeats: int = 3,
     warmup: int = 1,
@@ -155,7 +154,7 @@ def combine(target: dict, draft: dict | None, widths: tuple[int, ...], contexts:
 
 def profile_models(
     runners: dict[str, ModelRunner],
-    widths: tuple[int, ...] = DEFAULT_WIDTHS,
+    widths: tuple[int, ...] = WIDTHS,
     context: int = 256,
     repeats: int = 3,
     ui: Reporter | None = None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ygg_compile.ui import Reporter
 from ygg_runtime import engine, proposers
+from ygg_runtime.proposers import Hook
 from ygg_runtime.objective import Curves
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
@@ -29,11 +30,23 @@ GRID = [{"tail": tail, "head": head} for tail in ("plain", "ahead") for head in 
 PLAIN = GRID[0]
 MIN_GAIN = 1.02  # an alternative must be this much faster per token than the plain order
 PROMPTS, TOKENS = 4, 40  # calibration prompts decoded per alternative, tokens each
-STAGE_KEYS = ("begin", "rounds", "ahead")  # egt's drafter stages (EGT.stage_s)
+STAGE_KEYS = ("begin", "rounds", "ahead")  # egt's drafter stages, as it reports them to a timed hook
 
 
 def name(stages: dict) -> str:
     return f"tail {stages['tail']}, head {stages['head']}"
+
+
+class _StageTimer(Hook):
+    """Sums the seconds egt reports per drafter stage."""
+
+    timed = True
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(STAGE_KEYS, 0.0)
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
 
 
 def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], egt: dict, curves: Curves,
@@ -49,8 +62,9 @@ def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], eg
         order = list(built)[n % len(built):] + list(built)[: n % len(built)]
         for i in order:
             prop = built[i]
-            prop.stage_s = dict.fromkeys(STAGE_KEYS, 0.0)
+            prop.hook = timer = _StageTimer()
             _, m = engine.generate(target, prop, ids, max_new_tokens=tokens)
+            prop.hook = None
             t = totals[i]
             t["steps"] += m.steps
             t["tokens"] += m.generated_tokens
@@ -59,7 +73,7 @@ def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], eg
             t["verify_s"] += m.verify_s
             t["other_s"] += m.other_s
             for k in STAGE_KEYS:
-                t[k] += prop.stage_s[k]
+                t[k] += timer.seconds[k]
         ui.progress(label, n + 1, len(prompts), unit="prompts")
     rows = []
     for i, t in totals.items():

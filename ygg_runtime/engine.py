@@ -10,7 +10,7 @@ import torch
 from ygg_runtime.accept import Verdict, accept_greedy, accept_sampling, warp
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
-from ygg_runtime.proposers import Proposer, Sampling
+from ygg_runtime.proposers import Proposer, Sampling, StepState
 from ygg_runtime.runner import ModelRunner, fit_width
 from ygg_runtime.tree import TokenTree
 
@@ -65,14 +65,14 @@ def generate(
     proposer.reset()
     target.prefill(prompt[:-1])
     proposer.prefill(prompt[:-1])
-    proposer.see(target.hidden[-1] if target.hidden is not None else None)
+    state = StepState(target.hidden[-1] if target.hidden is not None else None)
     t1 = time.perf_counter()
     m.prefill_s = t1 - t0
 
     seq, out = list(prompt), []
     while len(out) < max_new_tokens:
         ts = time.perf_counter()
-        tree = proposer.propose(seq, sampling)
+        tree = proposer.propose(seq, state, sampling)
         td = time.perf_counter()
         logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask(), tree.verify_width)
         tv = time.perf_counter()
@@ -83,9 +83,8 @@ def generate(
         if on_step is not None:
             on_step(tree, verdict)
         target.commit(verdict.path)
-        proposer.update(tree, verdict)
-        m.ahead_hits += proposer.ahead_hit
-        proposer.see(target.hidden[verdict.path[-1]])
+        m.ahead_hits += proposer.update(tree, verdict).ahead_hit
+        state = StepState(target.hidden[verdict.path[-1]])
         new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         new = new[: max_new_tokens - len(out)]
         stop = next((i for i, t in enumerate(new) if t in eos_ids), None)

@@ -21,6 +21,9 @@ from ygg_runtime.model import Transformer
 SPAN_BUCKET = 256
 # A prompt is run in chunks of at most this many tokens (the widest compiled forward).
 PREFILL_CHUNK = 512
+# The forward widths compile measures and plans with: the latency profile's grid, the verify and
+# draft widths a plan may pick, and the widths a method's tree is padded to.
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:

@@ -3,49 +3,45 @@
 from __future__ import annotations
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.proposers.ar import AR
-from ygg_runtime.proposers.base import Drafter, Proposer, Sampling
 from ygg_runtime.objective import Curves
 from ygg_runtime.predictor import DepthPredictor
+from ygg_runtime.proposers.ar import AR
+from ygg_runtime.proposers.base import Drafter, Hook, Params, Proposer, Sampling, StepInfo, StepState
 from ygg_runtime.proposers.chain import Chain
 from ygg_runtime.proposers.egt import EGT
 from ygg_runtime.proposers.sequoia import Sequoia
 from ygg_runtime.proposers.specinfer import SpecInfer
 
-METHODS = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia, "egt": EGT}
-# Parameters of the hand-set methods; sequoia's tree and egt's shape are planned at compile time.
-DEFAULT_PARAMS = {"ar": {}, "chain": {"k": 4}, "specinfer": {"width": 2, "depth": 3}}
+METHODS: dict[str, type[Proposer]] = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia, "egt": EGT}
+# The hand-set methods compile writes into every plan, at their own defaults unless the user sets
+# them; sequoia's tree and egt's shape are planned at compile time.
+HAND_SET = ("ar", "chain", "specinfer")
+DEFAULT_PARAMS = {name: METHODS[name].Params().to_dict() for name in HAND_SET}
 
 
-def build(name: str, params: dict, drafter: Drafter | None, curves: Curves | None = None,
-          predictor: DepthPredictor | None = None) -> Proposer:
-    """The proposer of a compiled method; `curves` (the plan's profile) lets egt pick verify widths,
-    and with `predictor` (and the plan's depth policy) its depth."""
-    cls = METHODS[name]
-    if cls is AR:
-        return AR()
-    if drafter is None:
-        raise YggError(f"method {name} needs a draft model")
-    if cls is EGT:
-        return EGT(drafter, **params, curves=curves, predictor=predictor)
-    return cls(drafter, **params)
-
-
-def unbound(name: str, params: dict) -> Proposer:
-    """A proposer without its drafter: enough to check its parameters and read its step shape."""
+def params(name: str, values: dict | None) -> Params:
+    """A method's parameters, checked: an unknown method, parameter or value is refused in one line."""
     if name not in METHODS:
         raise YggError(f"unknown method '{name}' (choose from {', '.join(METHODS)})")
-    cls = METHODS[name]
     try:
-        return cls() if cls is AR else cls(None, **params)
-    except TypeError as e:
-        raise YggError(f"method {name}: {e}") from e
+        return METHODS[name].Params.from_dict(name, values)
+    except TypeError as e:  # a value of the wrong kind where a comparison needed a number
+        raise YggError(f"method {name}: {e}") from None
+
+
+def build(name: str, values: dict | None, drafter: Drafter | None, curves: Curves | None = None,
+          predictor: DepthPredictor | None = None) -> Proposer:
+    """The proposer of a compiled method. Each takes what it uses: a model-based one the drafter,
+    egt also `curves` (the plan's profile, to pick verify widths) and `predictor` (with the plan's
+    depth policy, to pick its depth every step)."""
+    return METHODS[name](params(name, values), drafter, curves, predictor)
 
 
 def validate(methods: dict[str, dict]) -> None:
-    """Refuse unknown methods or parameters before anything is written (constructors check values)."""
-    for name, params in methods.items():
-        unbound(name, params)
+    """Refuse unknown methods, parameters or values before anything is written."""
+    for name, values in methods.items():
+        params(name, values)
 
 
-__all__ = ["METHODS", "DEFAULT_PARAMS", "Drafter", "Proposer", "Sampling", "build"]
+__all__ = ["METHODS", "DEFAULT_PARAMS", "Drafter", "Hook", "Params", "Proposer", "Sampling", "StepInfo", "StepState",
+           "build", "params", "validate"]

@@ -2,18 +2,24 @@
 
 A proposer builds a token tree rooted at the last accepted token, then learns what was accepted.
 Like transformers' CandidateGenerator, it is small on purpose: the target forward, the acceptance
-rule, compaction and metrics live in the engine and never in a proposer.
+rule, compaction and metrics live in the engine and never in a proposer. Its parameters are its own
+`Params` dataclass: the defaults live there, compile writes them into the plan, and what compile
+and the objective need without a drafter (the step's forwards) is computed from them alone.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from ygg_runtime.accept import Verdict, warp
-from ygg_runtime.objective import StepShape
+from ygg_runtime.errors import YggError
+from ygg_runtime.objective import Curves, StepShape
+from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
 
@@ -27,18 +33,67 @@ class Sampling:
     generator: torch.Generator
 
 
-class Proposer:
-    name = "?"
-    max_tree_size = 1  # nodes per step, root included: bounds the cache room a step needs
-    # The target's final hidden state at the last accepted position (None before the first step
-    # of a one-token prompt): what the depth predictor reads. The engine sets it via see().
-    hidden: Tensor | None = None
-    # Whether the last step's next root was already drafted, ahead of the verify (egt's AOT head
-    # draft): the engine counts these.
-    ahead_hit = False
+@dataclass
+class StepState:
+    """What the engine knows before a step that a proposer may read."""
 
-    def see(self, hidden: Tensor | None) -> None:
-        self.hidden = hidden
+    # The target's final hidden state at the last accepted position (None before the first step of
+    # a one-token prompt): what egt's depth predictor reads.
+    hidden: Tensor | None = None
+
+
+@dataclass
+class StepInfo:
+    """What a proposer reports after a step (the engine's metrics count it)."""
+
+    ahead_hit: bool = False  # the next root was fed to the drafter ahead of the verify (egt's AOT head draft)
+
+
+class Hook:
+    """Compile-time instrumentation (calibration's probe, the stage search): set as a proposer's
+    `hook`, it sees what the proposer drafted and, when `timed`, how long each drafter stage took.
+    At run time there is none, and nothing is kept or timed."""
+
+    timed = False  # True: the proposer synchronizes the device around its stages to time them
+
+    def drafted(self, tree: TokenTree, state: StepState) -> None:
+        """The whole tree a step drafted, before pruning to the verify width."""
+
+    def stage(self, name: str, seconds: float) -> None:
+        """Seconds a drafter stage of the step took (egt: "begin", "rounds", "ahead")."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """A method's parameters, with their defaults. Subclasses check values in __post_init__."""
+
+    @classmethod
+    def from_dict(cls, method: str, values: dict[str, Any] | None) -> "Params":
+        """The parameters as a plan or the CLI gives them, refusing an unknown one in one line."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values or {}) - names)
+        if unknown:
+            raise YggError(f"method {method} has no parameter {', '.join(unknown)} (it takes: {', '.join(sorted(names)) or 'none'})")
+        return cls(**(values or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def step_shape(self) -> StepShape:
+        """The forwards of a typical step, for the objective: plain decoding by default."""
+        return StepShape((), 1)
+
+
+class Proposer:
+    name: ClassVar[str] = "?"
+    Params: ClassVar[type[Params]] = Params
+
+    def __init__(self, params: Params, drafter: "Drafter | None" = None, curves: Curves | None = None,
+                 predictor: DepthPredictor | None = None):
+        """Every method is built the same way (`proposers.build`); each uses what it needs."""
+        self.params = params
+        self.hook: Hook | None = None
+        self.max_tree_size = 1  # nodes per step, root included: bounds the cache room a step needs
 
     def reset(self) -> None:
         """Forget the previous generation."""
@@ -46,15 +101,16 @@ class Proposer:
     def prefill(self, tokens: list[int]) -> None:
         """See the prompt (all but its last token, which becomes the first root)."""
 
-    def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
+    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         raise NotImplementedError
 
-    def update(self, tree: TokenTree, verdict: Verdict) -> None:
+    def update(self, tree: TokenTree, verdict: Verdict) -> StepInfo:
         """Learn what the target accepted from `tree`."""
+        return StepInfo()
 
     def step_shape(self) -> StepShape:
-        """The forwards of a typical step, for the objective: plain decoding by default."""
-        return StepShape((), 1)
+        """The forwards of this proposer's typical step (egt: of the step in progress)."""
+        return self.params.step_shape()
 
 
 class DraftProposer(Proposer):
@@ -63,9 +119,13 @@ class DraftProposer(Proposer):
     # A step begins by feeding the drafter what it has not seen: the bonus token, and the
     # accepted leaf when the whole path was accepted. Modelled as 2 (T(1) ≈ T(2) on every curve
     # measured so far).
-    BEGIN_WIDTH = 2
+    BEGIN_WIDTH: ClassVar[int] = 2
 
-    def __init__(self, drafter: "Drafter"):
+    def __init__(self, params: Params, drafter: "Drafter | None" = None, curves: Curves | None = None,
+                 predictor: DepthPredictor | None = None):
+        if drafter is None:
+            raise YggError(f"method {self.name} needs a draft model")
+        super().__init__(params, drafter, curves, predictor)
         self.drafter = drafter
 
     def reset(self) -> None:
@@ -74,8 +134,9 @@ class DraftProposer(Proposer):
     def prefill(self, tokens: list[int]) -> None:
         self.drafter.prefill(tokens)
 
-    def update(self, tree: TokenTree, verdict: Verdict) -> None:
+    def update(self, tree: TokenTree, verdict: Verdict) -> StepInfo:
         self.drafter.finish(verdict)
+        return StepInfo()
 
 
 class Drafter:

@@ -20,12 +20,18 @@ ahead` feeds every verified leaf the drafter has not seen; `head: ahead` feeds, 
 node the drafter has seen, its best drafted child left out of the verify — that node's likeliest
 bonus. When the bonus is that child, the next step needs no first forward. Which stages run ahead is
 searched at compile time on measured times (`ygg_compile.stages`).
+
+The tree arithmetic — growth, pruning, the forwards of a step — is `Planner`, with no drafter and
+no state: the proposer drafts with it, and calibration replays recorded trees through the same code.
 """
+
 
 from __future__ import annotations
 
 import heapq
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -34,79 +40,163 @@ from ygg_runtime.accept import Verdict
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling
-from ygg_runtime.runner import fit_width
+from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, StepInfo, StepState
+from ygg_runtime.proposers.base import Params as BaseParams
 from ygg_runtime.prune import Pruning
+from ygg_runtime.runner import WIDTHS, fit_width
 from ygg_runtime.tree import TokenTree
+
+PLAIN_STAGES = {"tail": "plain", "head": "plain"}
+
+Children = tuple[list[float], list[int]]  # a node's top children: (draft probabilities, tokens)
+
+
+@dataclass(frozen=True)
+class EGTParams(BaseParams):
+    depth: int = 4  # drafter rounds per step (0: plain decoding); the fixed depth without a predictor
+    draft_width: int = 4  # nodes each round after the first feeds
+    top_k: int = 8  # children added under each fed node
+    verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
+    verify_width: int | None = None  # the usual verify width, for the step shape (None: the widest)
+    accept: list[list[float]] | None = None  # the calibrated map draft probability -> P(accept)
+    depth_policy: dict | None = None  # the depth predictor's plan: file, draft_width, factors, verify_widths
+    stages: dict | None = None  # {"tail": plain|ahead, "head": plain|ahead}
+
+    def __post_init__(self):
+        if (self.depth < 0 or self.draft_width < 1 or self.top_k < 1 or not self.verify_widths
+                or min(self.verify_widths) < 1):
+            raise YggError("egt needs depth >= 0, draft_width >= 1, top_k >= 1 and verify widths >= 1")
+        stages = PLAIN_STAGES | (self.stages or {})
+        if set(stages) != {"tail", "head"} or not set(stages.values()) <= {"plain", "ahead"}:
+            raise YggError(f"egt stages must be tail/head: plain or ahead, not {self.stages}")
+
+    def step_shape(self) -> StepShape:
+        return Planner(self).shape(self.depth)
+
+
+class Planner:
+    """egt's tree arithmetic: grow a tree from children lists, prune it to the verify width the
+    objective picks, and the forwards of a step. Pure: no drafter, nothing carried between calls."""
+
+    def __init__(self, params: EGTParams, curves: Curves | None = None, draft_width: int | None = None):
+        self.draft_width = draft_width or params.draft_width  # a depth policy brings its own
+        self.top_k = params.top_k
+        self.verify_widths = tuple(sorted(params.verify_widths))
+        self.verify_width = params.verify_width or self.verify_widths[-1]
+        self.accept = AcceptanceMap(params.accept)
+        self.curves = curves
+
+    def top(self, logits: torch.Tensor) -> Children:
+        top = torch.softmax(logits.float(), dim=-1).topk(min(self.top_k, logits.shape[-1]))
+        return top.values.tolist(), top.indices.tolist()
+
+    def grow(self, root_token: int, root_children: Children, expand: Callable[[TokenTree, list[int]], list[Children]],
+             depth: int) -> TokenTree:
+        """The drafted tree: the root's children, then depth - 1 rounds that each expand the
+        draft_width best unexpanded nodes. expand(tree, nodes) gives each node's top children;
+        `ygg_compile.calibrate` replays recorded trees through it."""
+        tree = TokenTree(root_token, child_rule="deterministic")
+        frontier: list[tuple[float, int]] = []  # (-path value, node): unexpanded nodes
+        self._add_children(tree, 0, root_children, frontier)
+        for _ in range(depth - 1):
+            # ascending node order keeps each row's ancestors before it
+            picks = sorted(heapq.heappop(frontier)[1] for _ in range(min(self.draft_width, len(frontier))))
+            if not picks:
+                break
+            for node, children in zip(picks, expand(tree, picks)):
+                self._add_children(tree, node, children, frontier)
+        return tree
+
+    def _add_children(self, tree: TokenTree, node: int, children: Children, frontier: list) -> None:
+        for q, token in zip(*children):
+            child = tree.add(node, token, q, self.accept(q))
+            heapq.heappush(frontier, (-tree.path_values[child], child))
+
+    def prune(self, tree: TokenTree, context: int, depth: int) -> TokenTree:
+        """The verified subtree: for each compiled verify width its E[A]-best subtree, the width
+        with the most tokens per modelled ms (all drafting of a depth-`depth` step counted) chosen."""
+        widest = self.verify_widths[-1]
+        # Path values never increase along a path, so the best subtrees lie among the `widest`
+        # highest-valued nodes and their ancestors: the knapsack runs on those only.
+        keep = set(sorted(range(len(tree)), key=lambda v: -tree.path_values[v])[:widest])
+        for v in list(keep):
+            while v > 0 and tree.parents[v] not in keep:
+                v = tree.parents[v]
+                keep.add(v)
+        nodes = sorted(keep | {0})
+        index = {v: i for i, v in enumerate(nodes)}
+        pruning = Pruning([index.get(tree.parents[v], -1) for v in nodes], [tree.path_values[v] for v in nodes], widest)
+        width = widest
+        if self.curves is not None:
+            drafts = self.shape(depth).draft_widths
+            width = max(self.verify_widths, key=lambda w: pruning.value(w) / self.step_ms(drafts, w, context))
+        sub = tree.subtree([nodes[i] for i in pruning.nodes(width)])
+        sub.verify_width = fit_width(len(sub), self.verify_widths)
+        return sub
+
+    def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int) -> float:
+        """The objective's modelled time of a step (`curves` required)."""
+        return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context)
+
+    def shape(self, depth: int, verify_width: int | None = None) -> StepShape:
+        """The forwards of a depth-`depth` step (at the usual verify width unless given)."""
+        if depth == 0:
+            return StepShape((), 1)
+        return StepShape((DraftProposer.BEGIN_WIDTH,) + (self.draft_width,) * (depth - 1), verify_width or self.verify_width)
 
 
 class EGT(DraftProposer):
     name = "egt"
+    Params = EGTParams
 
-    def __init__(
-        self,
-        drafter: Drafter | None,
-        depth: int = 4,
-        draft_width: int = 4,
-        top_k: int = 8,
-        verify_widths: list[int] | tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-        verify_width: int | None = None,
-        accept: list[list[float]] | None = None,
-        depth_policy: dict | None = None,
-        curves: Curves | None = None,
-        predictor: DepthPredictor | None = None,
-        stages: dict | None = None,
-    ):
-        if depth < 0 or draft_width < 1 or top_k < 1 or not verify_widths or min(verify_widths) < 1:
-            raise YggError("egt needs depth >= 0, draft_width >= 1, top_k >= 1 and verify widths >= 1")
-        super().__init__(drafter)
-        self.depth, self.draft_width, self.top_k = depth, draft_width, top_k
-        self.verify_widths = tuple(sorted(verify_widths))
-        self.verify_width = verify_width or self.verify_widths[-1]  # the usual choice, for step_shape
-        self.accept = AcceptanceMap(accept)
-        self.curves = curves
+    def __init__(self, params: EGTParams, drafter: Drafter | None = None, curves: Curves | None = None,
+                 predictor: DepthPredictor | None = None):
+        super().__init__(params, drafter)
+        policy = params.depth_policy
         # The per-step depth: needs the predictor, its policy and the curves to weigh depths.
-        self.predictor = predictor if depth_policy and curves is not None else None
+        self.predictor = predictor if policy and curves is not None else None
+        if self.predictor is not None and self.predictor.max_depth != len(policy["factors"]) - 1:
+            raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
+        self.planner = Planner(params, curves, policy["draft_width"] if self.predictor is not None else None)
+        self.curves = curves
         if self.predictor is not None:
-            if self.predictor.max_depth != len(depth_policy["factors"]) - 1:
-                raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
-            self.draft_width = depth_policy["draft_width"]
-            self.factors = depth_policy["factors"]
-            self.shapes = [self.shape(d, w) for d, w in enumerate(depth_policy["verify_widths"])]
-        self.max_depth = self.predictor.max_depth if self.predictor is not None else depth
-        self.step_depth = depth  # this step's depth
-        draft_slots = 1 + top_k * (1 + self.draft_width * max(0, self.max_depth - 1)) + self.draft_width
-        self.max_tree_size = max(draft_slots, self.verify_widths[-1]) if self.max_depth else 1
-        self.last_tree: TokenTree | None = None  # the whole drafted tree of the last step (calibration reads it)
-        self.stages = {"tail": "plain", "head": "plain"} | (stages or {})
-        if set(self.stages) != {"tail", "head"} or not set(self.stages.values()) <= {"plain", "ahead"}:
-            raise YggError(f"egt stages must be tail/head: plain or ahead, not {stages}")
+            self.factors = policy["factors"]
+            self.shapes = [self.planner.shape(d, w) for d, w in enumerate(policy["verify_widths"])]
+        self.depth = params.depth
+        self.max_depth = self.predictor.max_depth if self.predictor is not None else params.depth
+        self.step_depth = params.depth  # this step's depth
+        p = self.planner
+        draft_slots = 1 + p.top_k * (1 + p.draft_width * max(0, self.max_depth - 1)) + p.draft_width
+        self.max_tree_size = max(draft_slots, p.verify_widths[-1]) if self.max_depth else 1
+        self.stages = PLAIN_STAGES | (params.stages or {})
+        self.drafted: TokenTree | None = None  # the whole drafted tree of the step in progress
         self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
-        # Seconds spent per drafter stage ("begin", "rounds", "ahead"), accumulated while it is a
-        # dict (the compile-time stage search sets one; timing synchronizes the device).
-        self.stage_s: dict[str, float] | None = None
 
     def prefill(self, tokens: list[int]) -> None:
         if self.max_depth:
             super().prefill(tokens)
 
-    def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
+    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         self.step_depth, self.guesses = self.depth, {}
-        if self.predictor is not None and self.hidden is not None:
-            reach = self.predictor.reach(self.hidden)
+        if self.predictor is not None and state.hidden is not None:
+            reach = self.predictor.reach(state.hidden)
             self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.curves, len(seq))
         if self.step_depth == 0:  # the drafter catches up on these tokens at its next step
-            self.last_tree = TokenTree(seq[-1], child_rule="deterministic")
-            return self.last_tree
+            self.drafted = TokenTree(seq[-1], child_rule="deterministic")
+            if self.hook is not None:
+                self.hook.drafted(self.drafted, state)
+            return self.drafted
 
-        def expand(tree: TokenTree, picks: list[int]) -> list[tuple[list[float], list[int]]]:
-            return [self._top(row) for row in self.drafter.expand(tree, picks, self.draft_width)]
+        def expand(tree: TokenTree, picks: list[int]) -> list[Children]:
+            return [self.planner.top(row) for row in self.drafter.expand(tree, picks, self.planner.draft_width)]
 
         mark = self._clock(None)
-        root = self._top(self.drafter.begin(seq))
+        root = self.planner.top(self.drafter.begin(seq))
         mark = self._clock("begin", mark)
-        self.last_tree = self.grow(seq[-1], root, expand)
-        verified = self.prune(self.last_tree, len(seq))
+        self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth)
+        if self.hook is not None:
+            self.hook.drafted(self.drafted, state)
+        verified = self.planner.prune(self.drafted, len(seq), self.step_depth)
         mark = self._clock("rounds", mark)
         if "ahead" in self.stages.values():
             self.guesses = self.ahead(verified)
@@ -114,19 +204,20 @@ class EGT(DraftProposer):
         return verified
 
     def _clock(self, stage: str | None, since: float = 0.0) -> float:
-        """Add the time since `since` to a stage's total (only while stage_s is a dict)."""
-        if self.stage_s is None:
+        """Report the time since `since` as a stage's (only to a timed hook, which is why the
+        device is synchronized only then)."""
+        if self.hook is None or not self.hook.timed:
             return 0.0
         self.drafter.runner.synchronize()
         now = time.perf_counter()
         if stage is not None:
-            self.stage_s[stage] += now - since
+            self.hook.stage(stage, now - since)
         return now
 
     def ahead(self, verified: TokenTree) -> dict[int, tuple[int, torch.Tensor]]:
         """Run the stages planned ahead of the verify in one drafter forward (see the module
         docstring); returns the head draft's guesses by the node they hang from."""
-        full, fed, kept = self.last_tree, self.drafter.fed, set(verified.origin)
+        full, fed, kept = self.drafted, self.drafter.fed, set(verified.origin)
         tail, head = [], {}
         if self.stages["tail"] == "ahead":
             tail = [o for v, o in enumerate(verified.origin) if not verified.children[v] and o not in fed]
@@ -142,70 +233,15 @@ class EGT(DraftProposer):
         row = {n: i for i, n in enumerate(nodes)}
         return {o: (g, logits[row[g]]) for o, g in head.items()}
 
-    def grow(self, root_token: int, root_children: tuple[list[float], list[int]], expand) -> TokenTree:
-        """The drafted tree: the root's children, then depth - 1 rounds that each expand the
-        draft_width best unexpanded nodes. expand(tree, nodes) gives each node's top children as
-        (draft probs, tokens); `ygg_compile.calibrate` replays recorded trees through it."""
-        tree = TokenTree(root_token, child_rule="deterministic")
-        frontier: list[tuple[float, int]] = []  # (-path value, node): unexpanded nodes
-        self._add_children(tree, 0, root_children, frontier)
-        for _ in range(self.step_depth - 1):
-            # ascending node order keeps each row's ancestors before it
-            picks = sorted(heapq.heappop(frontier)[1] for _ in range(min(self.draft_width, len(frontier))))
-            if not picks:
-                break
-            for node, children in zip(picks, expand(tree, picks)):
-                self._add_children(tree, node, children, frontier)
-        return tree
-
-    def _top(self, logits: torch.Tensor) -> tuple[list[float], list[int]]:
-        top = torch.softmax(logits.float(), dim=-1).topk(min(self.top_k, logits.shape[-1]))
-        return top.values.tolist(), top.indices.tolist()
-
-    def _add_children(self, tree: TokenTree, node: int, children: tuple[list[float], list[int]], frontier: list) -> None:
-        for q, token in zip(*children):
-            child = tree.add(node, token, q, self.accept(q))
-            heapq.heappush(frontier, (-tree.path_values[child], child))
-
-    def prune(self, tree: TokenTree, context: int) -> TokenTree:
-        """The verified subtree: for each compiled verify width its E[A]-best subtree, the width
-        with the most tokens per modelled ms (all drafting of the step counted) chosen."""
-        widest = self.verify_widths[-1]
-        # Path values never increase along a path, so the best subtrees lie among the `widest`
-        # highest-valued nodes and their ancestors: the knapsack runs on those only.
-        keep = set(sorted(range(len(tree)), key=lambda v: -tree.path_values[v])[:widest])
-        for v in list(keep):
-            while v > 0 and tree.parents[v] not in keep:
-                v = tree.parents[v]
-                keep.add(v)
-        nodes = sorted(keep | {0})
-        index = {v: i for i, v in enumerate(nodes)}
-        pruning = Pruning([index.get(tree.parents[v], -1) for v in nodes], [tree.path_values[v] for v in nodes], widest)
-        width = self.verify_widths[-1]
-        if self.curves is not None:
-            drafts = self.step_shape().draft_widths
-            width = max(self.verify_widths, key=lambda w: pruning.value(w) / self.step_ms(drafts, w, context))
-        sub = tree.subtree([nodes[i] for i in pruning.nodes(width)])
-        sub.verify_width = fit_width(len(sub), self.verify_widths)
-        return sub
-
-    def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int) -> float:
-        """The objective's modelled time of a step (`self.curves` required)."""
-        return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context)
-
-    def update(self, tree: TokenTree, verdict: Verdict) -> None:
-        self.ahead_hit = False
-        if self.step_depth:
-            path = [tree.origin[v] for v in verdict.path]  # a pruned tree: its nodes in the drafted one
-            guess = self.guesses.get(path[-1])
-            self.ahead_hit = guess is not None and self.last_tree.tokens[guess[0]] == verdict.bonus
-            self.drafter.finish(Verdict(path, verdict.bonus), guess if self.ahead_hit else None)
+    def update(self, tree: TokenTree, verdict: Verdict) -> StepInfo:
+        if not self.step_depth:
+            return StepInfo()
+        path = [tree.origin[v] for v in verdict.path]  # a pruned tree: its nodes in the drafted one
+        guess = self.guesses.get(path[-1])
+        hit = guess is not None and self.drafted.tokens[guess[0]] == verdict.bonus
+        self.drafter.finish(Verdict(path, verdict.bonus), guess if hit else None)
+        return StepInfo(ahead_hit=hit)
 
     def step_shape(self) -> StepShape:
         """The current step's forwards (the last step's between steps), at the usual verify width."""
-        return self.shape(self.step_depth, self.verify_width)
-
-    def shape(self, depth: int, verify_width: int) -> StepShape:
-        if depth == 0:
-            return StepShape((), 1)
-        return StepShape((self.BEGIN_WIDTH,) + (self.draft_width,) * (depth - 1), verify_width)
+        return self.planner.shape(self.step_depth)

@@ -8,48 +8,73 @@ Children are chosen by rank, so the deterministic acceptance rule keeps sampling
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import StepShape
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling
-from ygg_runtime.runner import fit_width
+from ygg_runtime.proposers.base import DraftProposer, Sampling, StepState
+from ygg_runtime.proposers.base import Params as BaseParams
+from ygg_runtime.runner import WIDTHS, fit_width
 from ygg_runtime.tree import TokenTree
 
 
-class Sequoia(DraftProposer):
-    name = "sequoia"
+@dataclass(frozen=True)
+class SequoiaParams(BaseParams):
+    parents: list[int] = field(default_factory=lambda: [-1])  # the static tree (node 0 the root)
+    ranks: list[int] = field(default_factory=lambda: [0])  # node v: the drafter's rank-ranks[v] child of its parent
+    widths: list[int] = field(default_factory=lambda: list(WIDTHS))  # the drafter's and target's compiled widths
 
-    def __init__(
-        self,
-        drafter: Drafter | None,
-        parents: list[int] = (-1,),
-        ranks: list[int] = (0,),
-        widths: list[int] | tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64),
-    ):
-        parents, ranks = list(parents), list(ranks)
+    def __post_init__(self):
+        parents, ranks = list(self.parents), list(self.ranks)
         if not parents or parents[0] != -1 or len(ranks) != len(parents) or any(
             not 0 <= p < v for v, p in enumerate(parents) if v
         ):
             raise YggError("sequoia needs a static tree: parents[0] == -1 and every other parent earlier in the list")
-        super().__init__(drafter)
-        self.parents, self.ranks, self.widths = parents, ranks, tuple(sorted(widths))
-        depth = [0] * len(parents)
-        self.children: list[list[int]] = [[] for _ in parents]
-        for v in range(1, len(parents)):
-            depth[v] = depth[parents[v]] + 1
-            self.children[parents[v]].append(v)
-        for kids in self.children:
-            kids.sort(key=lambda v: ranks[v])  # the acceptance walk tries rank 0 first
-        self.levels = [[v for v in range(len(parents)) if depth[v] == d and self.children[v]] for d in range(max(depth))]
-        self.verify_width = fit_width(len(parents), self.widths)
+        if not self.widths or min(self.widths) < 1:
+            raise YggError("sequoia needs compiled widths >= 1")
+
+    def children(self) -> list[list[int]]:
+        """Each node's children, in the order the acceptance walk tries them (rank 0 first)."""
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for v in range(1, len(self.parents)):
+            kids[self.parents[v]].append(v)
+        return [sorted(k, key=lambda v: self.ranks[v]) for k in kids]
+
+    def levels(self) -> list[list[int]]:
+        """The inner nodes (those with children) of each depth: one drafter forward each."""
+        depth = [0] * len(self.parents)
+        for v in range(1, len(self.parents)):
+            depth[v] = depth[self.parents[v]] + 1
+        kids = self.children()
+        return [[v for v in range(len(self.parents)) if depth[v] == d and kids[v]] for d in range(max(depth))]
+
+    def step_shape(self) -> StepShape:
+        levels = self.levels()
+        if not levels:
+            return StepShape((), 1)
+        widths = sorted(self.widths)
+        inner = tuple(fit_width(len(lv), widths) for lv in levels[1:])
+        return StepShape((DraftProposer.BEGIN_WIDTH,) + inner, fit_width(len(self.parents), widths))
+
+
+class Sequoia(DraftProposer):
+    name = "sequoia"
+    Params = SequoiaParams
+
+    def __init__(self, params: SequoiaParams, drafter=None, curves=None, predictor=None):
+        super().__init__(params, drafter)
+        self.ranks, self.widths = list(params.ranks), tuple(sorted(params.widths))
+        self.children, self.levels = params.children(), params.levels()
+        self.verify_width = fit_width(len(params.parents), self.widths)
         self.max_tree_size = self.verify_width + max((fit_width(len(lv), self.widths) for lv in self.levels), default=0)
 
     def prefill(self, tokens: list[int]) -> None:
         if self.levels:
             super().prefill(tokens)
 
-    def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
+    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         tree = TokenTree(seq[-1], child_rule="deterministic")
         if not self.levels:
             return tree
@@ -68,9 +93,3 @@ class Sequoia(DraftProposer):
                     node_of[c] = tree.add(node_of[v], top.indices[r].item(), top.values[r].item())
         tree.verify_width = self.verify_width
         return tree
-
-    def step_shape(self) -> StepShape:
-        if not self.levels:
-            return StepShape((), 1)
-        inner = tuple(fit_width(len(lv), self.widths) for lv in self.levels[1:])
-        return StepShape((self.BEGIN_WIDTH,) + inner, self.verify_width)

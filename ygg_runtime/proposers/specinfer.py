@@ -3,23 +3,45 @@
 The drafter runs once per level over all of that level's nodes; the leaves are never fed.
 """
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import StepShape
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, pick_children
+from ygg_runtime.proposers.base import DraftProposer, Sampling, StepState, pick_children
+from ygg_runtime.proposers.base import Params as BaseParams
 from ygg_runtime.tree import TokenTree
+
+
+@dataclass(frozen=True)
+class SpecInferParams(BaseParams):
+    width: int = 2  # children per node
+    depth: int = 3
+
+    def __post_init__(self):
+        if not all(isinstance(v, int) for v in (self.width, self.depth)) or self.width < 1 or self.depth < 1:
+            raise YggError("specinfer needs width >= 1 and depth >= 1")
+
+    @property
+    def nodes(self) -> int:
+        return sum(self.width**d for d in range(self.depth + 1))
+
+    def step_shape(self) -> StepShape:
+        levels = tuple(self.width**d for d in range(1, self.depth))
+        return StepShape((DraftProposer.BEGIN_WIDTH,) + levels, self.nodes)
 
 
 class SpecInfer(DraftProposer):
     name = "specinfer"
+    Params = SpecInferParams
 
-    def __init__(self, drafter: Drafter, width: int = 2, depth: int = 3):
-        if width < 1 or depth < 1:
-            raise YggError("specinfer needs width >= 1 and depth >= 1")
-        super().__init__(drafter)
-        self.width, self.depth = width, depth
-        self.max_tree_size = sum(width**d for d in range(depth + 1))
+    def __init__(self, params: SpecInferParams, drafter=None, curves=None, predictor=None):
+        super().__init__(params, drafter)
+        self.width, self.depth = params.width, params.depth
+        self.max_tree_size = params.nodes
 
-    def propose(self, seq: list[int], sampling: Sampling | None) -> TokenTree:
+    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         tree = TokenTree(seq[-1], child_rule="without_replacement")
         frontier, logits = [0], self.drafter.begin(seq)[None]
         for d in range(self.depth):
@@ -28,7 +50,3 @@ class SpecInfer(DraftProposer):
                 logits = self.drafter.expand(tree, level)
             frontier = level
         return tree
-
-    def step_shape(self) -> StepShape:
-        levels = tuple(self.width**d for d in range(1, self.depth))
-        return StepShape((self.BEGIN_WIDTH,) + levels, self.max_tree_size)
