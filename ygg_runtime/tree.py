@@ -69,10 +69,6 @@ class TokenTree:
             sub.path_values[node] = self.path_values[old]
         return sub
 
-    @property
-    def depth(self) -> int:
-        return max(self.depths)
-
     def path_to(self, node: int) -> list[int]:
         path = []
         while node >= 0:
