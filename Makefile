@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ART ?= artifacts/default
 
-.PHONY: install install-qwen demo test bench artifacts clean
+.PHONY: install install-qwen demo test bench artifacts imports clean
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,11 @@ demo: install-qwen
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Each package's module graph, read from the source: what imports what, lines, imports hidden in
+# functions, and any cycle (tests/test_imports.py keeps it acyclic).
+imports:
+	@$(PYTHON) tools/import_graph.py ygg_compile; echo; $(PYTHON) tools/import_graph.py ygg_runtime
 
 # Every compiled method and the Hugging Face peers on Spec-Bench (10 prompts in each of six categories,
 # 128 new tokens, interleaved, medians); results under benchmarks/results/<device>/. Run it alone on
