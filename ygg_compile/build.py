@@ -29,7 +29,7 @@ from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.ui import Reporter
 from ygg_runtime import exactness, kernels, objective, proposers
-from ygg_runtime.artifact import PLAN_FILE
+from ygg_runtime.artifact import DEFAULT_DIR, PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import file_entry
@@ -49,7 +49,7 @@ TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode 
 class CompileOptions:
     draft: str
     target: str
-    output: Path = Path("artifacts/default")
+    output: Path = DEFAULT_DIR
     device: str = "cpu"
     dtype: str = "auto"
     method: str = "egt"

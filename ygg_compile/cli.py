@@ -19,6 +19,7 @@ import ygg_runtime
 from ygg_compile.bench import BenchOptions, default_output, run_bench
 from ygg_compile.build import CompileOptions, compile_artifact
 from ygg_compile.inspection import inspect_artifact
+from ygg_compile.peers import PEERS
 from ygg_compile.report import fmt, render_table
 from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR
@@ -41,17 +42,17 @@ def compile_cmd(
     draft: str = typer.Option(..., "--draft", help="draft model: alias, local HF directory, .gguf file or Hub id"),
     target: str = typer.Option(..., "--target", help="target model (same forms as --draft)"),
     output: Path = typer.Option(DEFAULT_DIR, "-o", "--output", help="artifact directory to write"),
-    method: str = typer.Option("egt", "--method", help="default method of the artifact: egt, sequoia, specinfer, chain or ar"),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-    dtype: str = typer.Option("auto", "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
-    max_context: int = typer.Option(4096, "--max-context", help="longest prompt + generation the artifact serves"),
+    method: str = typer.Option(CompileOptions.method, "--method", help="default method of the artifact: egt, sequoia, specinfer, chain or ar"),
+    device: str = typer.Option(CompileOptions.device, "--device", help="cpu or cuda"),
+    dtype: str = typer.Option(CompileOptions.dtype, "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
+    max_context: int = typer.Option(CompileOptions.max_context, "--max-context", help="longest prompt + generation the artifact serves"),
     chain_k: int = typer.Option(ChainParams.k, "--chain-k", help="chain: drafted tokens per step"),
     tree_width: int = typer.Option(SpecInferParams.width, "--tree-width", help="specinfer: children per node"),
     tree_depth: int = typer.Option(SpecInferParams.depth, "--tree-depth", help="specinfer: tree depth"),
     calib: Optional[Path] = typer.Option(
         None, "--calib", help="calibration prompts: .jsonl (turns/prompt), text (prompts split by --- lines) or a directory; default: a shipped set"
     ),
-    calib_tokens: int = typer.Option(48, "--calib-tokens", help="tokens the target generates per calibration prompt"),
+    calib_tokens: int = typer.Option(CompileOptions.calib_tokens, "--calib-tokens", help="tokens the target generates per calibration prompt"),
     reprofile: bool = typer.Option(False, "--reprofile", help="measure T(W) even if profiles/ holds a matching profile"),
     profiles: Optional[Path] = typer.Option(None, "--profiles", help="directory of stored latency profiles (default: the checkout's profiles/)"),
     no_predictor: bool = typer.Option(False, "--no-predictor", help="no depth predictor: egt keeps one planned depth"),
@@ -216,10 +217,10 @@ def bench_cmd(
     categories: Optional[list[str]] = typer.Option(None, "--categories", help="only these categories (comma-separated)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
     methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all, plus the ablations that apply: egt-fixed without the depth predictor, egt-eager without the compiled forwards, egt-plain / egt-ahead with the stage order the plan did not pick, ar-eager the plain decoding egt-eager is compared with; ar always runs)"),
-    peers: list[str] = typer.Option(["hf,hf-assisted,hf-pld"], "--peers", help="Hugging Face peers: hf, hf-assisted, hf-pld, or none"),
-    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
-    rounds: int = typer.Option(1, "--rounds", help="times each prompt runs per contestant (median kept)"),
+    peers: list[str] = typer.Option([",".join(PEERS)], "--peers", help="Hugging Face peers: hf, hf-assisted, hf-pld, or none"),
+    max_new_tokens: int = typer.Option(BenchOptions.max_new_tokens, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
+    temperature: float = typer.Option(BenchOptions.temperature, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
+    rounds: int = typer.Option(BenchOptions.rounds, "--rounds", help="times each prompt runs per contestant (median kept)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted benchmark in the same directory"),
 ) -> None:
