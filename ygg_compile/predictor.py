@@ -43,7 +43,7 @@ TOPS = (1, 2, 3, 4, 8)  # candidate `top` for the labels
 FOLDS = 4  # cross-validation folds over prompts
 # The predictor is used when its held-out modelled speed-up is at least the fixed depth's times this.
 # 1.0: a tie goes to the predictor. On the Qwen pair it ties on the mixed calibration set (1.415× vs
-# 1.412×) yet measures 1.06× faster than the fixed depth on code and the same on prose (README).
+# 1.412×) yet measures 1.06× faster than the fixed depth on code and the same on prose (docs/measured.md).
 MIN_GAIN = 1.0
 MAX_ITER = 200
 FILE = "predictor.safetensors"
