@@ -64,3 +64,37 @@ def test_nothing_is_proposed_without_an_earlier_match():
     assert [c.tokens for c in index.lookup(4)] == [[4, 2, 3]]
     with pytest.raises(ValueError):
         ContextIndex(max_n=1, min_n=2)
+
+
+def test_adjacency_keeps_every_successor_more_frequent_than_one_in_k():
+    """Space-Saving's guarantee, on streams where a few successors dominate and many are noise."""
+    from collections import Counter
+
+    from ygg_runtime.retrieval import AdjacencyTable
+
+    rng = random.Random(7)
+    for trial in range(20):
+        k = rng.randint(1, 6)
+        table = AdjacencyTable(k)
+        heavy = rng.sample(range(1000), k=rng.randint(1, k))
+        stream = [rng.choice(heavy) if rng.random() < 0.6 else rng.randrange(1000) for _ in range(400)]
+        for s in stream:
+            table.observe(5, s)
+        truth = Counter(stream)
+        kept = dict(table.successors(5))
+        assert len(kept) <= k and sum(kept.values()) == len(stream)
+        for s, c in truth.items():
+            if c > len(stream) / k:
+                assert s in kept and kept[s] >= c  # counts never under-estimate a kept successor
+
+
+def test_adjacency_ranks_by_count_and_round_trips_through_lists():
+    from ygg_runtime.retrieval import AdjacencyTable
+
+    table = AdjacencyTable(k=3)
+    table.observe_sequence([1, 2, 1, 2, 1, 3, 4, 5])
+    assert table.successors(1) == [(2, 2), (3, 1)] and table.successors(9) == []
+    again = AdjacencyTable.from_lists(3, *table.to_lists())
+    assert again.rows == table.rows
+    with pytest.raises(ValueError):
+        AdjacencyTable(0)

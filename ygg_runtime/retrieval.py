@@ -1,4 +1,6 @@
-"""Retrieval sources: tokens a step can propose without a drafter forward (issue 19, Graft).
+"""Retrieval sources: tokens a step can propose without a drafter forward (issue 19, Graft):
+`ContextIndex` (prompt lookup over the generation) and `AdjacencyTable` (Graft's top-k successors
+per token).
 
 `ContextIndex` is prompt lookup over one generation's own tokens (prompt and output): for the
 longest n-gram (n = max_n down to min_n) that ends the sequence and occurred before, the tokens that
@@ -72,3 +74,51 @@ class ContextIndex:
             ranked = sorted(found.items(), key=lambda kv: (-first[kv[0][0]], -kv[1][0], -kv[1][1]))
             return [Continuation(list(cont), first[cont[0]], n) for cont, _ in ranked[:limit]]
         return []
+
+
+class AdjacencyTable:
+    """Graft's token adjacency: for every token, up to k successors the target chose after it,
+    ranked by count. Counted with Space-Saving (Metwally et al.): a row keeps k counters; a new
+    successor takes the smallest counter's place at that count + 1, so every successor that followed
+    a token more than 1/k of the time is kept, whatever the stream. Seeded at compile time from the
+    target's own continuations of the calibration text, updated online from every verify (each
+    verified node tells which token the target wants after it); a row is a dict, so memory grows
+    with the tokens seen, not the vocabulary."""
+
+    def __init__(self, k: int = 4):
+        if k < 1:
+            raise ValueError("AdjacencyTable needs k >= 1")
+        self.k = k
+        self.rows: dict[int, dict[int, int]] = {}  # token -> {successor: count}
+
+    def observe(self, token: int, successor: int) -> None:
+        row = self.rows.setdefault(token, {})
+        if successor in row:
+            row[successor] += 1
+        elif len(row) < self.k:
+            row[successor] = 1
+        else:
+            least = min(row, key=row.__getitem__)
+            row[successor] = row.pop(least) + 1
+
+    def observe_sequence(self, tokens: list[int]) -> None:
+        for a, b in zip(tokens, tokens[1:]):
+            self.observe(a, b)
+
+    def successors(self, token: int) -> list[tuple[int, int]]:
+        """(successor, count), the most counted first (ties: the smaller token id, for determinism)."""
+        return sorted(self.rows.get(token, {}).items(), key=lambda kv: (-kv[1], kv[0]))
+
+    def to_lists(self) -> tuple[list[int], list[list[int]], list[list[int]]]:
+        """(tokens, successors, counts) with rows padded by -1 / 0: what the artifact stores."""
+        tokens = sorted(self.rows)
+        succ = [[s for s, _ in self.successors(t)] + [-1] * (self.k - len(self.rows[t])) for t in tokens]
+        counts = [[c for _, c in self.successors(t)] + [0] * (self.k - len(self.rows[t])) for t in tokens]
+        return tokens, succ, counts
+
+    @classmethod
+    def from_lists(cls, k: int, tokens: list[int], succ: list[list[int]], counts: list[list[int]]) -> "AdjacencyTable":
+        table = cls(k)
+        for t, ss, cs in zip(tokens, succ, counts):
+            table.rows[t] = {s: c for s, c in zip(ss, cs) if s >= 0}
+        return table
