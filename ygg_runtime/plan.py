@@ -175,7 +175,7 @@ def _build(tp: Any, value: Any, where: str, path: str) -> Any:
                 raise YggError(f"{where} lacks `{sub}`: recompile with `ygg compile`")
             kwargs[f.name] = _build(hints[f.name], value[f.name], where, sub)
         return tp(**kwargs)
-    if origin is dict:
+    if tp is dict or origin is dict:  # a bare dict is kept as it is (methods, profile, planning)
         if not isinstance(value, dict):
             _bad(where, path, "a mapping", value)
         if not args:
@@ -185,10 +185,6 @@ def _build(tp: Any, value: Any, where: str, path: str) -> Any:
         if not isinstance(value, list):
             _bad(where, path, "a list", value)
         return [_build(args[0], v, where, f"{path}[{i}]") for i, v in enumerate(value)]
-    if tp is dict:
-        if not isinstance(value, dict):
-            _bad(where, path, "a mapping", value)
-        return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             _bad(where, path, "a number", value)

@@ -29,14 +29,14 @@ class Chain(DraftProposer):
 
     def __init__(self, params: ChainParams, drafter=None, curves=None, predictor=None):
         super().__init__(params, drafter)
-        self.k = params.k
         self.max_tree_size = params.k + 1
 
     def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         tree = TokenTree(seq[-1], child_rule="iid")
         logits, node = self.drafter.begin(seq), 0
-        for d in range(self.k):
+        k = self.params.k
+        for d in range(k):
             (node,) = pick_children(tree, node, logits, 1, sampling)
-            if d + 1 < self.k:
+            if d + 1 < k:
                 logits = self.drafter.expand(tree, [node])[0]
         return tree

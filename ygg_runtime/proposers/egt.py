@@ -25,7 +25,6 @@ The tree arithmetic — growth, pruning, the forwards of a step — is `Planner`
 no state: the proposer drafts with it, and calibration replays recorded trees through the same code.
 """
 
-
 from __future__ import annotations
 
 import heapq
@@ -158,11 +157,9 @@ class EGT(DraftProposer):
         if self.predictor is not None and self.predictor.max_depth != len(policy["factors"]) - 1:
             raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
         self.planner = Planner(params, curves, policy["draft_width"] if self.predictor is not None else None)
-        self.curves = curves
         if self.predictor is not None:
             self.factors = policy["factors"]
             self.shapes = [self.planner.shape(d, w) for d, w in enumerate(policy["verify_widths"])]
-        self.depth = params.depth
         self.max_depth = self.predictor.max_depth if self.predictor is not None else params.depth
         self.step_depth = params.depth  # this step's depth
         p = self.planner
@@ -177,10 +174,10 @@ class EGT(DraftProposer):
             super().prefill(tokens)
 
     def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
-        self.step_depth, self.guesses = self.depth, {}
+        self.step_depth, self.guesses = self.params.depth, {}
         if self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
-            self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.curves, len(seq))
+            self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.planner.curves, len(seq))
         if self.step_depth == 0:  # the drafter catches up on these tokens at its next step
             self.drafted = TokenTree(seq[-1], child_rule="deterministic")
             if self.hook is not None:

@@ -38,15 +38,15 @@ class SpecInfer(DraftProposer):
 
     def __init__(self, params: SpecInferParams, drafter=None, curves=None, predictor=None):
         super().__init__(params, drafter)
-        self.width, self.depth = params.width, params.depth
         self.max_tree_size = params.nodes
 
     def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         tree = TokenTree(seq[-1], child_rule="without_replacement")
+        width, depth = self.params.width, self.params.depth
         frontier, logits = [0], self.drafter.begin(seq)[None]
-        for d in range(self.depth):
-            level = [c for node, row in zip(frontier, logits) for c in pick_children(tree, node, row, self.width, sampling)]
-            if d + 1 < self.depth:
+        for d in range(depth):
+            level = [c for node, row in zip(frontier, logits) for c in pick_children(tree, node, row, width, sampling)]
+            if d + 1 < depth:
                 logits = self.drafter.expand(tree, level)
             frontier = level
         return tree
