@@ -131,10 +131,11 @@ def test_unseeded_sampling_leaves_the_callers_random_state_alone(models):
     state = torch.get_rng_state()
     decode(target, draft, "chain", {"k": 3}, PROMPT, 4, temperature=1.0)
     assert torch.equal(torch.get_rng_state(), state)
-    a, _ = decode(target, draft, "chain", {"k": 3}, PROMPT, 8, temperature=1.0)
-    b, _ = decode(target, draft, "chain", {"k": 3}, PROMPT, 8, temperature=1.0)
-    c, _ = decode(target, draft, "chain", {"k": 3}, PROMPT, 8, temperature=1.0)
-    assert len({tuple(a), tuple(b), tuple(c)}) > 1  # still random from run to run
+    # still random from run to run. At T=1 this tiny model repeats an 8-token text 38% of the
+    # time (three equal runs: 6%, a flaky test); at T=2 over 16 tokens three equal runs measured
+    # about 1e-5 (300 seeded runs, most common text 0.7%)
+    runs = [decode(target, draft, "chain", {"k": 3}, PROMPT, 16, temperature=2.0)[0] for _ in range(3)]
+    assert len({tuple(r) for r in runs}) > 1
 
 
 def test_a_zero_exponential_draw_never_picks_a_token_the_drafter_rules_out(monkeypatch):
