@@ -1,10 +1,12 @@
-"""Prompt lookup over a generation's own tokens (ygg_runtime.retrieval) against a linear scan."""
+"""Retrieval (ygg_runtime.retrieval): prompt lookup against a linear scan, the adjacency table's
+guarantee, and grafting into a tree."""
 
 import random
 
 import pytest
 
-from ygg_runtime.retrieval import ContextIndex
+from ygg_runtime.retrieval import AdjacencyTable, ContextIndex, GraftParams, Retriever
+from ygg_runtime.tree import CONTEXT, DRAFT, TokenTree
 
 
 def scan(tokens, max_n, min_n, keep, length, limit):
@@ -98,3 +100,80 @@ def test_adjacency_ranks_by_count_and_round_trips_through_lists():
     assert again.rows == table.rows
     with pytest.raises(ValueError):
         AdjacencyTable(0)
+
+
+@pytest.mark.parametrize("vocab", [3, 8])
+def test_lookup_after_a_tree_path_equals_a_scan_of_the_extended_sequence(vocab):
+    """A lookup under a tree node matches the sequence followed by the node's path, and copies
+    only from the accepted sequence."""
+    rng = random.Random(100 + vocab)
+    for _ in range(200):
+        tokens = [rng.randrange(vocab) for _ in range(rng.randint(2, 20))]
+        path = [rng.randrange(vocab) for _ in range(rng.randint(0, 3))]
+        index = ContextIndex(3, 1, 8)
+        index.reset(tokens)
+        got = [(c.tokens, c.count, c.match) for c in index.lookup(4, 3, path)]
+        # the reference: matches of the extended sequence's suffix that end inside `tokens`
+        full, end = tokens + path, len(tokens)
+        want = []
+        for n in range(min(3, len(full)), 0, -1):
+            ends = [e for e in range(n, end) if full[e - n : e] == full[len(full) - n :]][-9:]
+            conts = [tuple(tokens[e : e + 4]) for e in ends]
+            if conts:
+                found = {}
+                for e, cont in zip(ends, conts):
+                    c, last = found.get(cont, (0, -1))
+                    found[cont] = (c + 1, max(last, e))
+                first = {}
+                for cont, (c, _) in found.items():
+                    first[cont[0]] = first.get(cont[0], 0) + c
+                ranked = sorted(found.items(), key=lambda kv: (-first[kv[0][0]], -kv[1][0], -kv[1][1]))
+                want = [(list(cont), first[cont[0]], n) for cont, _ in ranked[:3]]
+                break
+        assert got == want, (tokens, path)
+
+
+def test_graft_merges_retrieved_tokens_into_drafted_nodes_and_values_them_by_the_table():
+    r = Retriever(GraftParams(length=3, limit=2, adjacency_depth=0))
+    r.reset([4, 5, 6, 7, 9, 4, 5])  # the sequence ends "... 4 5" + root 6: "6" was followed by 7
+    r.sync([4, 5, 6, 7, 9, 4, 5, 6])
+    tree = TokenTree(6)
+    drafted = tree.add(0, 7, 0.5, 0.4)  # the drafter also proposes 7
+    added = r.graft(tree)
+    assert tree.tokens[1:] == [7, 9, 4] and added == 2  # 7 merged, 9 and 4 added below it
+    assert tree.sources == [DRAFT, DRAFT, CONTEXT, CONTEXT]
+    # "4 5 6" matched (n = 3): 7 at position 0, seen once; the higher of its and the drafter's values
+    table = r.context
+    assert tree.path_values[drafted] == pytest.approx(max(0.4, table[2][0][0]))
+    assert tree.path_values[2] == pytest.approx(tree.path_values[1] * table[2][1][0])
+    assert tree.path_values[3] == pytest.approx(tree.path_values[2] * table[2][2][0])
+
+
+def test_graft_never_adds_more_than_its_budget_and_adjacency_learns_only_the_targets_tokens():
+    r = Retriever(GraftParams(length=8, limit=3, budget=5))
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2, 3, 1]
+    r.reset(prompt[:-1])
+    r.sync(prompt)
+    assert r.table.rows == {}  # the prompt is the user's text: not the target's choices
+    tree = TokenTree(1)
+    assert r.graft(tree) == 5 and len(tree) == 6
+    r.sync(prompt + [8, 9])
+    assert r.table.successors(1) == [(8, 1)] and r.table.successors(8) == [(9, 1)]
+    r.reset(prompt[:-1])
+    assert r.table.rows == {}  # online learning stays within its generation
+
+
+def test_adjacency_table_round_trips_through_its_file(tmp_path):
+    table = AdjacencyTable(3)
+    table.observe_sequence([1, 2, 1, 3, 1, 2, 5, 5, 5])
+    table.save(tmp_path / "adjacency.safetensors")
+    loaded = AdjacencyTable.load(tmp_path / "adjacency.safetensors")
+    assert loaded.k == 3 and {t: loaded.successors(t) for t in (1, 2, 3, 5)} == {t: table.successors(t) for t in (1, 2, 3, 5)}
+
+
+def test_graft_settings_are_checked_in_one_line():
+    from ygg_runtime.errors import YggError
+
+    for bad in ({"length": 0}, {"max_n": 9}, {"k": 0}, {"context": [[0.5]]}, {"colour": 1}):
+        with pytest.raises(YggError):
+            GraftParams.from_dict(bad)

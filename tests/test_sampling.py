@@ -24,15 +24,15 @@ def models():
     return runner(target, 64), runner(noised_runtime(target, 0.4, seed=21), 64)
 
 
-def exact_joint(target, temperature: float, top_p: float = 1.0, eos: int | None = None) -> torch.Tensor:
+def exact_joint(target, temperature: float, top_p: float = 1.0, eos: int | None = None, prompt=PROMPT) -> torch.Tensor:
     """P(x1, x2 | PROMPT) at `temperature` and `top_p`, from the target's own logits; with an eos,
     a sequence that starts with it stops there: cell (eos, eos) holds P(x1 = eos)."""
     target.reset()
-    first = accept.warp(target.forward_chain(PROMPT)[-1], temperature, top_p)
+    first = accept.warp(target.forward_chain(prompt)[-1], temperature, top_p)
     joint = torch.zeros(VOCAB, VOCAB, dtype=torch.float64)
     for x1 in range(VOCAB):
         target.reset()
-        joint[x1] = first[x1] * accept.warp(target.forward_chain(PROMPT + [x1])[-1], temperature, top_p)
+        joint[x1] = first[x1] * accept.warp(target.forward_chain(prompt + [x1])[-1], temperature, top_p)
     if eos is not None:
         joint[eos] = 0.0
         joint[eos, eos] = first[eos]
@@ -52,12 +52,12 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(obs[keep].numpy(), exp[keep].numpy() * obs.sum().item() / exp[keep].sum().item()).pvalue)
 
 
-def sample_counts(target, draft, method, params, temperature, top_p=1.0, eos=None) -> tuple[torch.Tensor, float]:
+def sample_counts(target, draft, method, params, temperature, top_p=1.0, eos=None, prompt=PROMPT) -> tuple[torch.Tensor, float]:
     counts = torch.zeros(VOCAB * VOCAB)
     accepted = 0.0
     eos_ids = frozenset() if eos is None else frozenset({eos})
     for seed in range(SAMPLES):
-        out, m = decode(target, draft, method, params, PROMPT, N_TOKENS, temperature=temperature, top_p=top_p,
+        out, m = decode(target, draft, method, params, prompt, N_TOKENS, temperature=temperature, top_p=top_p,
                         seed=seed, eos_ids=eos_ids)
         counts[out[0] * VOCAB + (out[1] if len(out) > 1 else eos)] += 1
         accepted += m.accepted_tokens
@@ -123,6 +123,33 @@ def test_chi_square_detects_verification_that_ignores_top_p(models, monkeypatch)
     monkeypatch.setattr(engine, "warp", lambda logits, temperature, top_p=1.0: accept.warp(logits, temperature))
     counts, _ = sample_counts(target, draft, "chain", {"k": 3}, 1.5, top_p=0.9)
     assert chi_square_pvalue(counts, exact_joint(target, 1.5, top_p=0.9)) < ALPHA
+
+
+# A prompt whose suffix (1, 5) occurred before: retrieval proposes 2, 7, 3, ... after it, beside the drafter's.
+GRAFT_PROMPT = [1, 5, 2, 7, 3, 1, 5]
+GRAFT_CASES = [("egt", EGT | {"graft": {}}, 1.0), ("egt", EGT | {"graft": {}}, 0.7), ("pld", {}, 1.0)]
+
+
+@pytest.mark.parametrize("method,params,temperature", GRAFT_CASES, ids=str)
+def test_sampling_with_retrieved_nodes_in_the_tree_matches_the_target(models, method, params, temperature):
+    """Trees mixing drafted and retrieved nodes (and retrieval alone): retrieved children are
+    picked, not sampled, so the deterministic-child rule keeps the distribution exact."""
+    target, draft = models
+    retrieved = accepted = 0
+    for seed in range(40):
+        _, m = decode(target, draft, method, params, GRAFT_PROMPT, N_TOKENS, temperature=temperature, seed=seed)
+        retrieved, accepted = retrieved + m.retrieved_tokens, accepted + m.accepted_context + m.accepted_adjacency
+    assert retrieved > 40 and accepted > 0  # retrieved nodes were verified, and some accepted
+    counts, _ = sample_counts(target, draft, method, params, temperature, prompt=GRAFT_PROMPT)
+    assert chi_square_pvalue(counts, exact_joint(target, temperature, prompt=GRAFT_PROMPT)) > ALPHA
+
+
+def test_chi_square_detects_a_wrong_rule_on_retrieved_nodes(models, monkeypatch):
+    """... with the power to see a retrieved child kept in the target's distribution after its rejection."""
+    target, draft = models
+    monkeypatch.setattr(accept, "discard", lambda p, x: p)
+    counts, _ = sample_counts(target, draft, "pld", {}, 1.0, prompt=GRAFT_PROMPT)
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0, prompt=GRAFT_PROMPT)) < ALPHA
 
 
 def test_unseeded_sampling_leaves_the_callers_random_state_alone(models):

@@ -12,6 +12,7 @@ from ygg_runtime.integrity import check_machine, verify_files
 from ygg_runtime.model import load_model
 from ygg_runtime.plan import Plan
 from ygg_runtime.predictor import DepthPredictor
+from ygg_runtime.retrieval import AdjacencyTable
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
@@ -59,6 +60,8 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
             runner.compiled = CompiledForward(directory / role / aot.package, runner.model)
     policy = (plan.methods.get("egt") or {}).get("depth_policy")
     pred = DepthPredictor.load(directory / policy["file"]) if predictor and policy else None
+    tables = {(params.get("graft") or {}).get("file") for params in plan.methods.values()} - {None}
+    adjacency = AdjacencyTable.load(directory / tables.pop()) if tables else None
     tok = plan.tokenizer
     codec = TextCodec(directory / tok.file, tok.chat_prefix, tok.chat_suffix)
     forwards = ("compiled ahead of time" if aot is not None else
@@ -73,4 +76,5 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
         plan=plan,
         forwards=forwards,
         predictor=pred,
+        adjacency=adjacency,
     )

@@ -12,6 +12,7 @@ from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
 from ygg_runtime.plan import ExactnessRecord, Plan
 from ygg_runtime.predictor import DepthPredictor
+from ygg_runtime.retrieval import AdjacencyTable
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import StreamDecoder, TextCodec
 
@@ -67,6 +68,7 @@ class Decoder:
         plan: Plan | None = None,
         forwards: str = "eager",
         predictor: DepthPredictor | None = None,
+        adjacency: AdjacencyTable | None = None,
     ):
         self.target, self.codec, self.eos_ids = target, codec, eos_ids
         self.methods, self.default_method = methods, default_method
@@ -75,6 +77,7 @@ class Decoder:
         # The context the artifact serves (its cache has room past it for compile-time probing).
         self.max_context = plan.max_context if plan else None
         self.predictor = predictor  # egt's depth predictor, when the artifact has one
+        self.adjacency = adjacency  # the adjacency table compile seeded, which egt and pld retrieve from
         # The compile-time row-invariance records by forward kind ("compiled", "eager").
         self.exactness: dict[str, ExactnessRecord] = plan.exactness if plan else {}
         target.min_width = exactness.min_width(self.exactness.get(self.forward_kind()))
@@ -90,18 +93,22 @@ class Decoder:
         """The loaded models by role ("target", and "draft" when there is one)."""
         return {"target": self.target} | ({"draft": self._drafter.runner} if self._drafter is not None else {})
 
-    def proposer(self, method: str, predictor: bool = True, stages: dict | None = None) -> proposers.Proposer:
+    def proposer(self, method: str, predictor: bool = True, stages: dict | None = None,
+                 graft: bool = True) -> proposers.Proposer:
         """The method's proposer. Ablations: predictor=False runs egt at its planned fixed depth;
-        stages replaces egt's planned stage order ({"tail": ..., "head": ...})."""
+        stages replaces egt's planned stage order ({"tail": ..., "head": ...}); graft=False runs
+        egt without retrieval grafting (other methods do not graft)."""
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
         use = predictor and self.predictor is not None
-        key = (method, use, tuple(sorted(stages.items())) if stages else None)
+        graft = graft or method != "egt"
+        key = (method, use, tuple(sorted(stages.items())) if stages else None, graft)
         if key not in self._proposers:
             profile = self.plan.profile if self.plan else None
             curves = Curves(profile) if profile else None
-            params = self.methods[method] | ({"stages": stages} if stages else {})
-            self._proposers[key] = proposers.build(method, params, self._drafter, curves, self.predictor if use else None)
+            params = self.methods[method] | ({"stages": stages} if stages else {}) | ({} if graft else {"graft": None})
+            self._proposers[key] = proposers.build(method, params, self._drafter, curves, self.predictor if use else None,
+                                                   self.adjacency)
         return self._proposers[key]
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
@@ -124,6 +131,7 @@ class Decoder:
         method: str | None = None,
         predictor: bool = True,
         stages: dict | None = None,
+        graft: bool = True,
         eager: bool = False,
         raw: bool = False,
         ignore_eos: bool = False,
@@ -131,11 +139,11 @@ class Decoder:
         on_step: Callable | None = None,
     ) -> Result:
         """Generate exactly what the target alone would (greedy), or a sample from its distribution.
-        Ablations: predictor=False, stages (see proposer()); eager=True runs this generation on the
+        Ablations: predictor=False, stages, graft=False (see proposer()); eager=True runs this generation on the
         eager forwards even when compiled ones are loaded."""
         start = time.perf_counter()
         ids = self.encode(prompt, raw)
-        prop = self.proposer(method or self.default_method, predictor, stages)
+        prop = self.proposer(method or self.default_method, predictor, stages, graft)
         compiled = {role: r.compiled for role, r in self.runners.items()}
         record = self.exactness.get(self.forward_kind(eager))
         floor = self.target.min_width

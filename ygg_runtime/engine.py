@@ -83,7 +83,9 @@ def generate(
         if on_step is not None:
             on_step(tree, verdict)
         target.commit(verdict.path)
-        m.ahead_hits += proposer.update(tree, verdict).ahead_hit
+        info = proposer.update(tree, verdict)
+        m.ahead_hits += info.ahead_hit
+        m.retrieval_s += info.retrieval_s
         state = StepState(target.hidden[verdict.path[-1]])
         new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         new = new[: max_new_tokens - len(out)]
@@ -94,6 +96,7 @@ def generate(
         kept = min(verdict.accepted, len(new))
         tried = kept + bool(tree.children[verdict.path[kept]]) if kept == verdict.accepted else kept
         m.record_step(len(tree) - 1, kept, len(new), tried, max(tree.depths))
+        m.record_sources(tree.sources[1:], [tree.sources[v] for v in verdict.path[1 : kept + 1]])
         seq += new
         out += new
         if on_tokens is not None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from ygg_runtime.tree import ADJACENCY, CONTEXT, DRAFT
+
 # Per-step lists stay out of to_dict(): a run's record stays small whatever its length (Result
 # carries accepted_lengths; tree_depths and the depth counters are summarised by their properties).
 PER_STEP = ("accepted_lengths", "depth_tries", "depth_accepts", "tree_depths")
 # The derived metrics, in the order to_dict() reports them after the counters.
-DERIVED = ("mean_accepted_length", "acceptance_rate", "depth_acceptance", "mean_tree_depth", "tpot_ms", "forward")
+DERIVED = ("mean_accepted_length", "acceptance_rate", "depth_acceptance", "mean_tree_depth", "tokens_per_step_by_source",
+           "retrieval_ms_per_step", "tpot_ms", "forward")
 
 
 @dataclass
@@ -22,8 +25,13 @@ class Metrics:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     steps: int = 0  # target verify forwards after the prefill
-    drafted_tokens: int = 0  # drafted tree nodes sent to the target (root excluded)
-    accepted_tokens: int = 0  # drafted tokens the target accepted (bonus excluded)
+    drafted_tokens: int = 0  # tree nodes sent to the target (root excluded), drafted or retrieved
+    accepted_tokens: int = 0  # of those, the ones the target accepted (bonus excluded)
+    retrieved_tokens: int = 0  # tree nodes sent to the target that retrieval proposed and the drafter did not
+    accepted_context: int = 0  # accepted tokens the context index proposed (prompt lookup)
+    accepted_adjacency: int = 0  # accepted tokens the adjacency table proposed
+    retrieval_steps: int = 0  # steps that verified retrieved tokens without a drafter forward
+    retrieval_s: float = 0.0  # indexing and retrieval, part of draft_s
     accepted_lengths: list[int] = field(default_factory=list)  # per step, bonus included
     depth_tries: list[int] = field(default_factory=list)  # [d-1]: steps that reached depth d-1 with a child to try
     depth_accepts: list[int] = field(default_factory=list)  # [d-1]: steps whose accepted path reached depth d
@@ -54,6 +62,14 @@ class Metrics:
             self.depth_tries[d] += 1
             self.depth_accepts[d] += d < accepted
 
+    def record_sources(self, sources: list[int], accepted: list[int]) -> None:
+        """sources: the step's tree nodes' (root excluded); accepted: those of its accepted tokens."""
+        retrieved = sum(s != DRAFT for s in sources)
+        self.retrieved_tokens += retrieved
+        self.retrieval_steps += bool(retrieved) and retrieved == len(sources)
+        self.accepted_context += accepted.count(CONTEXT)
+        self.accepted_adjacency += accepted.count(ADJACENCY)
+
     @property
     def mean_accepted_length(self) -> float:
         """Tokens per target forward, bonus included: the speculation's raw gain (1.0 for `ar`)."""
@@ -75,6 +91,21 @@ class Metrics:
         """Mean depth of the verified trees: how far ahead a method drafted (egt's depth predictor
         moves it step by step)."""
         return sum(self.tree_depths) / max(1, len(self.tree_depths))
+
+    @property
+    def tokens_per_step_by_source(self) -> dict[str, float]:
+        """mean_accepted_length split by where each token came from: the drafter, the context index,
+        the adjacency table, and the target's own bonus token."""
+        steps = max(1, self.steps)
+        retrieved = self.accepted_context + self.accepted_adjacency
+        return {"draft": (self.accepted_tokens - retrieved) / steps, "context": self.accepted_context / steps,
+                "adjacency": self.accepted_adjacency / steps,
+                "bonus": (sum(self.accepted_lengths) - self.accepted_tokens) / steps}
+
+    @property
+    def retrieval_ms_per_step(self) -> float:
+        """What retrieval (indexing accepted tokens, lookups, grafting) adds to a step, in ms."""
+        return 1000.0 * self.retrieval_s / max(1, self.steps)
 
     @property
     def forward(self) -> str:

@@ -94,13 +94,16 @@ def speedup(expected_accepted: float, shape: StepShape, curves: Curves, context:
 
 
 def best_depth(reach: list[float], factors: list[float], shapes: list[StepShape], curves: Curves,
-               context: int | None = None) -> int:
+               context: int | None = None, retrieved: tuple[float, int] | None = None) -> int:
     """The depth D in 0..len(shapes) - 1 with the most tokens per modelled ms, given the depth
     predictor's reach[d - 1] = P(accepted length >= d). A step of depth D yields
     1 + factors[D] · Σ_{d ≤ D} reach[d - 1] tokens: a deep tree accepted to length A yields min(A, D)
     from a depth-D tree, and factors[D] (measured on calibration, `ygg_compile.calibrate`) scales
-    that for the narrower tree the runtime grows. shapes[D] is a depth-D step (shapes[0] plain)."""
-    best, rate = 0, 1.0 / step_ms(shapes[0], curves, context)
+    that for the narrower tree the runtime grows. shapes[D] is a depth-D step (shapes[0] plain).
+    retrieved: (E[A], verify width) of a retrieval-only step, which then is depth 0's option (no
+    drafter forward) in place of plain decoding."""
+    zero = shapes[0] if retrieved is None else StepShape((), retrieved[1])
+    best, rate = 0, (1.0 if retrieved is None else retrieved[0]) / step_ms(zero, curves, context)
     for d in range(1, len(shapes)):
         r = (1.0 + factors[d] * sum(reach[:d])) / step_ms(shapes[d], curves, context)
         if r > rate:

@@ -21,8 +21,9 @@ import yaml
 from ygg_runtime.errors import YggError, first_line
 
 # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks;
-# 5: the row-invariant attention kernel and the exactness check
-FORMAT_VERSION = 5
+# 5: the row-invariant attention kernel and the exactness check; 6: retrieval (egt's graft, pld,
+# the seeded adjacency table)
+FORMAT_VERSION = 6
 
 
 @dataclass

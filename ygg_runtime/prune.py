@@ -9,6 +9,38 @@ table capped at min(subtree size, k), which keeps the whole DP at O(n·k).
 
 from __future__ import annotations
 
+from ygg_runtime import objective
+from ygg_runtime.objective import Curves, StepShape
+from ygg_runtime.runner import fit_width
+from ygg_runtime.tree import TokenTree
+
+
+def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | None, draft_widths: tuple[int, ...],
+             context: int) -> TokenTree:
+    """The subtree to verify: for each compiled verify width its E[A]-best subtree, the width with
+    the most tokens per modelled ms chosen (`draft_widths`: the step's drafter forwards, counted in
+    its time); the widest without curves. Drafted and retrieved nodes compete on their path values
+    alone, so retrieval fills exactly the slots pruning leaves free."""
+    widest = verify_widths[-1]
+    # Path values never increase along a path, so the best subtrees lie among the `widest`
+    # highest-valued nodes and their ancestors: the knapsack runs on those only.
+    keep = set(sorted(range(len(tree)), key=lambda v: -tree.path_values[v])[:widest])
+    for v in list(keep):
+        while v > 0 and tree.parents[v] not in keep:
+            v = tree.parents[v]
+            keep.add(v)
+    nodes = sorted(keep | {0})
+    index = {v: i for i, v in enumerate(nodes)}
+    pruning = Pruning([index.get(tree.parents[v], -1) for v in nodes], [tree.path_values[v] for v in nodes], widest)
+    width = widest
+    if curves is not None:
+        def rate(w: int) -> float:
+            return pruning.value(w) / objective.step_ms(StepShape(draft_widths, w), curves, context)
+        width = max(verify_widths, key=rate)
+    sub = tree.subtree([nodes[i] for i in pruning.nodes(width)])
+    sub.verify_width = fit_width(len(sub), verify_widths)
+    return sub
+
 
 def best_subtree(parents: list[int], values: list[float], k: int) -> list[int]:
     """Nodes (ascending, root 0 first) of the root-connected subtree of at most k nodes with the

@@ -1,6 +1,8 @@
-"""Retrieval sources: tokens a step can propose without a drafter forward (issue 19, Graft):
-`ContextIndex` (prompt lookup over the generation) and `AdjacencyTable` (Graft's top-k successors
-per token).
+"""Retrieval: tokens a step can propose without a drafter forward (Graft, "Draft Less, Retrieve
+More"). Two sources, `ContextIndex` (prompt lookup over the generation) and `AdjacencyTable`
+(Graft's top-k successors per token), and `Retriever`, which hangs what they find into a token tree
+with calibrated path values, so that verification pruning weighs retrieved and drafted nodes on
+equal terms (`egt` grafts into its drafted tree, `pld` verifies retrieval alone).
 
 `ContextIndex` is prompt lookup over one generation's own tokens (prompt and output): for the
 longest n-gram (n = max_n down to min_n) that ends the sequence and occurred before, the tokens that
@@ -10,13 +12,20 @@ match of a linear scan; this keeps, for every n-gram, the positions where it end
 index grows by max_n entries per accepted token. Several matches give several continuations, merged
 where they share a prefix and counted, which is what a retrieved subtree needs. On this CPU indexing
 a 2 200-token prompt takes ~4 ms and a step (3 accepted tokens, one lookup) ~15 µs.
-
-Not yet used by a method: grafting into `egt` and the `pld` method come next (issue 19).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ygg_runtime.errors import YggError
+from ygg_runtime.tree import ADJACENCY, CONTEXT, TokenTree
 
 
 @dataclass
@@ -50,13 +59,15 @@ class ContextIndex:
                 if len(slot) > cap:
                     del slot[0]
 
-    def lookup(self, length: int, limit: int = 4) -> list[Continuation]:
+    def lookup(self, length: int, limit: int = 4, path: list[int] = ()) -> list[Continuation]:
         """Up to `limit` distinct continuations of at most `length` tokens after the longest
-        suffix of the sequence seen before, most frequent first (then the most recent); [] when
-        no suffix of min_n or more tokens occurred earlier."""
+        suffix of the sequence (followed by `path`, tokens not accepted yet: a tree node's) seen
+        before, most frequent first (then the most recent); [] when no suffix of min_n or more
+        tokens occurred earlier."""
         end = len(self.tokens)
-        for n in range(min(self.max_n, end - 1), self.min_n - 1, -1):
-            starts = [p for p in self.ends.get(tuple(self.tokens[end - n :]), ()) if p < end]
+        tail = (self.tokens[max(0, end - self.max_n):] + list(path))[-self.max_n:]
+        for n in range(len(tail), self.min_n - 1, -1):
+            starts = [p for p in self.ends.get(tuple(tail[len(tail) - n:]), ()) if p < end]
             if not starts:
                 continue
             found: dict[tuple[int, ...], list[int]] = {}  # continuation -> [count, latest start]
@@ -122,3 +133,161 @@ class AdjacencyTable:
         for t, ss, cs in zip(tokens, succ, counts):
             table.rows[t] = {s: c for s, c in zip(ss, cs) if s >= 0}
         return table
+
+    def copy(self) -> "AdjacencyTable":
+        table = AdjacencyTable(self.k)
+        table.rows = {t: dict(row) for t, row in self.rows.items()}
+        return table
+
+    def save(self, path: Path) -> None:
+        tokens, succ, counts = self.to_lists()
+        save_file({"tokens": torch.tensor(tokens, dtype=torch.int64).reshape(-1),
+                   "successors": torch.tensor(succ, dtype=torch.int64).reshape(-1, self.k),
+                   "counts": torch.tensor(counts, dtype=torch.int64).reshape(-1, self.k)}, str(path))
+
+    @classmethod
+    def load(cls, path: Path) -> "AdjacencyTable":
+        try:
+            t = load_file(str(path))
+            return cls.from_lists(t["successors"].shape[1], t["tokens"].tolist(), t["successors"].tolist(),
+                                  t["counts"].tolist())
+        except (OSError, SafetensorError, KeyError, IndexError) as e:
+            raise YggError(f"cannot read the adjacency table {path}: {e}") from None
+
+
+# Uncalibrated P(a retrieved token is accepted | its parent was), used until compile measures them on
+# the target's own continuations (`ygg_compile.calibrate.graft_values`): a longer match, a later
+# position in a copied run and a continuation seen twice each make a copy likelier.
+def _prior_context() -> list[list[list[float]]]:
+    return [[[round(min(0.9, 0.1 + 0.1 * n + 0.1 * i + 0.1 * c), 2) for c in range(2)] for i in range(POSITIONS)]
+            for n in range(1, MAX_N + 1)]
+
+
+MAX_N, POSITIONS, RANKS = 4, 4, 4  # the value tables' axes: match length, position in the run, adjacency rank
+
+
+@dataclass(frozen=True)
+class GraftParams:
+    """How a method retrieves (the plan's `graft`, in `egt` and `pld`). The value tables are what
+    compile measured; the defaults are rough priors."""
+
+    length: int = 8  # tokens of a retrieved continuation at most
+    limit: int = 3  # continuations per lookup
+    max_n: int = MAX_N  # the longest suffix matched
+    min_n: int = 1  # the shortest
+    under: int = 4  # best drafted nodes a lookup also runs under, besides the root (egt)
+    budget: int = 32  # retrieved nodes per step at most (they become cache slots: it bounds a tree)
+    k: int = RANKS  # adjacency successors kept per token
+    adjacency_depth: int = 2  # the adjacency chain under the root
+    file: str | None = None  # the artifact's seeded adjacency table
+    # context[n - 1][position][seen twice or more]: P(accepted | parent accepted) of a context node
+    context: list[list[list[float]]] | None = None
+    # adjacency[rank][position > 0]: the same for an adjacency node
+    adjacency: list[list[float]] | None = None
+
+    def __post_init__(self):
+        if (self.length < 1 or self.limit < 1 or not 1 <= self.min_n <= self.max_n <= MAX_N or self.under < 0
+                or self.budget < 0 or not 1 <= self.k <= RANKS or self.adjacency_depth < 0):
+            raise YggError(f"graft needs length, limit >= 1, 1 <= min_n <= max_n <= {MAX_N}, under, budget, "
+                           f"adjacency_depth >= 0 and 1 <= k <= {RANKS}")
+        for name, table, shape in (("context", self.context, (MAX_N, POSITIONS, 2)), ("adjacency", self.adjacency, (RANKS, 2))):
+            if table is not None and _shape(table) != shape:
+                raise YggError(f"graft's {name} table must be {' x '.join(map(str, shape))}")
+
+    @classmethod
+    def from_dict(cls, values: dict | None) -> "GraftParams":
+        try:
+            return cls(**(values or {}))
+        except TypeError as e:
+            raise YggError(f"graft: {e}") from None
+
+
+def _shape(table) -> tuple[int, ...]:
+    shape, x = [], table
+    while isinstance(x, list):
+        shape.append(len(x))
+        x = x[0] if x else None
+    return tuple(shape)
+
+
+class Retriever:
+    """One generation's retrieval: the context index over its tokens, and the adjacency table
+    (the artifact's seed, updated with every token the target chose in this generation)."""
+
+    def __init__(self, params: GraftParams, seed: AdjacencyTable | None = None):
+        self.params = params
+        self.seed = seed if seed is not None else AdjacencyTable(params.k)
+        self.index = ContextIndex(params.max_n, params.min_n)
+        self.table = self.seed
+        self.context = params.context or _prior_context()
+        self.adjacency = params.adjacency or [[0.2, 0.4], [0.08, 0.15], [0.04, 0.08], [0.02, 0.04]]
+        self.prompt = 0
+        self.seconds = 0.0  # spent indexing and retrieving since the last `take_seconds`
+
+    def reset(self, tokens: list[int]) -> None:
+        """A new generation over a prompt (all but its last token, as proposers see it)."""
+        t = time.perf_counter()
+        self.index.reset(tokens)
+        self.table = self.seed.copy()  # online updates stay within one generation
+        self.prompt = len(tokens) + 1  # the root, the prompt's last token, arrives with the first step
+        self.seconds += time.perf_counter() - t
+
+    def sync(self, seq: list[int]) -> None:
+        """Index what was accepted since the last step; the target chose every token after the
+        prompt, so each of those pairs also updates the adjacency table."""
+        t = time.perf_counter()
+        have = len(self.index.tokens)
+        self.index.extend(seq[have:])
+        for i in range(max(have, self.prompt), len(seq)):
+            self.table.observe(seq[i - 1], seq[i])
+        self.seconds += time.perf_counter() - t
+
+    def take_seconds(self) -> float:
+        s, self.seconds = self.seconds, 0.0
+        return s
+
+    def graft(self, tree: TokenTree, under: list[int] = ()) -> int:
+        """Hang retrieved continuations into `tree`: the context's under the root and under each
+        node of `under` (its root path continues the sequence), then the adjacency chain under the
+        root. A retrieved token already in the tree at that place is that node (its value raised
+        to the retrieved one when higher); new ones get the calibrated path values. Returns the
+        nodes added (at most `budget`)."""
+        t = time.perf_counter()
+        p, added = self.params, 0
+        for node in (0, *under):
+            path = [tree.tokens[v] for v in tree.path_to(node)[1:]]
+            for cont in self.index.lookup(p.length, p.limit, path):
+                row = self.context[min(cont.match, MAX_N) - 1]
+                parent = node
+                for i, token in enumerate(cont.tokens):
+                    value = row[min(i, POSITIONS - 1)][cont.count > 1]
+                    parent, new = self._place(tree, parent, token, value, CONTEXT, added)
+                    if parent is None:
+                        break
+                    added += new
+        parent = 0
+        for depth in range(p.adjacency_depth):
+            successors = self.table.successors(tree.tokens[parent])
+            if not successors:
+                break
+            first = None
+            for rank, (token, _) in enumerate(successors):
+                node, new = self._place(tree, parent, token, self.adjacency[rank][depth > 0], ADJACENCY, added)
+                added += new
+                if rank == 0:
+                    first = node
+            if first is None:
+                break
+            parent = first
+        self.seconds += time.perf_counter() - t
+        return added
+
+    def _place(self, tree: TokenTree, parent: int, token: int, accept: float, source: int, added: int) -> tuple[int | None, int]:
+        """(the node for `token` under `parent`, 1 if it is new); (None, 0) when the budget is spent."""
+        node = tree.child(parent, token)
+        if node is not None:
+            tree.path_values[node] = max(tree.path_values[node], tree.path_values[parent] * accept)
+            return node, 0
+        if added >= self.params.budget:
+            return None, 0
+        return tree.add(parent, token, 0.0, accept, source), 1

@@ -19,6 +19,12 @@ from torch import Tensor
 #   "deterministic": children picked by rank (top-k), not sampled.
 ChildRule = Literal["iid", "without_replacement", "deterministic"]
 
+# Where a node came from (`TokenTree.sources`): the drafter, or retrieval (`ygg_runtime.retrieval`)
+# from the generation's own context or the adjacency table. A retrieved token the drafter also drafted
+# is one node, counted as drafted.
+DRAFT, CONTEXT, ADJACENCY = 0, 1, 2
+SOURCES = ("draft", "context", "adjacency")
+
 
 @dataclass
 class TokenTree:
@@ -30,6 +36,7 @@ class TokenTree:
     draft_probs: list[float] = field(default_factory=list)  # q(token | parent path)
     path_values: list[float] = field(default_factory=list)  # product of draft probs along the path
     children: list[list[int]] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)  # DRAFT, CONTEXT or ADJACENCY per node (the root: DRAFT)
     # Draft distribution q at a node whose children were sampled from it (sampling rules only).
     draft_dists: dict[int, Tensor] = field(default_factory=dict)
     verify_width: int = 0  # pad the target's forward to this compiled width (0: exactly len(tree))
@@ -38,14 +45,15 @@ class TokenTree:
     def __post_init__(self) -> None:
         if not self.tokens:
             self.tokens, self.parents, self.depths = [self.root_token], [-1], [0]
-            self.draft_probs, self.path_values, self.children = [1.0], [1.0], [[]]
+            self.draft_probs, self.path_values, self.children, self.sources = [1.0], [1.0], [[]], [DRAFT]
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, parent: int, token: int, prob: float, accept: float | None = None) -> int:
-        """A child of `parent` drafted with probability `prob`; `accept` is its estimated chance of
-        being accepted once its parent is (the draft probability itself when not given)."""
+    def add(self, parent: int, token: int, prob: float, accept: float | None = None, source: int = DRAFT) -> int:
+        """A child of `parent` drafted with probability `prob` (retrieved: 0); `accept` is its
+        estimated chance of being accepted once its parent is (the draft probability itself when
+        not given)."""
         node = len(self.tokens)
         self.tokens.append(token)
         self.parents.append(parent)
@@ -54,7 +62,12 @@ class TokenTree:
         self.path_values.append(self.path_values[parent] * (prob if accept is None else accept))
         self.children.append([])
         self.children[parent].append(node)
+        self.sources.append(source)
         return node
+
+    def child(self, parent: int, token: int) -> int | None:
+        """The child of `parent` carrying `token`, if there is one."""
+        return next((c for c in self.children[parent] if self.tokens[c] == token), None)
 
     def subtree(self, nodes: list[int]) -> "TokenTree":
         """The tree made of `nodes` (root-connected, ascending), children kept in their order;
@@ -65,7 +78,7 @@ class TokenTree:
         sub = TokenTree(self.root_token, self.child_rule, origin=list(nodes))
         for old in nodes[1:]:
             parent = self.parents[old]
-            node = sub.add(new[parent], self.tokens[old], self.draft_probs[old])
+            node = sub.add(new[parent], self.tokens[old], self.draft_probs[old], source=self.sources[old])
             sub.path_values[node] = self.path_values[old]
         return sub
 

@@ -9,13 +9,17 @@ from ygg_runtime.proposers.ar import AR
 from ygg_runtime.proposers.base import Drafter, Hook, Params, Proposer, Sampling, StepInfo, StepState
 from ygg_runtime.proposers.chain import Chain
 from ygg_runtime.proposers.egt import EGT
+from ygg_runtime.proposers.pld import PLD
+from ygg_runtime.retrieval import AdjacencyTable
 from ygg_runtime.proposers.sequoia import Sequoia
 from ygg_runtime.proposers.specinfer import SpecInfer
 
-METHODS: dict[str, type[Proposer]] = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia, "egt": EGT}
+METHODS: dict[str, type[Proposer]] = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia, "egt": EGT,
+                                      "pld": PLD}
 # The hand-set methods compile writes into every plan, at their own defaults unless the user sets
-# them; sequoia's tree and egt's shape are planned at compile time.
-HAND_SET = ("ar", "chain", "specinfer")
+# them; sequoia's tree and egt's shape are planned at compile time (and both egt's and pld's
+# retrieval values calibrated).
+HAND_SET = ("ar", "chain", "specinfer", "pld")
 DEFAULT_PARAMS = {name: METHODS[name].Params().to_dict() for name in HAND_SET}
 
 
@@ -30,11 +34,12 @@ def params(name: str, values: dict | None) -> Params:
 
 
 def build(name: str, values: dict | None, drafter: Drafter | None, curves: Curves | None = None,
-          predictor: DepthPredictor | None = None) -> Proposer:
+          predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None) -> Proposer:
     """The proposer of a compiled method. Each takes what it uses: a model-based one the drafter,
-    egt also `curves` (the plan's profile, to pick verify widths) and `predictor` (with the plan's
-    depth policy, to pick its depth every step)."""
-    return METHODS[name](params(name, values), drafter, curves, predictor)
+    egt and pld `curves` (the plan's profile, to pick verify widths) and `adjacency` (the seeded
+    table they retrieve from), egt `predictor` (with the plan's depth policy, to pick its depth
+    every step)."""
+    return METHODS[name](params(name, values), drafter, curves, predictor, adjacency)
 
 
 def validate(methods: dict[str, dict]) -> None:

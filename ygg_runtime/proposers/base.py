@@ -20,6 +20,7 @@ from ygg_runtime.accept import Verdict, warp
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import Curves, StepShape
 from ygg_runtime.predictor import DepthPredictor
+from ygg_runtime.retrieval import AdjacencyTable
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
 
@@ -47,6 +48,7 @@ class StepInfo:
     """What a proposer reports after a step (the engine's metrics count it)."""
 
     ahead_hit: bool = False  # the next root was fed to the drafter ahead of the verify (egt's AOT head draft)
+    retrieval_s: float = 0.0  # spent indexing and retrieving for the step (egt's grafting, pld)
 
 
 class Hook:
@@ -89,7 +91,7 @@ class Proposer:
     Params: ClassVar[type[Params]] = Params
 
     def __init__(self, params: Params, drafter: "Drafter | None" = None, curves: Curves | None = None,
-                 predictor: DepthPredictor | None = None):
+                 predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None):
         """Every method is built the same way (`proposers.build`); each uses what it needs."""
         self.params = params
         self.hook: Hook | None = None
@@ -122,10 +124,10 @@ class DraftProposer(Proposer):
     BEGIN_WIDTH: ClassVar[int] = 2
 
     def __init__(self, params: Params, drafter: "Drafter | None" = None, curves: Curves | None = None,
-                 predictor: DepthPredictor | None = None):
+                 predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None):
         if drafter is None:
             raise YggError(f"method {self.name} needs a draft model")
-        super().__init__(params, drafter, curves, predictor)
+        super().__init__(params, drafter, curves, predictor, adjacency)
         self.drafter = drafter
 
     def reset(self) -> None:

@@ -27,7 +27,7 @@ class Chain(DraftProposer):
     name = "chain"
     Params = ChainParams
 
-    def __init__(self, params: ChainParams, drafter=None, curves=None, predictor=None):
+    def __init__(self, params: ChainParams, drafter=None, curves=None, predictor=None, adjacency=None):
         super().__init__(params, drafter)
         self.max_tree_size = params.k + 1
 

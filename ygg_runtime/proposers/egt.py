@@ -34,15 +34,15 @@ from typing import Callable
 
 import torch
 
-from ygg_runtime import objective
+from ygg_runtime import objective, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, StepInfo, StepState
 from ygg_runtime.proposers.base import Params as BaseParams
-from ygg_runtime.prune import Pruning
-from ygg_runtime.runner import WIDTHS, fit_width
+from ygg_runtime.retrieval import AdjacencyTable, GraftParams, Retriever
+from ygg_runtime.runner import WIDTHS
 from ygg_runtime.tree import TokenTree
 
 PLAIN_STAGES = {"tail": "plain", "head": "plain"}
@@ -60,6 +60,8 @@ class EGTParams(BaseParams):
     accept: list[list[float]] | None = None  # the calibrated map draft probability -> P(accept)
     depth_policy: dict | None = None  # the depth predictor's plan: file, draft_width, factors, verify_widths
     stages: dict | None = None  # {"tail": plain|ahead, "head": plain|ahead}
+    graft: dict | None = None  # retrieval grafting (`ygg_runtime.retrieval.GraftParams`); None: off
+    tokens_per_step: float | None = None  # calibrated E[A] at the fixed depth: what a retrieval-only step must beat
 
     def __post_init__(self):
         if (self.depth < 0 or self.draft_width < 1 or self.top_k < 1 or not self.verify_widths
@@ -68,6 +70,8 @@ class EGTParams(BaseParams):
         stages = PLAIN_STAGES | (self.stages or {})
         if set(stages) != {"tail", "head"} or not set(stages.values()) <= {"plain", "ahead"}:
             raise YggError(f"egt stages must be tail/head: plain or ahead, not {self.stages}")
+        if self.graft is not None:
+            GraftParams.from_dict(self.graft)
 
     def step_shape(self) -> StepShape:
         return Planner(self).shape(self.depth)
@@ -112,26 +116,8 @@ class Planner:
             heapq.heappush(frontier, (-tree.path_values[child], child))
 
     def prune(self, tree: TokenTree, context: int, depth: int) -> TokenTree:
-        """The verified subtree: for each compiled verify width its E[A]-best subtree, the width
-        with the most tokens per modelled ms (all drafting of a depth-`depth` step counted) chosen."""
-        widest = self.verify_widths[-1]
-        # Path values never increase along a path, so the best subtrees lie among the `widest`
-        # highest-valued nodes and their ancestors: the knapsack runs on those only.
-        keep = set(sorted(range(len(tree)), key=lambda v: -tree.path_values[v])[:widest])
-        for v in list(keep):
-            while v > 0 and tree.parents[v] not in keep:
-                v = tree.parents[v]
-                keep.add(v)
-        nodes = sorted(keep | {0})
-        index = {v: i for i, v in enumerate(nodes)}
-        pruning = Pruning([index.get(tree.parents[v], -1) for v in nodes], [tree.path_values[v] for v in nodes], widest)
-        width = widest
-        if self.curves is not None:
-            drafts = self.shape(depth).draft_widths
-            width = max(self.verify_widths, key=lambda w: pruning.value(w) / self.step_ms(drafts, w, context))
-        sub = tree.subtree([nodes[i] for i in pruning.nodes(width)])
-        sub.verify_width = fit_width(len(sub), self.verify_widths)
-        return sub
+        """The verified subtree (`prune.verified`), all drafting of a depth-`depth` step counted."""
+        return prune.verified(tree, self.verify_widths, self.curves, self.shape(depth).draft_widths, context)
 
     def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int) -> float:
         """The objective's modelled time of a step (`curves` required)."""
@@ -149,7 +135,7 @@ class EGT(DraftProposer):
     Params = EGTParams
 
     def __init__(self, params: EGTParams, drafter: Drafter | None = None, curves: Curves | None = None,
-                 predictor: DepthPredictor | None = None):
+                 predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None):
         super().__init__(params, drafter)
         policy = params.depth_policy
         # The per-step depth: needs the predictor, its policy and the curves to weigh depths.
@@ -164,7 +150,9 @@ class EGT(DraftProposer):
         self.step_depth = params.depth  # this step's depth
         p = self.planner
         draft_slots = 1 + p.top_k * (1 + p.draft_width * max(0, self.max_depth - 1)) + p.draft_width
-        self.max_tree_size = max(draft_slots, p.verify_widths[-1]) if self.max_depth else 1
+        self.retriever = Retriever(GraftParams.from_dict(params.graft), adjacency) if params.graft is not None else None
+        grafted = self.retriever.params.budget if self.retriever is not None else 0
+        self.max_tree_size = max(draft_slots if self.max_depth else 1, p.verify_widths[-1]) + grafted
         self.stages = PLAIN_STAGES | (params.stages or {})
         self.drafted: TokenTree | None = None  # the whole drafted tree of the step in progress
         self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
@@ -172,17 +160,33 @@ class EGT(DraftProposer):
     def prefill(self, tokens: list[int]) -> None:
         if self.max_depth:
             super().prefill(tokens)
+        if self.retriever is not None:
+            self.retriever.reset(tokens)
 
     def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         self.step_depth, self.guesses = self.params.depth, {}
+        retrieved = None  # the retrieval-only step: (its whole tree, the verified part)
+        if self.retriever is not None:
+            self.retriever.sync(seq)
+            alone = TokenTree(seq[-1], child_rule="deterministic")
+            self.retriever.graft(alone)
+            retrieved = alone, self.planner.prune(alone, len(seq), 0)
         if self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
-            self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.planner.curves, len(seq))
+            plain = None if retrieved is None else (sum(retrieved[1].path_values), retrieved[1].verify_width)
+            self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.planner.curves, len(seq), plain)
+        elif retrieved is not None and self.step_depth and self.planner.curves is not None and self.params.tokens_per_step:
+            # without a predictor: retrieval alone when it beats the calibrated fixed-depth step per ms
+            curves, context = self.planner.curves, len(seq)
+            alone_rate = sum(retrieved[1].path_values) / self.planner.step_ms((), retrieved[1].verify_width, context)
+            shape = self.planner.shape(self.step_depth)
+            if alone_rate > self.params.tokens_per_step / objective.step_ms(shape, curves, context):
+                self.step_depth = 0
         if self.step_depth == 0:  # the drafter catches up on these tokens at its next step
-            self.drafted = TokenTree(seq[-1], child_rule="deterministic")
+            self.drafted, verified = retrieved or (TokenTree(seq[-1], child_rule="deterministic"),) * 2
             if self.hook is not None:
                 self.hook.drafted(self.drafted, state)
-            return self.drafted
+            return verified
 
         def expand(tree: TokenTree, picks: list[int]) -> list[Children]:
             return [self.planner.top(row) for row in self.drafter.expand(tree, picks, self.planner.draft_width)]
@@ -193,6 +197,10 @@ class EGT(DraftProposer):
         self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth)
         if self.hook is not None:
             self.hook.drafted(self.drafted, state)
+        if self.retriever is not None:  # under the root and the likeliest drafted nodes
+            tree = self.drafted
+            best = sorted(range(1, len(tree)), key=lambda v: -tree.path_values[v])[: self.retriever.params.under]
+            self.retriever.graft(tree, best)
         verified = self.planner.prune(self.drafted, len(seq), self.step_depth)
         mark = self._clock("rounds", mark)
         if "ahead" in self.stages.values():
@@ -216,8 +224,9 @@ class EGT(DraftProposer):
         docstring); returns the head draft's guesses by the node they hang from."""
         full, fed, kept = self.drafted, self.drafter.fed, set(verified.origin)
         tail, head = [], {}
-        if self.stages["tail"] == "ahead":
-            tail = [o for v, o in enumerate(verified.origin) if not verified.children[v] and o not in fed]
+        if self.stages["tail"] == "ahead":  # a retrieved leaf only when its parent's KV is the drafter's
+            tail = [o for v, o in enumerate(verified.origin)
+                    if not verified.children[v] and o not in fed and full.parents[o] in fed]
         if self.stages["head"] == "ahead":
             for o in verified.origin:
                 guess = next((c for c in full.children[o] if c not in kept), None) if o in fed else None
@@ -231,13 +240,14 @@ class EGT(DraftProposer):
         return {o: (g, logits[row[g]]) for o, g in head.items()}
 
     def update(self, tree: TokenTree, verdict: Verdict) -> StepInfo:
+        spent = self.retriever.take_seconds() if self.retriever is not None else 0.0
         if not self.step_depth:
-            return StepInfo()
+            return StepInfo(retrieval_s=spent)
         path = [tree.origin[v] for v in verdict.path]  # a pruned tree: its nodes in the drafted one
         guess = self.guesses.get(path[-1])
         hit = guess is not None and self.drafted.tokens[guess[0]] == verdict.bonus
         self.drafter.finish(Verdict(path, verdict.bonus), guess if hit else None)
-        return StepInfo(ahead_hit=hit)
+        return StepInfo(ahead_hit=hit, retrieval_s=spent)
 
     def step_shape(self) -> StepShape:
         """The current step's forwards (the last step's between steps), at the usual verify width."""

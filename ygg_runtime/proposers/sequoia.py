@@ -63,7 +63,7 @@ class Sequoia(DraftProposer):
     name = "sequoia"
     Params = SequoiaParams
 
-    def __init__(self, params: SequoiaParams, drafter=None, curves=None, predictor=None):
+    def __init__(self, params: SequoiaParams, drafter=None, curves=None, predictor=None, adjacency=None):
         super().__init__(params, drafter)
         self.ranks, self.widths = list(params.ranks), tuple(sorted(params.widths))
         self.children, self.levels = params.children(), params.levels()

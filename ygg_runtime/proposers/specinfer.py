@@ -36,7 +36,7 @@ class SpecInfer(DraftProposer):
     name = "specinfer"
     Params = SpecInferParams
 
-    def __init__(self, params: SpecInferParams, drafter=None, curves=None, predictor=None):
+    def __init__(self, params: SpecInferParams, drafter=None, curves=None, predictor=None, adjacency=None):
         super().__init__(params, drafter)
         self.max_tree_size = params.nodes
 

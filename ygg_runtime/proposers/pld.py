@@ -1,0 +1,61 @@
+"""`pld`: retrieval only, no drafter — prompt lookup as a tree.
+
+transformers' `prompt_lookup_num_tokens` copies one continuation after the first earlier match of
+the last n tokens. Here every step verifies what `ygg_runtime.retrieval` finds: the continuations
+of the longest earlier match, merged into a tree and counted, and the adjacency table's chain, each
+node valued by compile's calibration, then pruned to the verify width with the most tokens per
+modelled millisecond (the smallest, plain decoding, when nothing is worth verifying). It needs no
+draft model, so it is in every artifact: a baseline for `egt`'s grafting, and the method for a
+target without a drafter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ygg_runtime import prune
+from ygg_runtime.errors import YggError
+from ygg_runtime.objective import StepShape
+from ygg_runtime.proposers.base import Params as BaseParams
+from ygg_runtime.proposers.base import Proposer, Sampling, StepInfo, StepState
+from ygg_runtime.retrieval import GraftParams, Retriever
+from ygg_runtime.runner import WIDTHS
+from ygg_runtime.tree import TokenTree
+
+
+@dataclass(frozen=True)
+class PLDParams(BaseParams):
+    verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
+    graft: dict = field(default_factory=dict)  # retrieval settings and calibrated values (`retrieval.GraftParams`)
+
+    def __post_init__(self):
+        if not self.verify_widths or min(self.verify_widths) < 1:
+            raise YggError("pld needs verify widths >= 1")
+        GraftParams.from_dict(self.graft)
+
+    def step_shape(self) -> StepShape:
+        return StepShape((), min(self.verify_widths))
+
+
+class PLD(Proposer):
+    name = "pld"
+    Params = PLDParams
+
+    def __init__(self, params: PLDParams, drafter=None, curves=None, predictor=None, adjacency=None):
+        super().__init__(params)
+        self.retriever = Retriever(GraftParams.from_dict(params.graft), adjacency)
+        self.curves = curves
+        self.verify_widths = tuple(sorted(params.verify_widths))
+        self.max_tree_size = 1 + self.retriever.params.budget
+
+    def prefill(self, tokens: list[int]) -> None:
+        self.retriever.reset(tokens)
+
+    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
+        self.retriever.sync(seq)
+        tree = TokenTree(seq[-1], child_rule="deterministic")
+        self.retriever.graft(tree)
+        return prune.verified(tree, self.verify_widths, self.curves, (), len(seq))
+
+    def update(self, tree: TokenTree, verdict) -> StepInfo:
+        return StepInfo(retrieval_s=self.retriever.take_seconds())
