@@ -28,7 +28,8 @@ def contestants(artifact):
     plan = yaml.safe_load((artifact / "plan.yaml").read_text())
     stages = plan["planning"]["stages"]
     plain = stages["chosen"] == {"tail": "plain", "head": "plain"}
-    ablations = {"egt-fixed": bool(plan["methods"]["egt"].get("depth_policy")), "egt-eager": bool(plan["aot"]),
+    ablations = {"egt-fixed": bool(plan["methods"]["egt"].get("depth_policy")),
+                 "egt-nograft": bool(plan["methods"]["egt"].get("graft")), "egt-eager": bool(plan["aot"]),
                  "egt-plain": not plain, "egt-ahead": plain and bool(stages["alternatives"]), "ar-eager": bool(plan["aot"])}
     return [*plan["methods"], *(name for name, applies in ablations.items() if applies), *PEERS]
 
@@ -79,6 +80,11 @@ def test_bench_writes_csv_plots_and_summary(bench, contestants):  # runs before 
     glance = md.split("## At a glance")[1].split("\n## ")[0]
     assert f"| category | {' | '.join(contestants)} |" in glance
     assert {line.split(" | ")[0] for line in glance.splitlines() if line.startswith("| ") and "**" in line} == {"| code", "| story", "| all"}
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    pld = next(r for r in summary if r["category"] == "all" and r["contestant"] == "pld")
+    assert "## Where the tokens come from" in md and "| all | pld |" in md.split("## Where the tokens come from")[1]
+    assert sum(pld["tokens_per_step_by_source"].values()) == pytest.approx(pld["mean_accepted_length"])
+    assert pld["tokens_per_step_by_source"]["draft"] == 0 and pld["retrieval_ms_per_step"] > 0
     ablations = [c for c in contestants if c.startswith("egt-")]
     assert ("What each part of `egt` buys" in md) == bool(ablations)
     for r in rows:  # egt's paired gain over each ablation, and nothing for the other contestants

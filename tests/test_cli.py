@@ -28,7 +28,11 @@ def prompt_file(tmp_path):
 def test_compile_writes_a_complete_artifact(artifact):
     plan = yaml.safe_load((artifact / "plan.yaml").read_text())
     assert plan["format_version"] == FORMAT_VERSION and plan["dtype"] == "float32" and plan["method"] == "chain"
-    assert set(plan["methods"]) == {"ar", "chain", "specinfer", "sequoia", "egt"}
+    assert set(plan["methods"]) == {"ar", "chain", "specinfer", "sequoia", "egt", "pld"}
+    graft = plan["methods"]["egt"]["graft"]  # retrieval calibrated on the target's continuations, in both methods
+    assert plan["methods"]["pld"]["graft"] == graft and graft["file"] == "adjacency.safetensors" in plan["files"]
+    assert len(graft["context"]) == 4 and all(0 <= p <= 1 for row in graft["context"] for pos in row for p in pos)
+    assert plan["planning"]["graft"]["labelled_tokens"] > 0
     assert plan["calibration"]["steps"] > 0 and plan["calibration"]["tokens"] > 0
     for rel, meta in plan["files"].items():
         assert (artifact / rel).stat().st_size == meta["bytes"]
@@ -36,7 +40,7 @@ def test_compile_writes_a_complete_artifact(artifact):
     assert [p.name for p in artifact.parent.iterdir()] == ["tiny"]  # no temporary directory left
 
 
-@pytest.mark.parametrize("method", ["ar", "chain", "specinfer", "sequoia", "egt"])
+@pytest.mark.parametrize("method", ["ar", "chain", "specinfer", "sequoia", "egt", "pld"])
 def test_run_json_is_the_targets_greedy_output(pair, artifact, prompt_file, method):
     proc = ygg("run", prompt_file, "--artifact", artifact, "--method", method, "-n", 40, "--json", "--ignore-eos")
     assert proc.returncode == 0, proc.stderr
@@ -62,6 +66,18 @@ def test_run_streams_text_and_prints_stats(artifact, prompt_file):
     assert proc.stdout == as_json["text"] + "\n"
     assert "mean accepted length" in proc.stderr and "TPOT" in proc.stderr
     assert "exactness" in proc.stderr and "greedy output is identical" in " ".join(proc.stderr.split())
+
+
+def test_run_without_grafting_is_the_same_text_with_no_retrieved_token(artifact, prompt_file):
+    """A prompt that repeats itself, so retrieval has something to find."""
+    prompt = prompt_file.with_name("repeat.txt")
+    prompt.write_text((PROMPT + " ") * 3)
+    runs = {flag: json.loads(ygg("run", prompt, "-a", artifact, "-m", "egt", "-n", 32, "--json", "--ignore-eos",
+                                 *([flag] if flag else [])).stdout) for flag in ("", "--no-graft")}
+    assert runs[""]["token_ids"] == runs["--no-graft"]["token_ids"]
+    assert runs["--no-graft"]["metrics"]["retrieved_tokens"] == 0 and runs[""]["metrics"]["retrieved_tokens"] > 0
+    proc = ygg("run", prompt, "-a", artifact, "-m", "pld", "-n", 32, "--stats")
+    assert proc.returncode == 0 and "tokens per step by source" in proc.stderr
 
 
 def test_run_reads_stdin_and_sampling_is_reproducible(artifact):

@@ -92,6 +92,10 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
         if not plan.aot:
             raise YggError("egt-eager is egt without the compiled forwards, and this artifact has none")
         return "egt", {"eager": True}
+    if name == "egt-nograft":
+        if not (decoder.methods.get("egt") or {}).get("graft"):
+            raise YggError("egt-nograft is egt without retrieval grafting, and this artifact's egt does not graft")
+        return "egt", {"graft": False}
     if name == "egt-plain":
         if chosen == PLAIN:
             raise YggError("egt-plain is egt with the plain stage order, which is already this artifact's plan")
@@ -118,7 +122,7 @@ def ablations_of(decoder) -> list[str]:
 def proposer_of(decoder, name: str):
     """A contestant's proposer (refuses, in one line, a method the artifact lacks)."""
     method, kw = ablation(decoder, name)
-    return decoder.proposer(method, kw.get("predictor", True), kw.get("stages"))
+    return decoder.proposer(method, kw.get("predictor", True), kw.get("stages"), kw.get("graft", True))
 
 
 class Method(Contestant):

@@ -42,6 +42,7 @@ from ygg_runtime.text import TextCodec
 
 CHAT_PROBE = "\x00YGG-PROMPT\x00"
 QUICK_PROMPTS, QUICK_TOKENS = 6, 32  # --quick: calibration prompts and tokens per prompt
+ADJACENCY_FILE = "adjacency.safetensors"  # the seeded adjacency table egt and pld retrieve from
 TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode ✓", "  leading spaces\tand tabs\n\n"]
 
 
@@ -420,9 +421,17 @@ def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: 
                     egt["depth_policy"] = policy
                     report["used"] = True
     seq, seq_rows = calibrate.plan_sequoia(ranks, curves, verify_widths, context)
+    # retrieval: values measured on the target's continuations, the adjacency table seeded with them
+    graft = calibrate.graft_values(calib)
+    graft.table.save(tmp / ADJACENCY_FILE)
+    egt["graft"] = graft.values | {"file": ADJACENCY_FILE}
     methods = {**opts.methods, "sequoia": seq, "egt": egt}
+    if "pld" in methods:
+        methods["pld"] = methods["pld"] | {"verify_widths": list(verify_widths), "graft": egt["graft"]}
     planning = {"context": context, "rank_acceptance": [round(x, 4) for x in ranks], "egt": egt_rows,
-                "predictor": report, "sequoia": seq_rows}
+                "predictor": report, "sequoia": seq_rows,
+                "graft": {"labelled_tokens": graft.tries, "target_tokens": graft.hits,
+                          "adjacency_rows": len(graft.table.rows)}}
     return methods, planning
 
 

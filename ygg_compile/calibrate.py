@@ -11,7 +11,10 @@ every verified node, the accepted length and the target's final hidden state at 
 - every smaller `egt` shape replayed on the recorded trees with the same code the runtime runs, so
   its tokens per step are measured, not modelled; the objective then picks depth and draft width
   (depth 0, plain decoding, included);
-- per-step accepted lengths with the hidden state, which the depth predictor is gated on (`ygg_compile.predictor`).
+- per-step accepted lengths with the hidden state, which the depth predictor is gated on (`ygg_compile.predictor`);
+- retrieval's values (`graft_values`): at every position of the target's continuations, what the
+  context index and the adjacency table would have proposed and how much of it the target wrote,
+  which also seeds the adjacency table the artifact ships.
 
 The probe yields one labelled step per ~5 tokens, and each costs a deep draft plus a wide verify:
 too few for the depth predictor. So every calibration text (prompt and the target's continuation)
@@ -38,6 +41,7 @@ from ygg_runtime.proposers import Drafter
 from ygg_runtime.proposers.base import Hook, StepState
 from ygg_runtime.proposers.egt import EGT, EGTParams, Planner
 from ygg_runtime.proposers.sequoia import SequoiaParams
+from ygg_runtime.retrieval import MAX_N, POSITIONS, RANKS, AdjacencyTable, GraftParams, Retriever
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 from ygg_runtime.tree import TokenTree
@@ -75,6 +79,7 @@ class Calibration:
     tokens: int
     seconds: float
     texts: dict[int, list[int]] = field(default_factory=dict)  # prompt -> its tokens and the target's continuation
+    prompt_lengths: dict[int, int] = field(default_factory=dict)  # prompt -> its tokens (where the continuation starts)
 
     def labelled_children(self) -> tuple[list[float], list[int]]:
         """(draft prob, accepted?) of every child of a node the target reached and verified."""
@@ -131,6 +136,7 @@ def run_probe(
     probe.hook = seen = _Drafted()
     steps: list[ProbeStep] = []
     texts: dict[int, list[int]] = {}
+    lengths: dict[int, int] = {}
     start, made, used = time.time(), 0, 0
     for i, text in enumerate(prompts):
         ids = codec.encode(text)
@@ -152,10 +158,10 @@ def run_probe(
             context[0] += verdict.accepted + 1
 
         out, _ = engine.generate(target, probe, ids, max_new_tokens=tokens, on_step=record)
-        texts[i] = ids + out
+        texts[i], lengths[i] = ids + out, len(ids)
         made, used = made + len(out), used + 1
         ui.progress("calibrating on the target's own continuations", i + 1, len(prompts), unit="prompts")
-    return Calibration(steps, used, made, time.time() - start, texts)
+    return Calibration(steps, used, made, time.time() - start, texts, lengths)
 
 
 @dataclass
@@ -328,7 +334,8 @@ def plan_egt(replays: Replays, accept: list[list[float]], verify_widths: tuple[i
                      "verify_width": int(statistics.median_low(vw for _, vw, _ in runs))})
     best = max(rows, key=lambda r: r["speedup"])
     params = {"depth": best["depth"], "draft_width": max(1, best["draft_width"]), "top_k": PROBE_TOP_K,
-              "verify_widths": list(verify_widths), "verify_width": best["verify_width"], "accept": accept}
+              "verify_widths": list(verify_widths), "verify_width": best["verify_width"], "accept": accept,
+              "tokens_per_step": best["tokens_per_step"]}
     return params, rows
 
 
@@ -350,3 +357,62 @@ def plan_sequoia(p: list[float], curves: Curves, widths: tuple[int, ...], contex
     best = max(rows, key=lambda r: r["speedup"])
     table = [{k: v for k, v in r.items() if k not in ("parents", "ranks")} for r in rows]
     return {"parents": best["parents"], "ranks": best["ranks"], "widths": list(widths)}, table
+
+
+@dataclass
+class GraftCalibration:
+    """What retrieval would have got on the target's own continuations: the value tables (the
+    plan's `graft`), the adjacency table seeded with every continuation, and the counts behind them."""
+
+    values: dict  # GraftParams' context and adjacency tables
+    table: AdjacencyTable
+    tries: int  # labelled retrieved tokens
+    hits: int  # ... that were the target's
+
+
+GRAFT_PRIOR = 4.0  # pseudo-observations of the prior value per table cell: sparse cells stay near it
+
+
+def graft_values(calib: Calibration, params: GraftParams = GraftParams()) -> GraftCalibration:
+    """Replay retrieval at every position of each continuation (the prompt indexed first, the
+    adjacency table learning from the earlier continuations and this one so far, as at run time):
+    label each retrieved token by whether the target wrote it there, given its parent was, and
+    estimate P(accept | source, match length, position, count) cell by cell, shrunk towards the
+    prior by GRAFT_PRIOR pseudo-observations."""
+    ctx_hits = torch.zeros(MAX_N, POSITIONS, 2)
+    ctx_tries = torch.zeros(MAX_N, POSITIONS, 2)
+    adj_hits, adj_tries = torch.zeros(RANKS, 2), torch.zeros(RANKS, 2)
+    table = AdjacencyTable(params.k)
+    for i, text in calib.texts.items():
+        start = calib.prompt_lengths.get(i, len(text))
+        r = Retriever(params, table)
+        r.reset(text[: start - 1])
+        for t in range(start, len(text)):  # what retrieval proposes after text[:t], against text[t:]
+            r.sync(text[:t])
+            for cont in r.index.lookup(params.length, params.limit):
+                for j, token in enumerate(cont.tokens):
+                    if t + j >= len(text):
+                        break
+                    cell = (min(cont.match, MAX_N) - 1, min(j, POSITIONS - 1), int(cont.count > 1))
+                    ctx_tries[cell] += 1
+                    if token != text[t + j]:
+                        break
+                    ctx_hits[cell] += 1
+            parent, depth = text[t - 1], 0
+            while depth < 2 and t + depth < len(text):
+                succ = [s for s, _ in r.table.successors(parent)]
+                for rank, token in enumerate(succ):
+                    adj_tries[rank, int(depth > 0)] += 1
+                    adj_hits[rank, int(depth > 0)] += token == text[t + depth]
+                if not succ or succ[0] != text[t + depth]:
+                    break
+                parent, depth = succ[0], depth + 1
+        r.sync(text)
+        table = r.table
+    prior = Retriever(GraftParams())
+    ctx = (ctx_hits + GRAFT_PRIOR * torch.tensor(prior.context)) / (ctx_tries + GRAFT_PRIOR)
+    adj = (adj_hits + GRAFT_PRIOR * torch.tensor(prior.adjacency)) / (adj_tries + GRAFT_PRIOR)
+    values = {"context": [[[round(float(x), 4) for x in c] for c in row] for row in ctx],
+              "adjacency": [[round(float(x), 4) for x in row] for row in adj]}
+    tries = int(ctx_tries.sum() + adj_tries.sum())
+    return GraftCalibration(values, table, tries, int(ctx_hits.sum() + adj_hits.sum()))

@@ -27,6 +27,7 @@ from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.exactness import verdict
 from ygg_runtime.plan import Plan
 from ygg_runtime.proposers.chain import ChainParams
+from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.proposers.specinfer import SpecInferParams
 
 app = typer.Typer(
@@ -42,7 +43,7 @@ def compile_cmd(
     draft: str = typer.Option(..., "--draft", help="draft model: alias, local HF directory, .gguf file or Hub id"),
     target: str = typer.Option(..., "--target", help="target model (same forms as --draft)"),
     output: Path = typer.Option(DEFAULT_DIR, "-o", "--output", help="artifact directory to write"),
-    method: str = typer.Option(CompileOptions.method, "--method", help="default method of the artifact: egt, sequoia, specinfer, chain or ar"),
+    method: str = typer.Option(CompileOptions.method, "--method", help="default method of the artifact: egt, sequoia, specinfer, chain, pld or ar"),
     device: str = typer.Option(CompileOptions.device, "--device", help="cpu or cuda"),
     dtype: str = typer.Option(CompileOptions.dtype, "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
     max_context: int = typer.Option(CompileOptions.max_context, "--max-context", help="longest prompt + generation the artifact serves"),
@@ -70,7 +71,7 @@ def compile_cmd(
         device=device,
         dtype=dtype,
         method=method,
-        methods={"ar": {}, "chain": {"k": chain_k}, "specinfer": {"width": tree_width, "depth": tree_depth}},
+        methods={k: dict(v) for k, v in DEFAULT_PARAMS.items()} | {"chain": {"k": chain_k}, "specinfer": {"width": tree_width, "depth": tree_depth}},
         max_context=max_context,
         calib=calib,
         calib_tokens=calib_tokens,
@@ -160,7 +161,7 @@ def predictor_summary(r: dict) -> str:
 def run_cmd(
     prompt_file: str = typer.Argument(..., metavar="PROMPT_FILE", help="file holding the prompt, or - for stdin"),
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="egt, sequoia, specinfer, chain or ar (default: the plan's)"),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help="egt, sequoia, specinfer, chain, pld or ar (default: the plan's)"),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="tokens to generate at most"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples losslessly"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),
@@ -170,6 +171,7 @@ def run_cmd(
     raw: bool = typer.Option(False, "--raw", help="do not wrap the prompt in the model's chat template"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="always generate --max-new-tokens tokens"),
     no_predictor: bool = typer.Option(False, "--no-predictor", help="egt: ignore the depth predictor, keep the planned depth"),
+    no_graft: bool = typer.Option(False, "--no-graft", help="egt: draft only, without grafting retrieved tokens into its trees"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default and only choice: the artifact's)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="must be the artifact's (default: the artifact's)"),
@@ -189,6 +191,7 @@ def run_cmd(
         top_p=top_p,
         seed=seed,
         method=method,
+        graft=not no_graft,
         raw=raw,
         ignore_eos=ignore_eos,
         on_text=None if as_json else stream,
@@ -291,6 +294,13 @@ def inspect_cmd(
     info.add_row("calibration", f"{cal.prompts} prompts ({cal.source}), {cal.tokens} target tokens, "
                  f"{cal.steps} probe steps, {cal.probe_tokens_per_step:.2f} tokens/step, {cal.seconds:.0f} s")
     info.add_row("rank acceptance", "  ".join(f"{p:.3f}" for p in plan.planning["rank_acceptance"]))
+    graft = plan.planning.get("graft")
+    values = (plan.methods["egt"].get("graft") or {}).get("context")
+    if graft and values:
+        first = "  ".join(f"n={n + 1}:{row[0][0]:.2f}/{row[0][1]:.2f}" for n, row in enumerate(values))
+        info.add_row("retrieval", f"{graft['target_tokens']} of {graft['labelled_tokens']} retrieved tokens were the target's "
+                     f"on the calibration continuations; P(first copied token accepted) by match length, seen once/twice: "
+                     f"{first}; adjacency table: {graft['adjacency_rows']} tokens")
     con.print(info)
 
     egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan.planning['context']})",
@@ -363,6 +373,9 @@ def _short_params(name: str, params: dict) -> str:
         if params.get("depth_policy"):
             return f"depth 0–{len(params['depth_policy']['factors']) - 1} by predictor, draft_width={params['depth_policy']['draft_width']}, top_k={params.get('top_k')}"
         return f"depth={params['depth']}, draft_width={params.get('draft_width')}, top_k={params.get('top_k')}"
+    if name == "pld":
+        g = params.get("graft") or {}
+        return f"up to {g.get('limit', 3)} continuations of {g.get('length', 8)} tokens" + (", calibrated" if g.get("context") else "")
     return ", ".join(f"{k}={v}" for k, v in params.items()) or "–"
 
 

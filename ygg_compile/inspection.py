@@ -18,6 +18,7 @@ from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.plan import Plan
+from ygg_runtime.tree import DRAFT
 
 
 @dataclass
@@ -87,10 +88,11 @@ def _run_prompt(directory: Path, plan: Plan, prompt: str, method: str, step: int
         raise YggError(f"the generation took only {len(captured)} step(s): ask for an earlier --step or more tokens")
     tree, verdict = captured[step - 1]
     label = lambda t: _visible(decoder.codec.decode([t]))  # noqa: E731
-    caption = (f"{method} · step {step}: {len(tree) - 1} drafted nodes, {verdict.accepted} accepted "
-               f"+ bonus '{label(verdict.bonus)}'")
+    retrieved = sum(s != DRAFT for s in tree.sources)
+    caption = (f"{method} · step {step}: {len(tree) - 1 - retrieved} drafted and {retrieved} retrieved nodes, "
+               f"{verdict.accepted} accepted + bonus '{label(verdict.bonus)}'")
     png = plots.token_tree([label(t) for t in tree.tokens], tree.parents, tree.draft_probs, verdict.path,
-                           label(verdict.bonus), caption)
+                           label(verdict.bonus), caption, tree.sources)
     _write(out / "tree.png", png, result)
     result.tree_caption = caption
 

@@ -87,10 +87,14 @@ def tw_curves(profile: dict, title: str = "Forward latency T(W)") -> bytes:
     return _png(fig)
 
 
+SOURCE_STYLE = {0: ("", "#888888"), 1: ("ctx", "#1f77b4"), 2: ("adj", "#9467bd")}  # tree.DRAFT, CONTEXT, ADJACENCY
+
+
 def token_tree(tokens: list[str], parents: list[int], probs: list[float], accepted: list[int], bonus: str | None,
-               title: str) -> bytes:
-    """A drafted tree drawn left to right by depth: nodes labelled by token and draft probability,
-    the accepted path in green, the target's bonus token dashed after it."""
+               title: str, sources: list[int] | None = None) -> bytes:
+    """A drafted tree drawn left to right by depth: nodes labelled by token and draft probability
+    (retrieved ones by their source, framed blue for the context index and purple for the
+    adjacency table), the accepted path in green, the target's bonus token dashed after it."""
     n = len(tokens)
     children: list[list[int]] = [[] for _ in range(n)]
     for i, p in enumerate(parents):
@@ -120,10 +124,12 @@ def token_tree(tokens: list[str], parents: list[int], probs: list[float], accept
         good = v in on_path and p in on_path
         ax.plot([depth[p], depth[v]], [y[p], y[v]], color="#2ca02c" if good else "#bbbbbb", lw=2.5 if good else 1, zorder=1)
     for v in range(n):
-        label = tokens[v] if v == 0 else f"{tokens[v]}\n{probs[v]:.2f}"
+        tag, edge = SOURCE_STYLE[sources[v] if sources else 0]
+        label = tokens[v] if v == 0 else f"{tokens[v]}\n{tag or f'{probs[v]:.2f}'}"
         face = "#c7e9c0" if v in on_path else "white"
         ax.text(depth[v], y[v], label, ha="center", va="center", fontsize=8, zorder=2,
-                bbox=dict(boxstyle="round,pad=0.3", fc=face, ec="#2ca02c" if v in on_path else "#888888"))
+                bbox=dict(boxstyle="round,pad=0.3", fc=face, ec=edge if tag else "#2ca02c" if v in on_path else edge,
+                          lw=1.8 if tag else 1.0))
     if bonus is not None:
         last = accepted[-1]
         bx, by = depth[last] + 1, y[last] + (0.5 if children[last] else 0)

@@ -19,6 +19,7 @@ from ygg_runtime.files import write_atomic
 # (`bench.ablation` says how each runs; the summary reports egt's paired gain over each).
 ABLATIONS = {
     "egt-fixed": "egt at its planned fixed depth: what the depth predictor adds",
+    "egt-nograft": "egt drafting only, without retrieval grafted into its trees: what grafting adds",
     "egt-eager": "egt on the eager forwards: what the ahead-of-time compiled ones add",
     "egt-plain": "egt with the plain stage order: what the searched stage plan adds (when it is not plain)",
     "egt-ahead": "egt with the best stage order the search rejected (when it chose plain)",
@@ -85,6 +86,11 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "mean_tree_depth": _mean([r.get("mean_tree_depth") for r in runs]),
                 "generated_tokens": sum(r["generated"] for r in runs),
             }
+            by_source = [r["tokens_per_step_by_source"] for r in runs if r.get("tokens_per_step_by_source")]
+            if by_source and any(r.get("retrieved_tokens") for r in runs):  # a method that retrieves
+                row["tokens_per_step_by_source"] = {k: statistics.mean(b[k] for b in by_source) for k in by_source[0]}
+                row["retrieval_ms_per_step"] = statistics.mean(r["retrieval_ms_per_step"] for r in runs)
+                row["retrieval_steps_share"] = sum(r["retrieval_steps"] for r in runs) / max(1, sum(r["steps"] for r in runs))
             split = [r for r in runs if r["draft_s"] is not None]
             if split:
                 total = sum(r["draft_s"] + r["verify_s"] + r["other_s"] for r in split) or 1.0
@@ -137,7 +143,8 @@ def winners(summary: list[dict]) -> dict[str, str]:
 
 CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "speedup_vs_ar",
               "speedup_vs_hf_assisted", "egt_speedup_over", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
-              "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens"]
+              "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens",
+              "retrieval_ms_per_step", "retrieval_steps_share"]
 
 
 def write_results(results: dict, out: Path) -> None:
@@ -207,6 +214,20 @@ def summary_markdown(results: dict) -> str:
                   "over the prompts.", "",
                   *(f"- `{n}`: {ABLATIONS[n]}" for n in dict.fromkeys(r["contestant"] for r in ablated)), "",
                   *_pivot(ablated, lambda r: fmt(r["egt_speedup_over"], ".2f", "×"), lambda n: f"egt vs {n}"), ""]
+    retrieving = [r for r in results["summary"] if r.get("tokens_per_step_by_source")]
+    if retrieving:
+        lines += ["## Where the tokens come from", "",
+                  "Tokens per target forward by source (mean over the prompts): drafted by the draft model, copied "
+                  "by the context index (prompt lookup over the generation), proposed by the adjacency table, and "
+                  "the target's own bonus token; then the share of steps that verified retrieval alone (no drafter "
+                  "forward) and what retrieval (indexing, lookups, grafting) adds to a step on this machine.", "",
+                  "| category | contestant | draft | context | adjacency | bonus | retrieval-only steps | retrieval ms/step |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in retrieving:
+            b = r["tokens_per_step_by_source"]
+            lines.append(f"| {r['category']} | {r['contestant']} | {b['draft']:.2f} | {b['context']:.2f} | {b['adjacency']:.2f} | "
+                         f"{b['bonus']:.2f} | {r['retrieval_steps_share']:.0%} | {r['retrieval_ms_per_step']:.3f} |")
+        lines.append("")
     if greedy:
         lines.append(
             "`= ar` counts prompts whose greedy output equals plain decoding's token for token: `ar`'s, or for a "

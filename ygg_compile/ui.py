@@ -90,6 +90,11 @@ def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     t.add_row("steps (target forwards)", str(m.steps))
     t.add_row("mean accepted length", f"{m.mean_accepted_length:.2f}")
     t.add_row("acceptance rate", f"{m.acceptance_rate:.1%}" if m.drafted_tokens else "-")
+    if m.retrieved_tokens:
+        by = m.tokens_per_step_by_source
+        t.add_row("tokens per step by source", "  ".join(f"{k} {v:.2f}" for k, v in by.items()))
+        t.add_row("retrieval", f"{m.accepted_context + m.accepted_adjacency} of {m.retrieved_tokens} retrieved tokens accepted, "
+                  f"{m.retrieval_steps} steps without the drafter, {m.retrieval_ms_per_step:.3f} ms per step")
     if m.depth_acceptance:
         t.add_row("acceptance by depth", "  ".join(f"{d + 1}:{a:.2f}" for d, a in enumerate(m.depth_acceptance)))
     if any(m.tree_depths):
