@@ -82,3 +82,16 @@ def test_a_strong_match_makes_a_retrieval_only_step_that_runs_no_drafter(pairs, 
         steps += m.retrieval_steps
         assert draft.forwards - before < m.steps  # some steps never ran the drafter
     assert steps > 0
+
+
+def test_a_drafting_step_after_retrieval_only_steps_is_priced_with_the_drafters_catch_up():
+    """The drafter feeds the tokens it missed in chunks of its widest compiled width (Drafter.begin):
+    the objective counts those forwards, so drafting looks as dear as it will be."""
+    from ygg_runtime.proposers.egt import EGTParams, Planner
+
+    planner = Planner(EGTParams(depth=3, draft_width=4), Curves(PROFILE | {"draft_widths": list(COMPILED)}))
+    assert planner.shape(3).draft_widths == (2, 4, 4)
+    assert planner.shape(3, behind=2).draft_widths == (2, 4, 4)
+    assert planner.shape(3, behind=9).draft_widths == (9, 4, 4)
+    assert planner.shape(3, behind=40).draft_widths == (16, 16, 8, 4, 4)  # 16 + 16 + the last 8
+    assert planner.shape(0, behind=40).draft_widths == ()

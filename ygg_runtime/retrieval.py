@@ -163,7 +163,9 @@ def _prior_context() -> list[list[list[float]]]:
             for n in range(1, MAX_N + 1)]
 
 
-MAX_N, POSITIONS, RANKS = 4, 4, 4  # the value tables' axes: match length, position in the run, adjacency rank
+# The value tables' axes: match length, position in the copied run (the last bucket holds every later
+# one: deep in a copied span, the next token is likelier still), adjacency rank.
+MAX_N, POSITIONS, RANKS = 4, 8, 4
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ class GraftParams:
     """How a method retrieves (the plan's `graft`, in `egt` and `pld`). The value tables are what
     compile measured; the defaults are rough priors."""
 
-    length: int = 8  # tokens of a retrieved continuation at most
+    length: int = 16  # tokens of a retrieved continuation at most (pruning keeps what is worth verifying)
     limit: int = 3  # continuations per lookup
     max_n: int = MAX_N  # the longest suffix matched
     min_n: int = 1  # the shortest

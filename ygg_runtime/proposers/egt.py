@@ -115,19 +115,25 @@ class Planner:
             child = tree.add(node, token, q, self.accept(q))
             heapq.heappush(frontier, (-tree.path_values[child], child))
 
-    def prune(self, tree: TokenTree, context: int, depth: int) -> TokenTree:
+    def prune(self, tree: TokenTree, context: int, depth: int, behind: int = 0) -> TokenTree:
         """The verified subtree (`prune.verified`), all drafting of a depth-`depth` step counted."""
-        return prune.verified(tree, self.verify_widths, self.curves, self.shape(depth).draft_widths, context)
+        return prune.verified(tree, self.verify_widths, self.curves, self.shape(depth, behind=behind).draft_widths, context)
 
     def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int) -> float:
         """The objective's modelled time of a step (`curves` required)."""
         return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context)
 
-    def shape(self, depth: int, verify_width: int | None = None) -> StepShape:
-        """The forwards of a depth-`depth` step (at the usual verify width unless given)."""
+    def shape(self, depth: int, verify_width: int | None = None, behind: int = 0) -> StepShape:
+        """The forwards of a depth-`depth` step (at the usual verify width unless given). behind:
+        tokens the drafter has not fed yet (after steps that skipped it), which its first forward
+        feeds in chunks of `chunk` (Drafter.begin); 0: the usual bonus and leaf."""
         if depth == 0:
             return StepShape((), 1)
-        return StepShape((DraftProposer.BEGIN_WIDTH,) + (self.draft_width,) * (depth - 1), verify_width or self.verify_width)
+        begin = (DraftProposer.BEGIN_WIDTH,)
+        if behind > DraftProposer.BEGIN_WIDTH and self.curves is not None:
+            chunk = max(self.curves.draft_widths)
+            begin = (chunk,) * ((behind - 1) // chunk) + ((behind - 1) % chunk + 1,)
+        return StepShape(begin + (self.draft_width,) * (depth - 1), verify_width or self.verify_width)
 
 
 class EGT(DraftProposer):
@@ -171,15 +177,21 @@ class EGT(DraftProposer):
             alone = TokenTree(seq[-1], child_rule="deterministic")
             self.retriever.graft(alone)
             retrieved = alone, self.planner.prune(alone, len(seq), 0)
+        # After steps that skipped the drafter, its next step first feeds what it missed: a cost
+        # the depth choice and the width choice both count.
+        behind = len(seq) - self.drafter.runner.committed if self.max_depth else 0
         if self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
             plain = None if retrieved is None else (sum(retrieved[1].path_values), retrieved[1].verify_width)
-            self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.planner.curves, len(seq), plain)
+            shapes = self.shapes
+            if behind > DraftProposer.BEGIN_WIDTH:
+                shapes = [shapes[0]] + [self.planner.shape(d, s.verify_width, behind) for d, s in enumerate(shapes) if d]
+            self.step_depth = objective.best_depth(reach, self.factors, shapes, self.planner.curves, len(seq), plain)
         elif retrieved is not None and self.step_depth and self.planner.curves is not None and self.params.tokens_per_step:
             # without a predictor: retrieval alone when it beats the calibrated fixed-depth step per ms
             curves, context = self.planner.curves, len(seq)
             alone_rate = sum(retrieved[1].path_values) / self.planner.step_ms((), retrieved[1].verify_width, context)
-            shape = self.planner.shape(self.step_depth)
+            shape = self.planner.shape(self.step_depth, behind=behind)
             if alone_rate > self.params.tokens_per_step / objective.step_ms(shape, curves, context):
                 self.step_depth = 0
         if self.step_depth == 0:  # the drafter catches up on these tokens at its next step
@@ -201,7 +213,7 @@ class EGT(DraftProposer):
             tree = self.drafted
             best = sorted(range(1, len(tree)), key=lambda v: -tree.path_values[v])[: self.retriever.params.under]
             self.retriever.graft(tree, best)
-        verified = self.planner.prune(self.drafted, len(seq), self.step_depth)
+        verified = self.planner.prune(self.drafted, len(seq), self.step_depth, behind)
         mark = self._clock("rounds", mark)
         if "ahead" in self.stages.values():
             self.guesses = self.ahead(verified)
