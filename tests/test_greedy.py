@@ -112,6 +112,7 @@ PROSE_AND_CODE = [
     "The history of the printing press begins", "def quicksort(items):\n", "Once upon a time, in a small village",
     "import numpy as np\n\ndef softmax(x):\n", "The three laws of thermodynamics are", "SELECT name, COUNT(*) FROM",
     "Photosynthesis converts light into", "class Stack:\n    def __init__(self):\n",
+    "Copy exactly: the quick brown fox jumps over the lazy dog. Copy exactly: the quick brown fox jumps over",
 ]
 
 
@@ -119,7 +120,8 @@ PROSE_AND_CODE = [
 def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smollm2_tokenizer):
     """Exactness in the speed dtype: SmolLM2-135M in bfloat16, every forward padded to the width
     the compile-time row-invariance check finds, with a drafter that mixes accepts and rejects (a
-    noised copy): on eight prompts every method's greedy output is `ar`'s, token for token.
+    noised copy): on nine prompts (one repeating itself, for retrieval) every method's greedy
+    output is `ar`'s, token for token, grafted trees and retrieval alone included.
     (Measured here with the rule off: 42 of 72 outputs of a 12-prompt, 40-token, six-method form of
     this test equalled `ar`'s; with PyTorch's attention padded to width 4, 61 of 72.)
     YGG_TEST_NO_PADDING=1 switches the padding rule off, to show the test has power on a machine."""
@@ -133,15 +135,18 @@ def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smol
     assert rec.min_width is not None, rec
     if os.environ.get("YGG_TEST_NO_PADDING") != "1":
         target.min_width = rec.min_width
-    accepted, diverged = [], []
+    accepted, diverged, retrieved = [], [], 0
     for text in PROSE_AND_CODE:
         prompt = smollm2_tokenizer(text).input_ids
         ref, _ = decode(target, None, "ar", {}, prompt, 32)
-        for method, params in METHODS[1:3] + METHODS[4:6]:  # chain, specinfer, sequoia, egt
+        retrieving = [("egt", METHODS[5][1] | {"graft": {}}), ("pld", {})]  # grafted trees, retrieval alone
+        for method, params in METHODS[1:3] + METHODS[4:6] + retrieving:  # chain, specinfer, sequoia, egt
             out, m = decode(target, draft, method, params, prompt, 32)
+            retrieved += m.accepted_context + m.accepted_adjacency
             if out != ref:
                 diverged.append(f"{method} {params} on {text[:24]!r} at token {next(i for i, (a, b) in enumerate(zip(out, ref)) if a != b)}")
             if method == "chain":
                 accepted.append(m.mean_accepted_length)
     assert not diverged, diverged
     assert 1.5 < sum(accepted) / len(accepted) < 4.0  # the drafter both hits and misses
+    assert retrieved > 10  # retrieved tokens were verified and accepted too
