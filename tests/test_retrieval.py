@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from ygg_runtime.retrieval import AdjacencyTable, ContextIndex, GraftParams, Retriever
+from ygg_runtime.retrieval import AdjacencyTable, ContextIndex, GraftParams, Retriever, prior_context
 from ygg_runtime.tree import CONTEXT, DRAFT, TokenTree
 
 
@@ -177,3 +177,26 @@ def test_graft_settings_are_checked_in_one_line():
     for bad in ({"length": 0}, {"max_n": 9}, {"k": 0}, {"context": [[0.5]]}, {"colour": 1}):
         with pytest.raises(YggError):
             GraftParams.from_dict(bad)
+
+
+def test_retrieval_values_are_measured_on_the_targets_continuations():
+    """graft_values labels what retrieval would have proposed along each continuation: text that
+    copies its prompt makes long matches valuable, text that never repeats leaves the prior, and the
+    shipped adjacency table holds the continuations' successors only."""
+    from ygg_compile.calibrate import Calibration, graft_values
+
+    rng = random.Random(5)
+    copying, fresh = {}, {}  # prompt -> its tokens and the continuation
+    for i in range(6):
+        prompt = rng.sample(range(1000), 40)
+        copying[i] = prompt + prompt[10:40]  # the answer copies a span of its prompt
+        fresh[i] = prompt + [1000 + 40 * i + j for j in range(30)]  # tokens seen nowhere before
+    lengths = {i: 40 for i in range(6)}
+    copied = graft_values(Calibration([], 6, 180, 0.0, copying, lengths))
+    unseen = graft_values(Calibration([], 6, 180, 0.0, fresh, lengths))
+    long_match = copied.values["context"][3]  # n = 4
+    assert all(pos[0] > 0.9 for pos in long_match[1:])  # deep in a copied span: nearly certain
+    assert copied.hits > 0.8 * copied.tries
+    prior = [p for row in prior_context() for pos in row for p in pos]
+    assert unseen.hits == 0 and all(v <= p for v, p in zip([p for row in unseen.values["context"] for pos in row for p in pos], prior))
+    assert set(unseen.table.rows) == {t for text in fresh.values() for t in text[39:-1]}

@@ -41,7 +41,8 @@ from ygg_runtime.proposers import Drafter
 from ygg_runtime.proposers.base import Hook, StepState
 from ygg_runtime.proposers.egt import EGT, EGTParams, Planner
 from ygg_runtime.proposers.sequoia import SequoiaParams
-from ygg_runtime.retrieval import MAX_N, POSITIONS, RANKS, AdjacencyTable, GraftParams, Retriever
+from ygg_runtime.retrieval import (MAX_N, POSITIONS, PRIOR_ADJACENCY, RANKS, AdjacencyTable, GraftParams, Retriever,
+                                   prior_context)
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 from ygg_runtime.tree import TokenTree
@@ -409,9 +410,8 @@ def graft_values(calib: Calibration, params: GraftParams = GraftParams()) -> Gra
                 parent, depth = succ[0], depth + 1
         r.sync(text)
         table = r.table
-    prior = Retriever(GraftParams())
-    ctx = (ctx_hits + GRAFT_PRIOR * torch.tensor(prior.context)) / (ctx_tries + GRAFT_PRIOR)
-    adj = (adj_hits + GRAFT_PRIOR * torch.tensor(prior.adjacency)) / (adj_tries + GRAFT_PRIOR)
+    ctx = (ctx_hits + GRAFT_PRIOR * torch.tensor(prior_context())) / (ctx_tries + GRAFT_PRIOR)
+    adj = (adj_hits + GRAFT_PRIOR * torch.tensor(PRIOR_ADJACENCY)) / (adj_tries + GRAFT_PRIOR)
     values = {"context": [[[round(float(x), 4) for x in c] for c in row] for row in ctx],
               "adjacency": [[round(float(x), 4) for x in row] for row in adj]}
     tries = int(ctx_tries.sum() + adj_tries.sum())

@@ -155,17 +155,21 @@ class AdjacencyTable:
             raise YggError(f"cannot read the adjacency table {path}: {e}") from None
 
 
+# The value tables' axes: match length, position in the copied run (the last bucket holds every later
+# one: deep in a copied span, the next token is likelier still), adjacency rank.
+MAX_N, POSITIONS, RANKS = 4, 8, 4
+
+
 # Uncalibrated P(a retrieved token is accepted | its parent was), used until compile measures them on
 # the target's own continuations (`ygg_compile.calibrate.graft_values`): a longer match, a later
-# position in a copied run and a continuation seen twice each make a copy likelier.
-def _prior_context() -> list[list[list[float]]]:
+# position in a copied run and a continuation seen twice each make a copy likelier; an adjacency
+# successor is a guess from one token of context.
+def prior_context() -> list[list[list[float]]]:
     return [[[round(min(0.9, 0.1 + 0.1 * n + 0.1 * i + 0.1 * c), 2) for c in range(2)] for i in range(POSITIONS)]
             for n in range(1, MAX_N + 1)]
 
 
-# The value tables' axes: match length, position in the copied run (the last bucket holds every later
-# one: deep in a copied span, the next token is likelier still), adjacency rank.
-MAX_N, POSITIONS, RANKS = 4, 8, 4
+PRIOR_ADJACENCY = [[0.2, 0.4], [0.08, 0.15], [0.04, 0.08], [0.02, 0.04]]  # [rank][later in the chain]
 
 
 @dataclass(frozen=True)
@@ -221,8 +225,8 @@ class Retriever:
         self.seed = seed if seed is not None else AdjacencyTable(params.k)
         self.index = ContextIndex(params.max_n, params.min_n)
         self.table = self.seed
-        self.context = params.context or _prior_context()
-        self.adjacency = params.adjacency or [[0.2, 0.4], [0.08, 0.15], [0.04, 0.08], [0.02, 0.04]]
+        self.context = params.context or prior_context()
+        self.adjacency = params.adjacency or PRIOR_ADJACENCY
         self.prompt = 0
         self.seconds = 0.0  # spent indexing and retrieving since the last `take_seconds`
 
