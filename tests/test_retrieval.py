@@ -9,12 +9,12 @@ from ygg_runtime.retrieval import AdjacencyTable, ContextIndex, GraftParams, Ret
 from ygg_runtime.tree import CONTEXT, DRAFT, TokenTree
 
 
-def scan(tokens, max_n, min_n, keep, length, limit):
-    """The reference: for the longest suffix seen before, every earlier occurrence (the latest
-    `keep`), what followed it, merged and ranked as the index documents."""
-    end = len(tokens)
-    for n in range(min(max_n, end - 1), min_n - 1, -1):
-        suffix = tokens[end - n :]
+def scan(tokens, max_n, min_n, keep, length, limit, path=()):
+    """The reference: for the longest suffix of tokens + path seen before in tokens, every earlier
+    occurrence (the latest `keep`), what followed it, merged and ranked as the index documents."""
+    full, end = list(tokens) + list(path), len(tokens)
+    for n in range(min(max_n, len(full)), min_n - 1, -1):
+        suffix = full[len(full) - n :]
         ends = [e for e in range(n, end) if tokens[e - n : e] == suffix][-keep:]
         if not ends:
             continue
@@ -113,24 +113,7 @@ def test_lookup_after_a_tree_path_equals_a_scan_of_the_extended_sequence(vocab):
         index = ContextIndex(3, 1, 8)
         index.reset(tokens)
         got = [(c.tokens, c.count, c.match) for c in index.lookup(4, 3, path)]
-        # the reference: matches of the extended sequence's suffix that end inside `tokens`
-        full, end = tokens + path, len(tokens)
-        want = []
-        for n in range(min(3, len(full)), 0, -1):
-            ends = [e for e in range(n, end) if full[e - n : e] == full[len(full) - n :]][-9:]
-            conts = [tuple(tokens[e : e + 4]) for e in ends]
-            if conts:
-                found = {}
-                for e, cont in zip(ends, conts):
-                    c, last = found.get(cont, (0, -1))
-                    found[cont] = (c + 1, max(last, e))
-                first = {}
-                for cont, (c, _) in found.items():
-                    first[cont[0]] = first.get(cont[0], 0) + c
-                ranked = sorted(found.items(), key=lambda kv: (-first[kv[0][0]], -kv[1][0], -kv[1][1]))
-                want = [(list(cont), first[cont[0]], n) for cont, _ in ranked[:3]]
-                break
-        assert got == want, (tokens, path)
+        assert got == scan(tokens, 3, 1, 8, 4, 3, path), (tokens, path)
 
 
 def test_graft_merges_retrieved_tokens_into_drafted_nodes_and_values_them_by_the_table():

@@ -67,7 +67,7 @@ class ContextIndex:
         end = len(self.tokens)
         tail = (self.tokens[max(0, end - self.max_n):] + list(path))[-self.max_n:]
         for n in range(len(tail), self.min_n - 1, -1):
-            starts = [p for p in self.ends.get(tuple(tail[len(tail) - n:]), ()) if p < end]
+            starts = [p for p in self.ends.get(tuple(tail[len(tail) - n:]), ()) if p < end][-self.keep:]
             if not starts:
                 continue
             found: dict[tuple[int, ...], list[int]] = {}  # continuation -> [count, latest start]
