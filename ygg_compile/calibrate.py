@@ -42,7 +42,7 @@ from ygg_runtime.proposers.base import Hook, StepState
 from ygg_runtime.proposers.egt import EGT, EGTParams, Planner
 from ygg_runtime.proposers.sequoia import SequoiaParams
 from ygg_runtime.retrieval import (MAX_N, POSITIONS, PRIOR_ADJACENCY, RANKS, AdjacencyTable, GraftParams, Retriever,
-                                   prior_context)
+                                   adjacency_cell, context_cell, prior_context)
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 from ygg_runtime.tree import TokenTree
@@ -394,17 +394,17 @@ def graft_values(calib: Calibration, params: GraftParams = GraftParams()) -> Gra
                 for j, token in enumerate(cont.tokens):
                     if t + j >= len(text):
                         break
-                    cell = (min(cont.match, MAX_N) - 1, min(j, POSITIONS - 1), int(cont.count > 1))
+                    cell = context_cell(cont, j)
                     ctx_tries[cell] += 1
                     if token != text[t + j]:
                         break
                     ctx_hits[cell] += 1
             parent, depth = text[t - 1], 0
-            while depth < 2 and t + depth < len(text):
+            while depth < params.adjacency_depth and t + depth < len(text):
                 succ = [s for s, _ in r.table.successors(parent)]
                 for rank, token in enumerate(succ):
-                    adj_tries[rank, int(depth > 0)] += 1
-                    adj_hits[rank, int(depth > 0)] += token == text[t + depth]
+                    adj_tries[adjacency_cell(rank, depth)] += 1
+                    adj_hits[adjacency_cell(rank, depth)] += token == text[t + depth]
                 if not succ or succ[0] != text[t + depth]:
                     break
                 parent, depth = succ[0], depth + 1

@@ -24,7 +24,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ygg_runtime import prune
 from ygg_runtime.errors import YggError
+from ygg_runtime.objective import Curves
 from ygg_runtime.tree import ADJACENCY, CONTEXT, TokenTree
 
 
@@ -172,6 +174,17 @@ def prior_context() -> list[list[list[float]]]:
 PRIOR_ADJACENCY = [[0.2, 0.4], [0.08, 0.15], [0.04, 0.08], [0.02, 0.04]]  # [rank][later in the chain]
 
 
+def context_cell(cont: Continuation, position: int) -> tuple[int, int, int]:
+    """The value table cell of a continuation's token at `position`: what the runtime reads and
+    calibration counts, by one rule."""
+    return min(cont.match, MAX_N) - 1, min(position, POSITIONS - 1), int(cont.count > 1)
+
+
+def adjacency_cell(rank: int, depth: int) -> tuple[int, int]:
+    """The adjacency table's cell of a successor of this rank, `depth` steps down the chain."""
+    return rank, int(depth > 0)
+
+
 @dataclass(frozen=True)
 class GraftParams:
     """How a method retrieves (the plan's `graft`, in `egt` and `pld`). The value tables are what
@@ -263,11 +276,10 @@ class Retriever:
         for node in (0, *under):
             path = [tree.tokens[v] for v in tree.path_to(node)[1:]]
             for cont in self.index.lookup(p.length, p.limit, path):
-                row = self.context[min(cont.match, MAX_N) - 1]
                 parent = node
                 for i, token in enumerate(cont.tokens):
-                    value = row[min(i, POSITIONS - 1)][cont.count > 1]
-                    parent, new = self._place(tree, parent, token, value, CONTEXT, added)
+                    n, pos, twice = context_cell(cont, i)
+                    parent, new = self._place(tree, parent, token, self.context[n][pos][twice], CONTEXT, added)
                     if parent is None:
                         break
                     added += new
@@ -278,7 +290,8 @@ class Retriever:
                 break
             first = None
             for rank, (token, _) in enumerate(successors):
-                node, new = self._place(tree, parent, token, self.adjacency[rank][depth > 0], ADJACENCY, added)
+                r, later = adjacency_cell(rank, depth)
+                node, new = self._place(tree, parent, token, self.adjacency[r][later], ADJACENCY, added)
                 added += new
                 if rank == 0:
                     first = node
@@ -287,6 +300,14 @@ class Retriever:
             parent = first
         self.seconds += time.perf_counter() - t
         return added
+
+    def alone(self, root: int, verify_widths: tuple[int, ...], curves: Curves | None,
+              context: int) -> tuple[TokenTree, TokenTree]:
+        """A retrieval-only step (no drafter forward): the whole retrieved tree under `root`, and
+        the part of it worth verifying (`prune.verified` with no drafting to pay for)."""
+        tree = TokenTree(root, child_rule="deterministic")
+        self.graft(tree)
+        return tree, prune.verified(tree, verify_widths, curves, (), context)
 
     def _place(self, tree: TokenTree, parent: int, token: int, accept: float, source: int, added: int) -> tuple[int | None, int]:
         """(the node for `token` under `parent`, 1 if it is new); (None, 0) when the budget is spent."""

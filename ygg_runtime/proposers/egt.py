@@ -174,15 +174,14 @@ class EGT(DraftProposer):
         retrieved = None  # the retrieval-only step: (its whole tree, the verified part)
         if self.retriever is not None:
             self.retriever.sync(seq)
-            alone = TokenTree(seq[-1], child_rule="deterministic")
-            self.retriever.graft(alone)
-            retrieved = alone, self.planner.prune(alone, len(seq), 0)
+            retrieved = self.retriever.alone(seq[-1], self.planner.verify_widths, self.planner.curves, len(seq))
+            alone_value = sum(retrieved[1].path_values)  # its E[A]
         # After steps that skipped the drafter, its next step first feeds what it missed: a cost
         # the depth choice and the width choice both count.
         behind = len(seq) - self.drafter.runner.committed if self.max_depth else 0
         if self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
-            plain = None if retrieved is None else (sum(retrieved[1].path_values), retrieved[1].verify_width)
+            plain = None if retrieved is None else (alone_value, retrieved[1].verify_width)
             shapes = self.shapes
             if behind > DraftProposer.BEGIN_WIDTH:
                 shapes = [shapes[0]] + [self.planner.shape(d, s.verify_width, behind) for d, s in enumerate(shapes) if d]
@@ -190,7 +189,7 @@ class EGT(DraftProposer):
         elif retrieved is not None and self.step_depth and self.planner.curves is not None and self.params.tokens_per_step:
             # without a predictor: retrieval alone when it beats the calibrated fixed-depth step per ms
             curves, context = self.planner.curves, len(seq)
-            alone_rate = sum(retrieved[1].path_values) / self.planner.step_ms((), retrieved[1].verify_width, context)
+            alone_rate = alone_value / self.planner.step_ms((), retrieved[1].verify_width, context)
             shape = self.planner.shape(self.step_depth, behind=behind)
             if alone_rate > self.params.tokens_per_step / objective.step_ms(shape, curves, context):
                 self.step_depth = 0

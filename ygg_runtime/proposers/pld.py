@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ygg_runtime import prune
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import StepShape
 from ygg_runtime.proposers.base import Params as BaseParams
@@ -53,9 +52,7 @@ class PLD(Proposer):
 
     def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
         self.retriever.sync(seq)
-        tree = TokenTree(seq[-1], child_rule="deterministic")
-        self.retriever.graft(tree)
-        return prune.verified(tree, self.verify_widths, self.curves, (), len(seq))
+        return self.retriever.alone(seq[-1], self.verify_widths, self.curves, len(seq))[1]
 
     def update(self, tree: TokenTree, verdict) -> StepInfo:
         return StepInfo(retrieval_s=self.retriever.take_seconds())
