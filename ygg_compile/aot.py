@@ -48,7 +48,7 @@ def compile_model(model: Transformer, path: Path, progress: Callable[[int, int],
     if not model.max_len:
         raise ValueError("set up the model's KV cache (setup_cache) before compiling it")
     start = time.time()
-    device = model.tok_embeddings.weight.device
+    device = model.device
     width = Dim("width", min=1, max=min(MAX_WIDTH, model.max_len))
     span = Dim("span", min=2, max=model.max_len)
     args = example_args(min(8, model.max_len), min(16, model.max_len), device)

@@ -26,7 +26,7 @@ import torch
 import ygg_runtime
 from ygg_compile import hardware, sources
 from ygg_compile.ui import Reporter
-from ygg_compile.peers import PEERS, HFPeers
+from ygg_compile.peers import HF_PEERS, LLAMA_PEERS, PEERS, HFPeers, LlamaCppPeers
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
@@ -47,7 +47,7 @@ class BenchOptions:
     categories: list[str] | None = None
     limit: int | None = None  # prompts per category
     methods: list[str] | None = None  # None = every method of the artifact
-    peers: list[str] = field(default_factory=lambda: list(PEERS))
+    peers: list[str] = field(default_factory=lambda: list(HF_PEERS))  # llama.cpp's are opt-in (an extra)
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_p: float = 1.0
@@ -141,7 +141,7 @@ class Method(Contestant):
 class Peer(Contestant):
     kind = "peer"
 
-    def __init__(self, peers: Callable[[], HFPeers], name: str):
+    def __init__(self, peers: Callable[[], HFPeers | LlamaCppPeers], name: str):
         self.peers, self.name = peers, name  # loaded on first use: a resumed run may need none
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
@@ -179,15 +179,20 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     if "ar" not in methods:
         methods.insert(0, "ar")  # every speed-up is over ar, measured in the same run
     contestants: list[Contestant] = [Method(decoder, m) for m in methods]
-    loaded: list[HFPeers] = []
+    loaded: dict[str, HFPeers | LlamaCppPeers] = {}
 
-    def peers() -> HFPeers:
-        if not loaded:
-            with ui.step(f"loading peers ({', '.join(opts.peers)}) with transformers"):
-                loaded.append(_load_peers(plan, opts.peers))
-        return loaded[0]
+    def loader(family: str) -> Callable[[], HFPeers | LlamaCppPeers]:
+        def peers() -> HFPeers | LlamaCppPeers:
+            if family not in loaded:
+                names = [p for p in opts.peers if (p in LLAMA_PEERS) == (family == "llama.cpp")]
+                with ui.step(f"loading peers ({', '.join(names)}) with {'llama.cpp' if family == 'llama.cpp' else 'transformers'}"):
+                    loaded[family] = _load_llama(plan) if family == "llama.cpp" else _load_peers(plan, names)
+            return loaded[family]
+        return peers
 
-    contestants += [Peer(peers, p) for p in opts.peers]
+    if any(p in LLAMA_PEERS for p in opts.peers):
+        _load_llama(plan, check_only=True)  # refuse, before any work, a peer that cannot run
+    contestants += [Peer(loader("llama.cpp" if p in LLAMA_PEERS else "hf"), p) for p in opts.peers]
 
     encoded, skipped = [], []
     room = plan.max_context - opts.max_new_tokens - max(step_room(decoder.target, proposer_of(decoder, m)) for m in methods)
@@ -250,6 +255,24 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     with ui.step(f"writing results to {out}"):
         write_results(results, out)
     return results
+
+
+def _load_llama(plan: Plan, check_only: bool = False) -> LlamaCppPeers | None:
+    """llama.cpp on the target's own GGUF file, with as many threads as ours."""
+    target = plan.models["target"]
+    if not target.gguf or not Path(target.gguf).is_file():
+        raise YggError(f"peer llama.cpp reads GGUF files, and this artifact's target ({target.spec}) "
+                       + ("came from a checkpoint directory" if not target.gguf else f"was compiled from {target.gguf}, which is gone"))
+    if plan.device != "cpu":
+        raise YggError("peer llama.cpp is measured on CPUs only here (llama-cpp-python's CPU build)")
+    if check_only:
+        import importlib.util
+
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise YggError("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
+                           "(it builds llama.cpp from source, a few minutes)")
+        return None
+    return LlamaCppPeers(Path(target.gguf), torch.get_num_threads(), plan.max_context, plan.tokenizer.eos_token_ids)
 
 
 def _load_peers(plan: Plan, peers: list[str]) -> HFPeers:

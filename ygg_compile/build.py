@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from tokenizers import Tokenizer
 
-from ygg_compile import aot, calibrate, hardware, invariance, predictor, prompts, sources, stages
+from ygg_compile import aot, calibrate, hardware, invariance, predictor, prompts, quantize, sources, stages
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.ui import Reporter
@@ -34,7 +34,8 @@ from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import file_entry
 from ygg_runtime.model import load_model
-from ygg_runtime.plan import FORMAT_VERSION, AOTInfo, CalibrationInfo, ExactnessRecord, KernelInfo, ModelInfo, Plan, TokenizerInfo
+from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, ExactnessRecord, KernelInfo, ModelInfo, Plan,
+                              TokenizerInfo, WeightsInfo)
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.runner import ModelRunner
@@ -53,6 +54,8 @@ class CompileOptions:
     output: Path = DEFAULT_DIR
     device: str = "cpu"
     dtype: str = "auto"
+    weights: str = "auto"  # auto, bf16 (the float dtype), int8 or int4: both models' (ygg_compile.quantize)
+    draft_weights: str | None = None  # the drafter's, when it differs (None: as `weights`)
     method: str = "egt"
     methods: dict[str, dict] = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_PARAMS.items()})
     max_context: int = 4096
@@ -109,8 +112,10 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             tokenizer = _shared_tokenizer(draft, target)
         models = {}
         for role, src in (("target", target), ("draft", draft)):
-            with phase("convert", f"converting {role} ({src.spec}) to {str(dtype).removeprefix('torch.')}"):
-                models[role] = _convert(src, role, dtype, tmp / role)
+            weights = _weights(opts.draft_weights or opts.weights if role == "draft" else opts.weights, src, device)
+            held = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'the file' if src.gguf else 'quantized'})"
+            with phase("convert", f"converting {role} ({src.spec}) to {held}"):
+                models[role] = _convert(src, role, dtype, tmp / role, weights, ui)
         _check_vocab(len(tokenizer), models, ui)
         max_context = min(opts.max_context, *(m.max_position for m in models.values()))
         # Room past max_context for the calibration probe's wide trees (slots, not positions);
@@ -122,7 +127,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         kernel = None
         if device.startswith("cpu"):
 
-            with phase("aot", "building the row-invariant attention kernel"):
+            with phase("aot", "building the native kernels (row-invariant attention, quantized linear)"):
                 shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
             kernel = KernelInfo(kernels.LIBRARY, **aot.cpu_requirements(device))
         runners = _load_runners(tmp, device, cache_slots)
@@ -267,7 +272,23 @@ def _check_vocab(tokens: int, models: dict[str, ModelInfo], ui: Reporter) -> Non
                 "tokens; the target's ids the drafter lacks reach it as a stand-in")
 
 
-def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path) -> ModelInfo:
+def _weights(asked: str, src: sources.ModelSource, device: str) -> str:
+    """How a model's weights are held: "float" (the artifact's dtype), "int4" or "int8". auto means
+    a GGUF file's own quantization exactly (int8: at most 8 bits, nothing requantized) where the
+    quantized kernel has its fast path (AVX-512 VNNI: measured faster than bf16 at every verify
+    width, docs/measured.md), the float dtype otherwise."""
+    if asked not in ("auto", *quantize.WEIGHTS):
+        raise YggError(f"--weights must be auto, {', '.join(quantize.WEIGHTS)}, not '{asked}'")
+    if asked in ("int4", "int8") and not device.startswith("cpu"):
+        raise YggError(f"--weights {asked} runs on CPUs only (the quantized kernel is CPU code): use --weights bf16 on {device}")
+    if asked == "auto":
+        fast = device.startswith("cpu") and kernels.qlinear_path() == "avx512-vnni"
+        return "int8" if src.gguf is not None and fast else "float"
+    return "float" if asked == "bf16" else asked
+
+
+def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path, weights: str = "float",
+             ui: Reporter | None = None) -> ModelInfo:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -277,10 +298,17 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
     args, state = convert_state(hf, dtype)
     eos = _eos_ids(hf)
     del hf
+    n_params = sum(t.numel() for k, t in state.items() if k != "inv_freq")
+    info = WeightsInfo("float", "checkpoint")
+    if weights != "float":
+        label = f"quantizing the {role}'s weights ({weights})"
+        report = (lambda done, total: ui.progress(label, done, total, unit="tensors")) if ui else None
+        args, state, info = quantize.quantize_state(state, args, weights, src.gguf, report)
+        for line in info.fallbacks if ui else ():
+            ui.note(f"{role}: {line}")
     out.mkdir(parents=True)
     save_file(state, str(out / "model.safetensors"))
     args.save(out / "config.json")
-    n_params = sum(t.numel() for k, t in state.items() if k != "inv_freq")
     del state
     gc.collect()
     return ModelInfo(
@@ -294,6 +322,8 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path)
         vocab_size=args.vocab_size,
         max_position=args.max_position,
         eos_token_ids=sorted(eos),
+        weights=info,
+        gguf=str(src.gguf.resolve()) if src.gguf else None,
     )
 
 
@@ -355,9 +385,10 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
     found, files = {}, {}
     for role in ("target", "draft"):
         forward = "aot" if runners[role].compiled is not None else "eager"
-        path = prof.profile_path(root, device, models[role], dtype, forward)
+        held = prof.weights_label(dtype, models[role])
+        path = prof.profile_path(root, device, models[role], held, forward)
         stored, why = (None, "--reprofile") if opts.reprofile else prof.load_matching(
-            path, models[role], dtype, device, forward, widths, contexts)
+            path, models[role], held, device, forward, widths, contexts)
         if stored is None:
             ui.note(f"{role}: measuring its latency profile ({why})")
             label = f"measuring {role} T(W) at contexts {', '.join(map(str, contexts))}"
@@ -365,7 +396,7 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
                 report = lambda done, total, label=label: ui.progress(label, done, total, unit="rounds")  # noqa: E731
                 measured = prof.measure(runners[role], widths, contexts, progress=report)
                 try:
-                    stored = prof.save(path, measured, models[role], dtype, device, forward)
+                    stored = prof.save(path, measured, models[role], held, device, forward)
                 except OSError as e:
                     raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
         else:

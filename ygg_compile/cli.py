@@ -19,7 +19,7 @@ import ygg_runtime
 from ygg_compile.bench import BenchOptions, default_output, run_bench
 from ygg_compile.build import CompileOptions, compile_artifact
 from ygg_compile.inspection import inspect_artifact
-from ygg_compile.peers import PEERS
+from ygg_compile.peers import HF_PEERS
 from ygg_compile.report import fmt, render_table
 from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR
@@ -46,6 +46,9 @@ def compile_cmd(
     method: str = typer.Option(CompileOptions.method, "--method", help="default method of the artifact: egt, sequoia, specinfer, chain, pld or ar"),
     device: str = typer.Option(CompileOptions.device, "--device", help="cpu or cuda"),
     dtype: str = typer.Option(CompileOptions.dtype, "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
+    weights: str = typer.Option(CompileOptions.weights, "--weights",
+                                help="how weights are held: auto (a GGUF file's own quantization, exactly, on CPUs with the fast kernel; else the float dtype), bf16 (the float dtype), int8 (at most 8 bits: a GGUF file's numbers, exactly) or int4 (at most 4 bits: wider tensors requantized, lossy); a float checkpoint is quantized here (lossy)"),
+    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="the drafter's weights, when they differ from --weights (same choices; int4 makes drafting cheaper and stays lossless: only acceptance moves)"),
     max_context: int = typer.Option(CompileOptions.max_context, "--max-context", help="longest prompt + generation the artifact serves"),
     chain_k: int = typer.Option(ChainParams.k, "--chain-k", help="chain: drafted tokens per step"),
     tree_width: int = typer.Option(SpecInferParams.width, "--tree-width", help="specinfer: children per node"),
@@ -70,6 +73,8 @@ def compile_cmd(
         output=output,
         device=device,
         dtype=dtype,
+        weights=weights,
+        draft_weights=draft_weights,
         method=method,
         methods={k: dict(v) for k, v in DEFAULT_PARAMS.items()} | {"chain": {"k": chain_k}, "specinfer": {"width": tree_width, "depth": tree_depth}},
         max_context=max_context,
@@ -96,7 +101,7 @@ def compile_cmd(
 
 def phase_table(plan: Plan):
     """Where the compile's time went, one row per phase."""
-    names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "attention kernel + AOT forwards",
+    names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "native kernels + AOT forwards",
              "exactness": "row-invariance check",
              "profile": "latency profiles", "calibrate": "calibration (probe + agreement)", "stages": "stage timing",
              "plan": "planning + predictor", "hash": "hash files"}
@@ -122,7 +127,24 @@ def plan_summary(plan: Plan) -> str:
                 f"modelled {sbest['speedup']:.2f}×)")
     return (f"plan — {egt_text}; {seq_text}; calibrated on {cal.prompts} prompts, {cal.steps} probe steps "
             f"in {cal.seconds:.0f} s\n{predictor_summary(plan.planning.get('predictor') or {})}\n"
-            f"{stages_summary(plan.planning['stages'])}\n{exactness_summary(plan)}")
+            f"{stages_summary(plan.planning['stages'])}\n{exactness_summary(plan)}\n"
+            + "\n".join(f"{role} weights: {weights_summary(plan.models[role], plan.dtype)}" for role in ("target", "draft")))
+
+
+def weights_summary(m, dtype: str) -> str:
+    """How one model's weights are held, in a line: float, or codes and where their numbers came from."""
+    w = m.weights
+    if w.kind == "float":
+        return f"{dtype} (F.linear)"
+    numbers = ("the GGUF file's own quantization" if w.numbers == "gguf" else
+               "quantized by ygg compile from the float checkpoint: lossy against it")
+    formats = ", ".join(f"{k} ×{n}" for k, n in w.formats.items())
+    line = f"{w.kind} codes, {numbers} — {formats}; {w.bytes / 1e9:.2f} GB"
+    if w.numbers == "gguf":
+        line += f"; decoded = converted checkpoint within {w.max_rel_error:.1e} of max |w|"
+    if w.fallbacks:
+        line += f"; {len(w.fallbacks)} not as in the file: " + "; ".join(w.fallbacks[:3]) + ("…" if len(w.fallbacks) > 3 else "")
+    return line
 
 
 def exactness_summary(plan: Plan) -> str:
@@ -220,14 +242,15 @@ def bench_cmd(
     categories: Optional[list[str]] = typer.Option(None, "--categories", help="only these categories (comma-separated)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
     methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all, plus the ablations that apply: egt-fixed without the depth predictor, egt-eager without the compiled forwards, egt-plain / egt-ahead with the stage order the plan did not pick, ar-eager the plain decoding egt-eager is compared with; ar always runs)"),
-    peers: list[str] = typer.Option([",".join(PEERS)], "--peers", help="Hugging Face peers: hf, hf-assisted, hf-pld, or none"),
+    peers: list[str] = typer.Option([",".join(HF_PEERS)], "--peers",
+                                    help="peers: hf, hf-assisted, hf-pld (transformers), llama.cpp, llama.cpp-pld (llama-cpp-python, the extra '.[llama]'), or none"),
     max_new_tokens: int = typer.Option(BenchOptions.max_new_tokens, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
     temperature: float = typer.Option(BenchOptions.temperature, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
     rounds: int = typer.Option(BenchOptions.rounds, "--rounds", help="times each prompt runs per contestant (median kept)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted benchmark in the same directory"),
 ) -> None:
-    """Time every compiled method and the Hugging Face peers on the same prompts, interleaved."""
+    """Time every compiled method and the peers (transformers, llama.cpp) on the same prompts, interleaved."""
     peer_list = [p for p in _split(peers) or [] if p != "none"]
     output = output or default_output(artifact)
     opts = BenchOptions(
@@ -271,6 +294,7 @@ def inspect_cmd(
         if role in models:
             m = models[role]
             info.add_row(role, f"{m.spec} ({m.parameters / 1e6:.0f}M parameters, {m.layers} layers, {m.source})")
+            info.add_row(f"{role} weights", weights_summary(m, plan.dtype))
     cpu = plan.cpu
     info.add_row("device / dtype", f"{plan.device} / {plan.dtype}  (torch {plan.torch_version}, {cpu.model}, {cpu.threads} threads)")
     info.add_row("context", f"{plan.max_context} tokens")
@@ -282,7 +306,7 @@ def inspect_cmd(
                  f"(needs {', '.join(aot.cpu_flags) or 'nothing special'}) in "
                  + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot.seconds.items()))
     kernel = plan.kernel
-    info.add_row("attention", f"row-invariant kernel {kernel.file} (needs {', '.join(kernel.cpu_flags) or 'nothing special'})"
+    info.add_row("kernels", f"{kernel.file}: row-invariant attention, quantized linear (needs {', '.join(kernel.cpu_flags) or 'nothing special'})"
                  if kernel else "PyTorch's scaled_dot_product_attention")
     info.add_row("exactness", exactness_summary(plan))
     prof = plan.profile

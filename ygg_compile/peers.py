@@ -1,6 +1,8 @@
 """The tools users already have, on the same models, prompts and token budget: Hugging Face
 `generate` plain (`hf`), with the draft model as assistant (`hf-assisted`, transformers' default
-assistant schedule) and with prompt lookup (`hf-pld`, no draft model).
+assistant schedule) and with prompt lookup (`hf-pld`, no draft model); llama.cpp through
+llama-cpp-python on the very GGUF file the target came from, with the same threads (`llama.cpp`),
+and with the binding's one speculative mode, prompt lookup (`llama.cpp-pld`).
 
 Timing matches ours (`Metrics.tpot_ms`: decode time per generated token, prompt processing
 excluded): a streamer timestamps every chunk generate emits; the first chunk comes out of the
@@ -19,7 +21,9 @@ import torch
 from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
 
-PEERS = ("hf", "hf-assisted", "hf-pld")
+HF_PEERS = ("hf", "hf-assisted", "hf-pld")
+LLAMA_PEERS = ("llama.cpp", "llama.cpp-pld")  # an optional extra: pip install -e '.[llama]'
+PEERS = HF_PEERS + LLAMA_PEERS
 PLD_TOKENS = 10  # prompt_lookup_num_tokens, the value transformers' documentation uses
 
 
@@ -90,8 +94,8 @@ class HFPeers:
     @torch.inference_mode()
     def generate(self, peer: str, ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None) -> PeerRun:
-        if peer not in PEERS:
-            raise YggError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)})")
+        if peer not in HF_PEERS:
+            raise YggError(f"unknown peer '{peer}' (choose from {', '.join(HF_PEERS)})")
         extra = {}
         if peer == "hf-assisted":
             if self.draft is None:
@@ -115,3 +119,71 @@ class HFPeers:
         last_t = clock.marks[-1][0]
         tpot = 1000.0 * (last_t - first_t) / rest if rest > 0 else 1000.0 * (first_t - start) / max(1, first_n)
         return PeerRun(tokens, tpot, end - start, first_t - start, len(clock.marks))
+
+
+class LlamaCppPeers:
+    """The target's GGUF file loaded by llama.cpp (llama-cpp-python), plain and with prompt lookup.
+
+    Prompts arrive as our token ids (chat template applied), so both tools read the same tokens.
+    Greedy is llama.cpp's own argmax sampler (temperature 0); no repetition penalty, no top-k/min-p
+    truncation. TPOT as for the other peers: from the first generated token (which the prompt's
+    evaluation produced) to the last. Target forwards are counted by wrapping the binding's `eval`.
+    """
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int, eos_ids: list[int]):
+        try:
+            from llama_cpp import Llama
+        except ImportError:
+            raise YggError("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
+                           "(it builds llama.cpp from source, a few minutes)") from None
+        self._make = lambda **kw: Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                        n_batch=512, verbose=False, **kw)
+        self.gguf, self.threads, self.eos_ids = gguf, threads, set(eos_ids)
+        self._models: dict[str, object] = {}
+
+    def model(self, peer: str):
+        if peer not in self._models:
+            kw = {}
+            if peer == "llama.cpp-pld":
+                from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+                kw["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=PLD_TOKENS)
+            try:
+                self._models[peer] = self._make(**kw)
+            except Exception as e:
+                raise YggError(f"peer {peer}: llama.cpp cannot load {self.gguf}: {first_line(e)}") from e
+        return self._models[peer]
+
+    def generate(self, peer: str, ids: list[int], max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, seed: int | None = None) -> PeerRun:
+        if peer not in LLAMA_PEERS:
+            raise YggError(f"unknown peer '{peer}' (choose from {', '.join(LLAMA_PEERS)})")
+        llm = self.model(peer)
+        if seed is not None:
+            llm.set_seed(seed)
+        evals = 0
+        original = llm.eval
+
+        def counted(tokens):
+            nonlocal evals
+            evals += 1
+            return original(tokens)
+
+        llm.eval = counted
+        tokens, marks = [], []
+        start = time.perf_counter()
+        try:
+            for tok in llm.generate(ids, temp=temperature, top_p=top_p if temperature > 0 else 1.0, top_k=0, min_p=0.0,
+                                    typical_p=1.0, repeat_penalty=1.0, reset=True):
+                marks.append(time.perf_counter())
+                tokens.append(int(tok))
+                if tok in self.eos_ids or len(tokens) >= max_new_tokens:
+                    break
+        finally:
+            llm.eval = original
+        end = time.perf_counter()
+        if len(marks) < 2:
+            return PeerRun(tokens, 1000.0 * (end - start) / max(1, len(tokens)), end - start, end - start, max(1, evals - 1))
+        tpot = 1000.0 * (marks[-1] - marks[0]) / (len(marks) - 1)
+        # the first eval read the prompt and gave the first token; the others are decode forwards
+        return PeerRun(tokens, tpot, end - start, marks[0] - start, max(1, evals))

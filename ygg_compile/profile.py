@@ -182,15 +182,24 @@ def profiles_dir() -> Path:
     return cache_dir() / "profiles"
 
 
-def fingerprint(device: str, forward: str) -> dict:
+def fingerprint(device: str, forward: str, quantized: bool = False) -> dict:
     """What a profile's numbers depend on besides the model: the same fingerprint means reusable.
-    forward: "aot" (the ahead-of-time compiled forwards) or "eager"."""
+    forward: "aot" (the ahead-of-time compiled forwards) or "eager"; quantized: whether its linear
+    layers run the quantized kernel (whose source then counts too)."""
     info = {"device": device, "forward": forward, "attention": kernels.version(device),
             "torch_version": str(torch.__version__), "threads": torch.get_num_threads()}
+    if quantized:
+        info["qlinear"] = kernels.qlinear_version()
     if device.startswith("cuda"):
         return info | {"gpu": torch.cuda.get_device_name()}
     cpu = hardware.cpu_info()
     return info | {"cpu": cpu.model, "isa": cpu.isa}
+
+
+def weights_label(dtype: str, model: ModelInfo) -> str:
+    """The dtype a profile is filed under: the float dtype, with the weights' kind when quantized
+    (bfloat16-int4): other weights, other timings."""
+    return dtype if model.weights.kind == "float" else f"{dtype}-{model.weights.kind}"
 
 
 def profile_path(root: Path, device: str, model: ModelInfo, dtype: str, forward: str) -> Path:
@@ -212,7 +221,7 @@ def load_matching(path: Path, model: ModelInfo, dtype: str, device: str, forward
         return None, "another profile format"
     if stored.get("model", {}).get("sha256") != model.sha256 or stored.get("dtype") != dtype:
         return None, "other weights or dtype"
-    if stored.get("fingerprint") != fingerprint(device, forward):
+    if stored.get("fingerprint") != fingerprint(device, forward, model.weights.kind != "float"):
         return None, "measured on another machine, torch, thread count or forward kind"
     if not set(widths) <= set(stored["widths"]) or not set(contexts) <= set(stored["contexts"]):
         return None, "does not cover the widths and contexts needed"
@@ -224,7 +233,7 @@ def save(path: Path, measured: dict, model: ModelInfo, dtype: str, device: str, 
         "format": PROFILE_FORMAT,
         "model": {k: getattr(model, k) for k in ("spec", "sha256", "arch", "parameters", "layers")},
         "dtype": dtype,
-        "fingerprint": fingerprint(device, forward),
+        "fingerprint": fingerprint(device, forward, model.weights.kind != "float"),
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **measured,
     }

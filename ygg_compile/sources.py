@@ -34,6 +34,7 @@ class ModelSource:
     kind: str  # "local", "gguf", "hub" or "package"
     path: Path  # a directory transformers can read (after resolve)
     sha256: str  # of the checkpoint file(s) it was made from
+    gguf: Path | None = None  # the GGUF file it was dequantized from (its blocks give quantized weights)
 
 
 def expand(pattern: str) -> list[str]:
@@ -66,7 +67,7 @@ def resolve(spec: str, progress: Progress | None = None) -> ModelSource:
         if "hub" in entry:
             return _from_hub(entry["hub"], spec, progress)
         gguf, sha = _assemble_package(spec, entry, progress)
-        return ModelSource(spec, "package", _gguf_to_dir(gguf, sha, progress), sha)
+        return ModelSource(spec, "package", _gguf_to_dir(gguf, sha, progress), sha, gguf)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -79,7 +80,7 @@ def resolve(spec: str, progress: Progress | None = None) -> ModelSource:
         if not path.is_file():
             raise YggError(f"GGUF file {path} does not exist")
         sha = sha256_of([path], progress, f"hashing {path.name}")
-        return ModelSource(spec, "gguf", _gguf_to_dir(path, sha, progress), sha)
+        return ModelSource(spec, "gguf", _gguf_to_dir(path, sha, progress), sha, path)
     if HUB_ID.match(spec) and not path.exists():
         return _from_hub(spec, spec, progress)
     raise YggError(

@@ -1,5 +1,8 @@
-"""Our one native kernel, `ygg::attention` (csrc/attention.cpp): attention in which a row's result
-depends only on its query and on the keys and values it may see, in cache-slot order.
+"""Our native kernels (csrc/*.cpp, one library): `ygg::attention` and `ygg::qlinear`, both computing
+every row of a forward independently of the rows beside it.
+
+`ygg::attention`: attention in which a row's result depends only on its query and on the keys and
+values it may see, in cache-slot order.
 
 Why not PyTorch's: measured on the 2-core AVX-512 CPU (torch 2.13, Qwen2.5-Coder-1.5B in bfloat16),
 the forward of a token gave bitwise-different logits depending on the verify around it, and every
@@ -18,11 +21,15 @@ op whose kernel changes was found by running one row at several widths and layou
 Everything else in the eager forward (norms, RoPE, SiLU, the KV writes) is row by row; the compiled
 graph's fused kernels are for the check to judge.
 
-The kernel is built with the system C++ compiler against the installed torch (a few seconds, cached
-under the user cache keyed by source, torch version and instruction set), for the same vector ISA
+`ygg::qlinear` (csrc/qlinear.cpp): the linear layers of quantized weights (`ygg_runtime.quant`),
+int8 dot products over weight tiles unpacked once for every 8 rows, so a tree verify costs nearly
+what one token does; row-invariant by construction, so a quantized model needs no padding at all.
+
+The library is built with the system C++ compiler against the installed torch (a few seconds, cached
+under the user cache keyed by sources, torch version and instruction set), for the same vector ISA
 Inductor compiles for, so the plan's recorded CPU flags cover it. `ygg compile` copies the build
 into the artifact, so `ygg run` needs no compiler. CUDA runs PyTorch's attention (untested here: no
-GPU); the compile-time check then says whether its rows agree.
+GPU); the compile-time check then says whether its rows agree. Quantized weights run on CPUs only.
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ from torch import Tensor
 from ygg_runtime.errors import YggError
 from ygg_runtime.integrity import cache_dir
 
-SOURCE = Path(__file__).parent / "csrc" / "attention.cpp"
-LIBRARY = "attention.so"  # its name inside an artifact
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = (CSRC / "attention.cpp", CSRC / "qlinear.cpp")
+LIBRARY = "kernels.so"  # its name inside an artifact
 _loaded: Path | None = None
 
 
@@ -54,7 +62,12 @@ def loaded() -> Path | None:
 def version(device: str = "cpu") -> str:
     """Which attention a forward on `device` runs: the kernel's source hash, or "sdpa" off the CPU
     (latency profiles record it: another attention is another timing)."""
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12] if device.startswith("cpu") else "sdpa"
+    return hashlib.sha256(SOURCES[0].read_bytes()).hexdigest()[:12] if device.startswith("cpu") else "sdpa"
+
+
+def qlinear_version() -> str:
+    """The quantized linear kernel's source hash (profiles of quantized weights record it)."""
+    return hashlib.sha256(SOURCES[1].read_bytes()).hexdigest()[:12]
 
 
 def isa_flags() -> list[str]:
@@ -67,50 +80,54 @@ def isa_flags() -> list[str]:
 def _compiler() -> str:
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if not cxx:
-        raise YggError("cannot build the attention kernel: no C++ compiler found (install g++, or set CXX)")
+        raise YggError("cannot build the native kernels: no C++ compiler found (install g++, or set CXX)")
     return cxx
 
 
-def build(cache: Path | None = None) -> Path:
-    """The kernel compiled for this machine: reused from `cache` when the same source, torch,
-    compiler and flags built it before, else compiled now (written under a temporary name, then
-    renamed, so a concurrent or interrupted build never leaves a broken library)."""
+def build(cache: Path | None = None, isa: list[str] | None = None) -> Path:
+    """The kernels compiled for this machine (or for the instruction-set flags `isa`, which tests
+    use to build the portable paths): reused from `cache` when the same sources, torch, compiler and
+    flags built them before, else compiled now (written under a temporary name, then renamed, so a
+    concurrent or interrupted build never leaves a broken library)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
     cxx = _compiler()
-    flags = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *isa_flags(),
+    flags = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *(isa_flags() if isa is None else isa),
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(SOURCE.read_bytes() + repr((torch.__version__, flags, version)).encode()).hexdigest()[:16]
+    sources = b"".join(p.read_bytes() for p in SOURCES)
+    key = hashlib.sha256(sources + repr((torch.__version__, flags, version)).encode()).hexdigest()[:16]
     root = Path(cache) if cache is not None else cache_dir() / "kernels"
-    out = root / f"attention-{key}.so"
+    out = root / f"kernels-{key}.so"
     if out.is_file():
         return out
     root.mkdir(parents=True, exist_ok=True)
     libs = library_paths()
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         part = Path(tmp) / LIBRARY
-        cmd = [cxx, *flags, *(f"-I{p}" for p in include_paths()), str(SOURCE), "-o", str(part),
+        cmd = [cxx, *flags, *(f"-I{p}" for p in include_paths()), *map(str, SOURCES), "-o", str(part),
                *(f"-L{p}" for p in libs), "-lc10", "-ltorch_cpu", *(f"-Wl,-rpath,{p}" for p in libs)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
-            raise YggError(f"cannot build the attention kernel with {cxx}: {first}")
+            raise YggError(f"cannot build the native kernels with {cxx}: {first}")
         os.replace(part, out)
     return out
 
 
 def load(path: Path | None = None) -> Path:
-    """Register `torch.ops.ygg.attention` from `path` (an artifact's copy), or from a build for
-    this machine. A process registers it once: later calls keep the first library."""
+    """Register `torch.ops.ygg.*` from `path` (an artifact's copy), or from a build for this
+    machine. A process registers them once: later calls keep the first library."""
     global _loaded
     if _loaded is None:
         path = Path(path) if path is not None else build()
         try:
             torch.ops.load_library(str(path))
         except OSError as e:
-            raise YggError(f"cannot load the attention kernel {path}: {str(e).strip() or type(e).__name__}") from None
+            raise YggError(f"cannot load the native kernels {path}: {str(e).strip() or type(e).__name__}") from None
         torch.library.register_fake("ygg::attention")(_shape)
+        torch.library.register_fake("ygg::qlinear")(_qlinear_shape)
+        torch.library.register_fake("ygg::qlinear_reference")(_qlinear_shape)
         _loaded = path
     return _loaded
 
@@ -119,6 +136,30 @@ def _shape(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     """What the kernel returns, for tracing (torch.export, AOTInductor): a tensor laid out like q,
     exactly as the kernel allocates it (compiled code reads the result with these strides)."""
     return torch.empty_like(q)
+
+
+def _qlinear_shape(x: Tensor, codes: Tensor, D: Tensor, M: Tensor, sc: Tensor, mn: Tensor, bias: Tensor | None, n: int) -> Tensor:
+    return x.new_empty(*x.shape[:-1], n)
+
+
+def qlinear(x: Tensor, codes: Tensor, D: Tensor, M: Tensor, sc: Tensor, mn: Tensor, bias: Tensor | None,
+            n: int | None = None, reference: bool = False) -> Tensor:
+    """x [..., K] times quantized weights (`ygg_runtime.quant.pack`'s tensors) plus bias -> [..., n]
+    in x's dtype (n: the weight's rows without the tiles' padding; None: all of them);
+    reference=True runs the kernel's scalar definition (tests)."""
+    if x.device.type != "cpu":
+        raise YggError("quantized weights run on CPUs only (compile with --weights bf16 for this device)")
+    if _loaded is None:
+        load()
+    op = torch.ops.ygg.qlinear_reference if reference else torch.ops.ygg.qlinear
+    return op(x, codes, D, M, sc, mn, bias, codes.shape[0] * 16 if n is None else n)
+
+
+def qlinear_path() -> str:
+    """The instruction set `ygg::qlinear` runs with in this process ("avx512-vnni" or "portable")."""
+    if _loaded is None:
+        load()
+    return torch.ops.ygg.qlinear_path()
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:

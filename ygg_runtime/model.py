@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from ygg_runtime.kernels import attention
 from ygg_runtime.kv import KVCache
+from ygg_runtime.quant import QEmbedding, QLinear
 
 
 @dataclass(frozen=True)
@@ -126,15 +127,23 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", torch.zeros(a.head_dim // 2), persistent=True)
         self.max_len = 0
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (quantized layers keep their own storage types)."""
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
     def setup_cache(self, max_len: int) -> None:
         """Preallocate the static, slot-addressed KV cache of every layer. It holds one spare row
         past max_len that is never written: an attention span of exactly max_len is then a proper
         slice, which an exported graph can treat as one more value of a dynamic size (a slice of
         the whole tensor is specialised by torch.export)."""
-        p = self.tok_embeddings.weight
         self.max_len = max_len
         for layer in self.layers:
-            layer.attention.kv_cache = KVCache(max_len + 1, self.args.n_kv_heads, self.args.head_dim, p.dtype, p.device)
+            layer.attention.kv_cache = KVCache(max_len + 1, self.args.n_kv_heads, self.args.head_dim, self.dtype, self.device)
 
     def caches(self) -> list[KVCache]:
         return [layer.attention.kv_cache for layer in self.layers]
@@ -159,11 +168,22 @@ class Transformer(nn.Module):
 
 def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the state dict") -> Transformer:
     """A model whose parameters are `state`'s tensors themselves (built on the meta device, so no
-    memory is allocated twice), the head tied to the embeddings where the model ties them."""
+    memory is allocated twice), the head tied to the embeddings where the model ties them. A layer
+    whose weights the state holds as codes ("<layer>.codes", `ygg_runtime.quant`) is built quantized."""
     with torch.device("meta"):
         model = Transformer(args)
+        dtype = state["norm.weight"].dtype if "norm.weight" in state else torch.float32
+        for name, module in list(model.named_modules()):
+            if name + ".codes" not in state:
+                continue
+            if isinstance(module, nn.Embedding) and not args.tie_embeddings:
+                model.set_submodule(name, QEmbedding.like(state, name + ".", args.dim, dtype))
+            elif isinstance(module, nn.Linear):
+                model.set_submodule(name, QLinear.like(state, name + "."))
+            else:
+                raise ValueError(f"{where} holds {name} as codes, which this model cannot take")
+    missing = set(model.state_dict()) - set(state)
     model.load_state_dict(state, assign=True, strict=False)
-    missing = {n for n, _ in model.named_parameters(remove_duplicate=False)} - set(state)
     if args.tie_embeddings:
         model.output.weight = model.tok_embeddings.weight
         missing.discard("output.weight")

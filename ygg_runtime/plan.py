@@ -22,8 +22,21 @@ from ygg_runtime.errors import YggError, first_line
 
 # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks;
 # 5: the row-invariant attention kernel and the exactness check; 6: retrieval (egt's graft, pld,
-# the seeded adjacency table)
-FORMAT_VERSION = 6
+# the seeded adjacency table); 7: quantized weights (`ModelInfo.weights`, ygg::qlinear), one native
+# library for every kernel
+FORMAT_VERSION = 7
+
+
+@dataclass
+class WeightsInfo:
+    """How a model's weights are held: in the artifact's float dtype, or as integer codes
+    (`ygg_runtime.quant`) that the native kernel multiplies."""
+    kind: str  # "float" (the plan's dtype) or "int4" / "int8" (codes, at most that many bits)
+    numbers: str  # "checkpoint": as converted; "gguf": the file's own quantization; "quantized": by compile (lossy)
+    formats: dict[str, int] = field(default_factory=dict)  # stored format -> tensors ("Q4_K 4-bit": 113)
+    fallbacks: list[str] = field(default_factory=list)  # tensors not held as the file has them, and what they became
+    bytes: int = 0  # of the quantized tensors
+    max_rel_error: float = 0.0  # decoded codes against the converted checkpoint: max |Δ| / max |w|
 
 
 @dataclass
@@ -38,6 +51,8 @@ class ModelInfo:
     vocab_size: int
     max_position: int
     eos_token_ids: list[int]
+    weights: WeightsInfo = field(default_factory=lambda: WeightsInfo("float", "checkpoint"))
+    gguf: str | None = None  # the GGUF file it came from (llama.cpp, a peer in `ygg bench`, reads it)
 
 
 @dataclass
@@ -59,7 +74,7 @@ class AOTInfo:
 
 @dataclass
 class KernelInfo:
-    """The row-invariant attention library (`ygg_runtime.kernels`) copied into the artifact."""
+    """The native kernels' library (`ygg_runtime.kernels`) copied into the artifact."""
     file: str
     isa: str | None
     cpu_flags: list[str]

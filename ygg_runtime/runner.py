@@ -34,7 +34,7 @@ def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
 class ModelRunner:
     def __init__(self, model: Transformer, max_len: int):
         self.model = model
-        self.device = model.tok_embeddings.weight.device
+        self.device = model.device
         model.setup_cache(max_len)
         self.max_len = max_len
         self.committed = 0

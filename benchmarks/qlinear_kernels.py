@@ -1,0 +1,185 @@
+"""Weight-only quantized matmul on the Qwen2.5-Coder-1.5B target's linear layers: ms per forward (the
+four linears of each of its 28 layers: wqkv 2048x1536, wo 1536x1536, w13 17920x1536, w2 1536x8960)
+at M = 1, 2, 4, 8, 16, 32, 64 rows, and whether each kernel is row-invariant (a row's output bitwise
+the same whatever the rows beside it, what tree verification's exactness needs).
+
+    .venv/bin/python benchmarks/qlinear_kernels.py [--repeats N] [--kernels a,b] [--out FILE.json]
+
+Kernels: `bf16` F.linear (oneDNN); `int8pack` aten._weight_int8pack_mm (per-channel int8);
+`int4pack` aten._weight_int4pack_mm_for_cpu (group 32); `inductor-woq` torch.compile(max-autotune,
+freezing) of the dequantize-then-matmul pattern, which Inductor's CPU weight-only GEMM lowering takes
+over; `torchao-*` torchao's CPU layouts when torchao imports; `ygg-int4` / `ygg-int8` our
+ygg::qlinear with 4-bit codes (Q4_K's format) and 8-bit codes (Q6_K's). Every layer holds its own
+weights, so each forward streams them from memory as a real one does. Kernels and widths alternate
+within each repeat (medians kept). YGG_QLINEAR=portable times our kernel's plain C++ path. Run it
+alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ygg_runtime import kernels
+from ygg_runtime.quant import Codes, pack
+
+SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))  # (N, K) of one layer's linears
+LAYERS = 28
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+Forward = Callable[[dict, int], list]  # ({K: x [M, K]}, layer) -> the layer's outputs
+
+
+def random_codes(n: int, k: int, bits: int, g: torch.Generator) -> Codes:
+    group = 32 if bits == 4 else 16
+    return Codes(torch.randint(0, 2 ** (6 if bits == 8 else 4), (n, k), dtype=torch.uint8, generator=g),
+                 torch.rand(n, k // 256, generator=g) * 1e-3, -torch.rand(n, k // 256, generator=g) * 1e-3,
+                 torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g),
+                 torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g), bits, f"random{bits}")
+
+
+def build(name: str, g: torch.Generator) -> Forward:
+    """The kernel's per-layer weights, and a forward that runs every linear of one layer."""
+    layers = []
+    for _ in range(LAYERS):
+        ws = []
+        for n, k in SHAPES:
+            w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+            if name == "bf16":
+                ws.append(w)
+            elif name in ("int8pack", "inductor-woq"):
+                s = w.float().abs().amax(1) / 127
+                ws.append(((w.float() / s[:, None]).round().clamp(-127, 127).to(torch.int8), s.to(torch.bfloat16)))
+            elif name == "int4pack":
+                q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+                packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+                sz = torch.rand(k // 32, n, 2, generator=g).to(torch.bfloat16)
+                ws.append((packed, sz))
+            elif name.startswith("ygg-"):
+                ws.append(pack(random_codes(n, k, 4 if name == "ygg-int4" else 8, g)))
+            elif name.startswith("torchao-"):
+                ws.append(w)
+            else:
+                raise SystemExit(f"unknown kernel {name}")
+        layers.append(ws)
+
+    if name == "bf16":
+        return lambda x, i: [F.linear(x[w.shape[1]], w) for w in layers[i]]
+    if name == "int8pack":
+        return lambda x, i: [torch._weight_int8pack_mm(x[q.shape[1]], q, s) for q, s in layers[i]]
+    if name == "int4pack":
+        return lambda x, i: [torch._weight_int4pack_mm_for_cpu(x[k], p, 32, sz)
+                             for (p, sz), (_, k) in zip(layers[i], SHAPES)]
+    if name.startswith("ygg-"):
+        return lambda x, i: [kernels.qlinear(x[p["codes"].shape[1] * 32], p["codes"], p["D"], p["M"], p["sc"], p["mn"], None)
+                             for p in layers[i]]
+    if name == "inductor-woq":
+        return _inductor_woq(layers)
+    return _torchao(name, layers)
+
+
+def _inductor_woq(layers) -> Forward:
+    """The weight-only int8 pattern (int8 weights cast to the activations' dtype, matmul, channel
+    scales) compiled with max-autotune: one graph per shape and width, weights as its inputs."""
+
+    def woq(x, q, s):
+        return F.linear(x, q.to(x.dtype)) * s
+
+    fn = torch.compile(woq, mode="max-autotune", dynamic=False)
+    return lambda x, i: [fn(x[q.shape[1]], q, s) for q, s in layers[i]]
+
+
+def _torchao(name: str, layers) -> Forward:
+    try:
+        import torchao  # noqa: F401
+        from torchao.quantization import Int4WeightOnlyConfig, Int8DynamicActivationInt4WeightConfig, quantize_
+    except Exception as e:  # not installed, or not built for this torch
+        raise RuntimeError(f"torchao unavailable: {type(e).__name__}: {e}") from None
+    config = {"torchao-int4": lambda: Int4WeightOnlyConfig(group_size=32),
+              "torchao-8da4w": lambda: Int8DynamicActivationInt4WeightConfig(group_size=32)}[name]()
+    mods = []
+    for layer in layers:
+        ms = []
+        for w in layer:
+            lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16)
+            lin.weight.data = w
+            seq = torch.nn.Sequential(lin)
+            quantize_(seq, config)
+            ms.append(seq)
+        mods.append(ms)
+    return lambda x, i: [m(x[m[0].in_features]) for m in mods[i]]
+
+
+def inputs(x: torch.Tensor) -> dict[int, torch.Tensor]:
+    """x's first K columns, contiguous, for every K a linear takes."""
+    return {k: x[:, :k].contiguous() for k in {k for _, k in SHAPES}}
+
+
+def forward_ms(fn: Forward, x: dict) -> float:
+    start = time.perf_counter()
+    for i in range(LAYERS):
+        fn(x, i)
+    return 1000 * (time.perf_counter() - start)
+
+
+def row_invariant(fn: Forward, g: torch.Generator) -> bool:
+    """Row 0 of every width equals the row alone, bitwise, in every linear of layer 0."""
+    x = torch.randn(max(WIDTHS), 8960, generator=g).to(torch.bfloat16)
+    alone = fn(inputs(x[:1]), 0)
+    return all(torch.equal(a[0], b[0]) for w in WIDTHS[1:] for a, b in zip(alone, fn(inputs(x[:w]), 0)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", default="bf16,int8pack,int4pack,inductor-woq,torchao-int4,torchao-8da4w,ygg-int4,ygg-int8")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    g = torch.Generator().manual_seed(0)
+    fns, skipped = {}, {}
+    for name in args.kernels.split(","):
+        try:
+            fns[name] = build(name, g)
+            fns[name](inputs(torch.zeros(1, 8960, dtype=torch.bfloat16)), 0)  # compile/warm up
+        except RuntimeError as e:
+            skipped[name] = str(e).splitlines()[0][:200]
+            fns.pop(name, None)
+    x = torch.randn(max(WIDTHS), 8960, generator=g).to(torch.bfloat16)
+    xs = {w: inputs(x[:w]) for w in WIDTHS}
+    samples = {n: {w: [] for w in WIDTHS} for n in fns}
+    for r in range(args.repeats + 1):
+        for w in WIDTHS:
+            for name, fn in fns.items():
+                ms = forward_ms(fn, xs[w])
+                if r:
+                    samples[name][w].append(ms)
+    result = {
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "qlinear_path": kernels.qlinear_path() if any(n.startswith("ygg-") for n in fns) else None,
+        "portable": os.environ.get("YGG_QLINEAR") == "portable",
+        "repeats": args.repeats,
+        "widths": list(WIDTHS),
+        "ms": {n: [round(statistics.median(samples[n][w]), 2) for w in WIDTHS] for n in fns},
+        "row_invariant": {n: row_invariant(fn, g) for n, fn in fns.items()},
+        "skipped": skipped,
+    }
+    print(f"ms per forward of the target's linears ({LAYERS} layers), {result['threads']} threads")
+    print(f"{'kernel':<16}" + "".join(f"{'M=' + str(w):>9}" for w in WIDTHS) + "  T(16)/T(1)  row-invariant")
+    for n, row in result["ms"].items():
+        print(f"{n:<16}" + "".join(f"{t:>9.1f}" for t in row) + f"  {row[WIDTHS.index(16)] / row[0]:>10.2f}  {result['row_invariant'][n]}")
+    for n, why in skipped.items():
+        print(f"{n:<16} skipped: {why}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Artifacts with quantized weights (`ygg compile --weights int4|int8`), end to end: what the plan
+says, every method's greedy output equal to the same artifact's plain decoding (compiled and
+eager), and a real GGUF file's own blocks kept, checked and decoded as the file holds them."""
+
+import json
+
+import pytest
+import torch
+import yaml
+from helpers import METHODS, assert_one_line_error, decode, noised_runtime, runner, ygg
+
+from ygg_compile import invariance, quantize
+from ygg_compile.convert import convert_state, to_runtime
+from ygg_runtime.errors import YggError
+from ygg_runtime.model import from_state
+from ygg_runtime.quant import QEmbedding, QLinear
+
+PROMPT = "Once upon a time"
+
+
+@pytest.fixture(scope="module")
+def calib(tmp_path_factory):
+    path = tmp_path_factory.mktemp("calib") / "calib.txt"
+    path.write_text("def square(x):\n    return x * x\n---\nThe weather today is\n---\nOnce upon a time, once upon a time\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def int4_artifact(pair, calib, tmp_path_factory):
+    """The tiny pair in bfloat16 with 4-bit weights quantized here (a float checkpoint), compiled
+    ahead of time; the drafter keeps its float weights."""
+    out = tmp_path_factory.mktemp("q") / "int4"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "bfloat16",
+               "--weights", "int4", "--draft-weights", "bf16", "--max-context", 256, "--calib", calib,
+               "--calib-tokens", 8, "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert "target weights: int4 codes, quantized by ygg compile" in " ".join(proc.stderr.split())
+    return out
+
+
+@pytest.fixture()
+def prompt_file(tmp_path):
+    path = tmp_path / "prompt.txt"
+    path.write_text(PROMPT + " " + PROMPT + "\n")
+    return path
+
+
+def test_the_plan_says_how_each_models_weights_are_held(int4_artifact):
+    plan = yaml.safe_load((int4_artifact / "plan.yaml").read_text())
+    target, draft = plan["models"]["target"]["weights"], plan["models"]["draft"]["weights"]
+    assert target["kind"] == "int4" and target["numbers"] == "quantized" and not target["fallbacks"]
+    assert target["formats"] == {"int4 4-bit": 2 + 4 * 2} and target["bytes"] > 0  # embeddings, head, 4 per layer
+    assert draft == {"kind": "float", "numbers": "checkpoint", "formats": {}, "fallbacks": [], "bytes": 0, "max_rel_error": 0.0}
+    # every linear layer is row-invariant: no forward is padded, plain decoding included
+    assert {kind: rec["min_width"] for kind, rec in plan["exactness"].items()} == {"compiled": 1, "eager": 1}
+    assert plan["files"]["kernels.so"]["bytes"] > 0
+
+
+@pytest.mark.parametrize("method", ["chain", "specinfer", "sequoia", "egt", "pld"])
+def test_every_method_gives_the_quantized_targets_own_greedy_output(int4_artifact, prompt_file, method):
+    runs = {m: json.loads(ygg("run", prompt_file, "-a", int4_artifact, "-m", m, "-n", 40, "--json", "--ignore-eos").stdout)
+            for m in ("ar", method)}
+    assert runs[method]["token_ids"] == runs["ar"]["token_ids"] and len(runs["ar"]["token_ids"]) == 40
+    assert runs[method]["exact"] is True
+
+
+def test_eager_quantized_forwards_are_exact_too(int4_artifact, prompt_file):
+    """`ygg run --eager` (no compiled code loaded): its own plain decoding, every method."""
+    runs = {m: json.loads(ygg("run", prompt_file, "-a", int4_artifact, "-m", m, "-n", 32, "--json", "--ignore-eos",
+                              "--eager").stdout) for m in ("ar", "egt", "sequoia")}
+    assert runs["egt"]["token_ids"] == runs["ar"]["token_ids"] == runs["sequoia"]["token_ids"]
+    assert runs["egt"]["metrics"]["compiled_forwards"] == 0
+
+
+def test_the_compiled_forward_of_a_quantized_model_matches_its_eager_one(tmp_path):
+    """The custom op inside an AOTInductor graph: same logits as eager at every width (float32)."""
+    import tiny
+
+    from ygg_compile.aot import compile_model
+    from ygg_runtime.compiled import CompiledForward
+
+    args, state = convert_state(tiny.hf_model("qwen2", seed=40), torch.float32)
+    model = from_state(*quantize.quantize_state(state, args, "int4", None)[:2])
+    model.setup_cache(80)
+    compile_model(model, tmp_path / "model.pt2")
+    fwd = CompiledForward(tmp_path / "model.pt2", model)
+    for width in (1, 3, 16):
+        tokens = torch.arange(width)[None] + 40
+        positions = slots = torch.arange(width) + 5
+        mask = torch.ones(width, 5 + width, dtype=torch.bool).tril(5)
+        want, _ = model(tokens, positions, slots.clone(), mask)
+        got, _ = fwd(tokens, positions, slots.clone(), mask)
+        assert (got - want).abs().max() < 1e-4, width
+
+
+def test_inspect_says_the_weights_are_quantized_and_lossy(int4_artifact, tmp_path):
+    proc = ygg("inspect", int4_artifact, "-o", tmp_path / "insp")
+    assert proc.returncode == 0, proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert "int4 codes, quantized by ygg compile from the float checkpoint: lossy against it" in said
+    assert "bfloat16 (F.linear)" in said  # the drafter's
+
+
+def test_unknown_weights_kind_is_one_line_before_writing(pair, tmp_path):
+    out = tmp_path / "out"
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--weights", "int3")
+    assert_one_line_error(proc, "--weights must be auto, bf16, int8, int4")
+    assert not out.exists()
+
+
+def test_int8_weights_of_a_tiny_model_are_exact_against_their_own_plain_decoding(pair):
+    """In memory, without a compile: 8-bit codes, float32 activations, every method of the test
+    table equal to plain decoding with no forward padded."""
+    import tiny
+
+    hf = tiny.hf_model("qwen2", seed=40)  # qkv bias, tied embeddings
+    args, state = convert_state(hf, torch.float32)
+    args, state, info = quantize.quantize_state(state, args, "int8", None)
+    assert info.kind == "int8" and not args.tie_embeddings
+    model = from_state(args, state)
+    assert isinstance(model.layers[0].attention.wqkv, QLinear) and isinstance(model.tok_embeddings, QEmbedding)
+    target = runner(model)
+    assert invariance.check(target, [1, 2, 4, 8, 16]).min_width == 1
+    draft = runner(noised_runtime(to_runtime(hf), 0.05, seed=41))
+    prompt = pair["tokenizer"](PROMPT).input_ids
+    ref, _ = decode(target, None, "ar", {}, prompt, 32)
+    for method, params in METHODS[1:]:
+        out, _ = decode(target, draft, method, params, prompt, 32)
+        assert out == ref, (method, params)
+
+
+# ---------------------------------------------------------------- a real GGUF file
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf():
+    from ygg_compile import sources
+
+    return sources.resolve("smollm2-135m").gguf
+
+
+@pytest.mark.real
+def test_a_gguf_files_own_blocks_are_kept_and_every_method_equals_plain_decoding(smollm2_hf, smollm2_tokenizer, smollm2_gguf):
+    """SmolLM2-135M's Q4_1 linears and Q8_0 embeddings (a Llama: q and k rows reordered by
+    llama.cpp, restored here) held as the file has them, checked against transformers' own
+    dequantization; bfloat16 activations; a float drafter that mixes accepts and rejects."""
+    float_args, float_state = convert_state(smollm2_hf, torch.bfloat16)
+    args, state, info = quantize.quantize_state(float_state, float_args, "int8", smollm2_gguf)
+    assert info.numbers == "gguf" and not info.fallbacks
+    assert info.formats == {"Q8_0 8-bit": 2, "Q4_1 4-bit": 4 * 30}  # embeddings and head from one tensor
+    assert info.max_rel_error < 1e-2  # against the bf16 checkpoint: its rounding, nothing more
+    _, _, four = quantize.quantize_state(float_state, float_args, "int4", smollm2_gguf)  # at most 4 bits: said so
+    assert four.formats == {"int4 4-bit": 2, "Q4_1 4-bit": 4 * 30}
+    assert four.fallbacks == ["tok_embeddings: Q8_0 -> int4 (requantized, lossy)", "output: Q8_0 -> int4 (requantized, lossy)"]
+    target = runner(from_state(args, state))
+    assert invariance.check(target, [1, 2, 4, 8, 16, 32, 64]).min_width == 1
+    draft = runner(noised_runtime(to_runtime(smollm2_hf, torch.bfloat16), 0.1, seed=3))
+    diverged, accepted = [], []
+    for text in ("def quicksort(items):\n", "The history of the printing press begins",
+                 "Copy exactly: the quick brown fox. Copy exactly: the quick"):
+        prompt = smollm2_tokenizer(text).input_ids
+        ref, _ = decode(target, None, "ar", {}, prompt, 32)
+        for method, params in METHODS[1:3] + METHODS[4:6] + [("egt", METHODS[5][1] | {"graft": {}}), ("pld", {})]:
+            out, m = decode(target, draft, method, params, prompt, 32)
+            diverged += [f"{method} on {text[:20]!r}"] if out != ref else []
+            accepted += [m.mean_accepted_length] if method == "chain" else []
+    assert not diverged, diverged
+    assert sum(accepted) / len(accepted) > 1.5  # the float drafter still agrees with the quantized target
+
+
+@pytest.mark.real
+def test_a_decoding_that_misreads_the_file_is_an_error_not_a_model(smollm2_hf, smollm2_gguf, monkeypatch):
+    """Without restoring llama.cpp's q/k row order the decoded weights are another model's: the
+    compile-time check against the dequantized checkpoint refuses them."""
+    args, state = convert_state(smollm2_hf, torch.bfloat16)
+    monkeypatch.setattr(quantize, "_unpermute", lambda c, heads: c)
+    with pytest.raises(YggError, match="decode to other weights"):
+        quantize.quantize_state(state, args, "int8", smollm2_gguf)
