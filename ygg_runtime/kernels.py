@@ -22,8 +22,8 @@ Everything else in the eager forward (norms, RoPE, SiLU, the KV writes) is row b
 graph's fused kernels are for the check to judge.
 
 `ygg::qlinear` (csrc/qlinear.cpp): the linear layers of quantized weights (`ygg_runtime.quant`),
-int8 dot products over weight tiles unpacked once for every 8 rows, so a tree verify costs nearly
-what one token does; row-invariant by construction, so a quantized model needs no padding at all.
+int8 dot products over weight tiles read once and unpacked once per 4 rows; row-invariant by
+construction, so a quantized model needs no padding at all, plain decoding included.
 
 The library is built with the system C++ compiler against the installed torch (a few seconds, cached
 under the user cache keyed by sources, torch version and instruction set), for the same vector ISA

@@ -1,12 +1,14 @@
 // ygg::qlinear — y = x W^T + b with W held as integer codes (4 or 8 bits) and per-group scales, for
 // the 1..64 rows of a decode step or a tree verify, at nearly the cost of one row.
 //
-// Why (measured on the 2-core AVX-512 CPU, Qwen2.5-Coder-1.5B's linears, see docs/measured.md):
+// Why (measured on the 2-core AVX-512 CPU, Qwen2.5-Coder-1.5B's linears, benchmarks/qlinear_kernels.py):
 // a bf16 forward is bound by reading 3.1 GB of weights; torch's weight-only int4/int8 pack ops read
-// 3-4x less at one row but dequantize the weights again for every 4 rows, so by 8 rows they cost
-// more than bf16. Here each weight tile is read and unpacked once per block of 8 rows, and every
-// row multiplies it with int8 dot products (AVX-512 VNNI: 64 multiply-adds per instruction), so a
-// 16-row verify costs about what reading the weights once does.
+// 3-4x less at one row but dequantize the weights again for every 4 rows, so by 8-16 rows they cost
+// more than bf16. Here each weight tile is read from memory once and unpacked once per block of 4
+// rows, and every row multiplies it with int8 dot products (AVX-512 VNNI: 64 multiply-adds per
+// instruction). One row is bound by memory (4-bit codes: ~4.5x faster than bf16); each further row
+// costs the dot products' throughput (~2.6 ms per row of the 1.5B's 1.3 G multiply-adds on 2 cores),
+// so a 16-row verify costs ~3x one row, still under bf16's.
 //
 // The weight format (`ygg_runtime.quant` documents and packs it) keeps a GGUF file's own
 // quantization: w[n, k] = D[n, s] * sc[n, j] * c[n, k] + M[n, s] * mn[n, j], with codes c in
@@ -45,7 +47,7 @@ namespace {
 
 constexpr int64_t T = 16;  // output columns per tile (one 512-bit vector of floats)
 constexpr int64_t B = 32;  // columns of k per activation block and per packed code block
-constexpr int64_t R = 8;   // rows that share one unpacked weight block
+constexpr int64_t R = 4;   // rows that share one unpacked weight block (8 spill registers: measured slower)
 
 // One layer's weights as the kernel reads them (shapes checked in `check`).
 struct Weights {
@@ -192,6 +194,7 @@ void rows_vnni(const Weights& w, const Activations& a, int64_t r0, const Out<O>&
   const __m512i low = _mm512_set1_epi8(15);
   __m512 acc[NR];
   for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  const int sshift = w.S == 256 ? 3 : 0;  // super-block of a block: b >> sshift (no division in the loop)
   const int8_t* q0 = a.q.data() + r0 * w.K;
   const float* da0 = a.da.data() + r0 * KB;
   const float* sq0 = a.sq.data() + r0 * KG;
@@ -207,7 +210,7 @@ void rows_vnni(const Weights& w, const Activations& a, int64_t r0, const Out<O>&
         u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
       }
     }
-    const int64_t s = b * B / w.S;
+    const int64_t s = b >> sshift;
     const __m512 D = _mm512_loadu_ps(w.D + (t * KS + s) * T), M = _mm512_loadu_ps(w.M + (t * KS + s) * T);
     for (int gi = 0; gi < GB; ++gi) {
       const int64_t j = b * GB + gi;
@@ -245,11 +248,7 @@ void tiles_vnni_as(const Weights& w, const Activations& a, int64_t rows, const O
         case 1: rows_vnni<1, G, BITS>(w, a, r0, out, t); break;
         case 2: rows_vnni<2, G, BITS>(w, a, r0, out, t); break;
         case 3: rows_vnni<3, G, BITS>(w, a, r0, out, t); break;
-        case 4: rows_vnni<4, G, BITS>(w, a, r0, out, t); break;
-        case 5: rows_vnni<5, G, BITS>(w, a, r0, out, t); break;
-        case 6: rows_vnni<6, G, BITS>(w, a, r0, out, t); break;
-        case 7: rows_vnni<7, G, BITS>(w, a, r0, out, t); break;
-        default: rows_vnni<8, G, BITS>(w, a, r0, out, t); break;
+        default: rows_vnni<R, G, BITS>(w, a, r0, out, t); break;
       }
     }
 }
