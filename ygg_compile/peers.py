@@ -148,6 +148,9 @@ class LlamaCppPeers:
                 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
                 kw["draft_model"] = LlamaPromptLookupDecoding(num_pred_tokens=PLD_TOKENS)
+                # speculation keeps every row's logits; the binding sizes that buffer from this
+                # argument (n_batch rows without it: a prompt over 512 tokens overflows it)
+                kw["logits_all"] = True
             try:
                 self._models[peer] = self._make(**kw)
             except Exception as e:
