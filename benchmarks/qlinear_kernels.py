@@ -141,6 +141,23 @@ def row_invariant(fn: Forward, g: torch.Generator) -> bool:
     return all(torch.equal(a[0], b[0]) for w in WIDTHS[1:] for a, b in zip(alone, fn(inputs(x[:w]), 0)))
 
 
+def markdown(result: dict, title: str) -> str:
+    """The table as committed: ms per forward by width, T(16)/T(1), row invariance."""
+    widths = result["widths"]
+    lines = [f"### {title}", "",
+             f"ms per forward of the Qwen2.5-Coder-1.5B target's linears (28 layers: wqkv, wo, w13, w2), "
+             f"{result['threads']} threads, torch {result['torch']}, median of {result['repeats']} interleaved repeats"
+             + (f"; ygg::qlinear path: {result['qlinear_path']}" if result.get("qlinear_path") else ""), "",
+             "| kernel | " + " | ".join(f"M={w}" for w in widths) + " | T(16)/T(1) | row-invariant |",
+             "|---|" + "---|" * (len(widths) + 2)]
+    for name, row in result["ms"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{t:.1f}" for t in row)
+                     + f" | {row[widths.index(16)] / row[0]:.2f} | {'yes' if result['row_invariant'][name] else 'no'} |")
+    for name, why in result.get("skipped", {}).items():
+        lines.append(f"| {name} | " + " | ".join("–" for _ in widths) + f" | – | did not run: {why} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", default="bf16,int8pack,int4pack,inductor-woq,torchao-int4,torchao-8da4w,torchao-8da8w,ygg-int4,ygg-int8")
@@ -184,6 +201,8 @@ def main() -> None:
         print(f"{n:<16} skipped: {why}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
+        title = "ygg::qlinear's portable C++ path (YGG_QLINEAR=portable)" if result["portable"] else "Every kernel tried"
+        args.out.with_suffix(".md").write_text(markdown(result, title))
 
 
 if __name__ == "__main__":
