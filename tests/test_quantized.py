@@ -176,3 +176,40 @@ def test_a_decoding_that_misreads_the_file_is_an_error_not_a_model(smollm2_hf, s
     monkeypatch.setattr(quantize, "_unpermute", lambda c, heads: c)
     with pytest.raises(YggError, match="decode to other weights"):
         quantize.quantize_state(state, args, "int8", smollm2_gguf)
+
+
+# ---------------------------------------------------------------- llama.cpp as a peer
+
+
+@pytest.fixture(scope="module")
+def smollm2_artifact(tmp_path_factory, calib):
+    """SmolLM2-135M's GGUF as target and drafter, its own quantization kept (int8: exact)."""
+    out = tmp_path_factory.mktemp("q") / "smol"
+    proc = ygg("compile", "--draft", "smollm2-135m", "--target", "smollm2-135m", "-o", out, "--weights", "int8",
+               "--max-context", 512, "--calib", calib, "--calib-tokens", 8, "--quick", "--no-aot")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.real
+def test_bench_times_llama_cpp_on_the_targets_own_gguf_file(smollm2_artifact, tmp_path):
+    """llama.cpp plain and with prompt lookup, on the same prompt ids, in the same interleaved run."""
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "copy",
+                                   "turns": ["Repeat: the cat sat on the mat. Repeat: the cat sat on the mat."]}) + "\n")
+    out = tmp_path / "res"
+    proc = ygg("bench", "--artifact", smollm2_artifact, "--prompts", prompts, "--methods", "ar,pld",
+               "--peers", "llama.cpp,llama.cpp-pld", "-n", 24, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    runs = {r["contestant"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    assert set(runs) == {"ar", "pld", "llama.cpp", "llama.cpp-pld"}
+    for name in ("llama.cpp", "llama.cpp-pld"):
+        assert runs[name]["generated"] >= 1 and runs[name]["tpot_ms"] > 0
+    assert runs["llama.cpp"]["mean_accepted_length"] == 1.0  # one token per forward: plain decoding
+    assert runs["llama.cpp-pld"]["mean_accepted_length"] > 1.0  # the prompt repeats itself: lookups hit
+
+
+def test_llama_cpp_peer_needs_a_gguf_target(artifact, tmp_path):
+    proc = ygg("bench", "--artifact", artifact, "--peers", "llama.cpp", "-o", tmp_path / "res")
+    assert_one_line_error(proc, "peer llama.cpp reads GGUF files", "checkpoint directory")
+    assert not (tmp_path / "res").exists()

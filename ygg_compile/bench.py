@@ -168,6 +168,8 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     for peer in opts.peers:
         if peer not in PEERS:
             raise YggError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)}, or none)")
+    if any(p in LLAMA_PEERS for p in opts.peers):
+        _load_llama(read_plan(opts.artifact), check_only=True)  # refuse, before any work, a peer that cannot run
     prompts = read_jsonl(opts.prompts, opts.categories, opts.limit)
     out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")
     with ui.step(f"loading artifact {opts.artifact}"):
@@ -190,8 +192,6 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
             return loaded[family]
         return peers
 
-    if any(p in LLAMA_PEERS for p in opts.peers):
-        _load_llama(plan, check_only=True)  # refuse, before any work, a peer that cannot run
     contestants += [Peer(loader("llama.cpp" if p in LLAMA_PEERS else "hf"), p) for p in opts.peers]
 
     encoded, skipped = [], []
