@@ -8,8 +8,8 @@ the same whatever the rows beside it, what tree verification's exactness needs).
 Kernels: `bf16` F.linear (oneDNN); `int8pack` aten._weight_int8pack_mm (per-channel int8);
 `int4pack` aten._weight_int4pack_mm_for_cpu (group 32); `inductor-woq` torch.compile(max-autotune,
 freezing) of the dequantize-then-matmul pattern, which Inductor's CPU weight-only GEMM lowering takes
-over; `torchao-*` torchao's CPU layouts when torchao imports; `ygg-int4` / `ygg-int8` our
-ygg::qlinear with 4-bit codes (Q4_K's format) and 8-bit codes (Q6_K's). Every layer holds its own
+over; `torchao-*` torchao's CPU layouts when torchao imports; `ygg-int4` / `ygg-int6` / `ygg-int8`
+our ygg::qlinear with 4-bit codes (Q4_K's format), 6-bit codes (Q6_K's) and 8-bit codes. Every layer holds its own
 weights, so each forward streams them from memory as a real one does. Kernels and widths alternate
 within each repeat (medians kept). YGG_QLINEAR=portable times our kernel's plain C++ path. Run it
 alone on the machine.
@@ -38,11 +38,14 @@ Forward = Callable[[dict, int], list]  # ({K: x [M, K]}, layer) -> the layer's o
 
 
 def random_codes(n: int, k: int, bits: int, g: torch.Generator) -> Codes:
+    """Q4_K's format (4 bits), Q6_K's (6 bits: groups of 16, the offset multiplier is the scale)
+    or 8-bit codes in Q6_K's groups."""
     group = 32 if bits == 4 else 16
-    return Codes(torch.randint(0, 2 ** (6 if bits == 8 else 4), (n, k), dtype=torch.uint8, generator=g),
+    sc = torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g)
+    mn = sc if bits == 6 else torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g)
+    return Codes(torch.randint(0, 2 ** bits, (n, k), dtype=torch.uint8, generator=g),
                  torch.rand(n, k // 256, generator=g) * 1e-3, -torch.rand(n, k // 256, generator=g) * 1e-3,
-                 torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g),
-                 torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g), bits, f"random{bits}")
+                 sc, mn, bits, f"random{bits}")
 
 
 def build(name: str, g: torch.Generator) -> Forward:
@@ -63,7 +66,7 @@ def build(name: str, g: torch.Generator) -> Forward:
                 sz = torch.rand(k // 32, n, 2, generator=g).to(torch.bfloat16)
                 ws.append((packed, sz))
             elif name.startswith("ygg-"):
-                ws.append(pack(random_codes(n, k, 4 if name == "ygg-int4" else 8, g)))
+                ws.append(pack(random_codes(n, k, {"ygg-int4": 4, "ygg-int6": 6, "ygg-int8": 8}[name], g)))
             elif name.startswith("torchao-"):
                 ws.append(w)
             else:
@@ -160,7 +163,7 @@ def markdown(result: dict, title: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kernels", default="bf16,int8pack,int4pack,inductor-woq,torchao-int4,torchao-8da4w,torchao-8da8w,ygg-int4,ygg-int8")
+    ap.add_argument("--kernels", default="bf16,int8pack,int4pack,inductor-woq,torchao-int4,torchao-8da4w,torchao-8da8w,ygg-int4,ygg-int6,ygg-int8")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()

@@ -26,7 +26,7 @@ def random_codes(n: int, k: int, bits: int, group: int, superblock: int, seed: i
                  torch.randint(0, 63, (n, k // group), dtype=torch.int8, generator=g), bits, f"test{bits}")
 
 
-FORMATS = [(4, 32, 256), (4, 32, 32), (8, 16, 256), (8, 32, 32), (8, 32, 256)]
+FORMATS = [(4, 32, 256), (4, 32, 32), (6, 16, 256), (6, 32, 32), (8, 16, 256), (8, 32, 32), (8, 32, 256)]
 
 
 def call(c: Codes, x: torch.Tensor, bias=None, reference=False) -> torch.Tensor:
@@ -46,6 +46,19 @@ def test_fast_path_equals_the_scalar_definition_bit_for_bit(bits, group, superbl
         fast, ref = call(c, x[:m], bias), call(c, x[:m], bias, reference=True)
         assert fast.dtype == dtype and fast.shape == (m, 72)
         assert torch.equal(fast, ref), m
+
+
+def test_an_offset_multiplier_equal_to_the_scale_is_stored_once():
+    """Q6_K's layout: mn is sc, so the packed weight keeps one of them; same results."""
+    c = random_codes(32, 512, 6, 16, 256, seed=11)
+    c.mn = c.sc.clone()
+    p = pack(c)
+    assert p["mn"].numel() == 0
+    x = torch.randn(5, 512).to(torch.bfloat16)
+    assert torch.equal(call(c, x), call(c, x, reference=True))
+    assert torch.equal(unpack(p).dequantize(), c.dequantize())
+    exact = F.linear(x.double(), c.dequantize().double())
+    assert (call(c, x).double() - exact).abs().max() <= 0.02 * exact.abs().max()
 
 
 @pytest.mark.parametrize("bits,group,superblock", FORMATS[:3])
@@ -175,7 +188,7 @@ def test_every_gguf_block_type_decodes_to_ggufs_own_numbers(kind):
     got = c.dequantize()
     assert int(c.codes.max()) < 2 ** c.bits
     assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
-    assert c.bits == (4 if kind in ("Q4_0", "Q4_1", "Q4_K") else 8)
+    assert c.bits == {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q4_K": 4}.get(kind, 6)
 
 
 def test_a_block_type_the_kernel_cannot_hold_is_reported_not_guessed():

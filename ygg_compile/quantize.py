@@ -87,7 +87,7 @@ def decode(kind: str, blocks: np.ndarray) -> tuple | None:
         off = -16.0 * d if kind == "Q5_0" else _f16(b[..., 2:4])
         qh = b[..., size - 20:size - 16]
         codes = _nibbles(b[..., size - 16:]) | (_high_bits(qh) << 4)
-        return _legacy(d, codes.reshape(n, -1), off, 8, kind)
+        return _legacy(d, codes.reshape(n, -1), off, 6, kind)
     if kind in ("Q4_K", "Q5_K"):
         size = 144 if kind == "Q4_K" else 176
         b = blocks.reshape(n, -1, size)
@@ -100,7 +100,7 @@ def decode(kind: str, blocks: np.ndarray) -> tuple | None:
             qh = b[..., 16:48]  # bit j of byte l is the fifth bit of group j's value l
             high = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
             codes = codes | (high << 4)
-        bits = 4 if kind == "Q4_K" else 8
+        bits = 4 if kind == "Q4_K" else 6
         return codes.reshape(n, -1), d, -dmin, sc.astype(np.int8).reshape(n, -1), mn.astype(np.int8).reshape(n, -1), bits, kind
     if kind == "Q6_K":
         b = blocks.reshape(n, -1, 210)
@@ -111,7 +111,7 @@ def decode(kind: str, blocks: np.ndarray) -> tuple | None:
         high = (qh[..., None, :] >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3
         codes = (low | (high << 4)).reshape(n, -1)
         sc = scales.reshape(n, -1)
-        return codes, d, -32.0 * d, sc, sc, 8, kind
+        return codes, d, -32.0 * d, sc, sc, 6, kind
     return None
 
 

@@ -4,7 +4,7 @@ One format holds every quantization the native kernel takes (csrc/qlinear.cpp):
 
     w[n, k] = D[n, s] * sc[n, j] * c[n, k] + M[n, s] * mn[n, j]
 
-codes c in [0, 2**bits) (bits 4 or 8), groups j of G = 16 or 32 input columns with int8 multipliers
+codes c in [0, 2**bits) (bits 4, 6 or 8), groups j of G = 16 or 32 input columns with int8 multipliers
 (sc, mn), super-blocks s of S = G or 256 columns with float32 factors (D, M). A GGUF file's blocks
 are exactly this: Q4_K and Q5_K (S = 256, G = 32, 6-bit scales and mins), Q6_K (G = 16, signed
 scales, the -32 of its codes in M), and the legacy Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (a super-block of one
@@ -66,10 +66,6 @@ class Codes:
         return replace(self, bits=bits, D=self.D.repeat_interleave(s, 1), M=self.M.repeat_interleave(s, 1),
                        sc=self.sc.repeat_interleave(g, 1), mn=self.mn.repeat_interleave(g, 1))
 
-    def nbytes(self, layout: str = "tiled") -> int:
-        """Bytes this weight takes in an artifact."""
-        codes = self.codes.numel() * self.bits // 8
-        return codes + 4 * (self.D.numel() + self.M.numel()) + self.sc.numel() + self.mn.numel()
 
 
 def cat(parts: list[Codes]) -> Codes:
@@ -92,11 +88,18 @@ def fits_kernel(shape: tuple[int, int]) -> bool:
 # ---------------------------------------------------------------- the kernel's tiled layout
 
 
+def bits_for(top: int) -> int:
+    """The narrowest code width the kernel takes for codes up to `top`."""
+    return next(b for b in (4, 6, 8) if top < 2 ** b)
+
+
 def pack(c: Codes) -> dict[str, Tensor]:
-    """The tensors `QLinear` holds (its state dict entries): codes [N/16, K/32, 512 or 256] bytes,
-    each block 8 quads of 4 k x 16 columns (4-bit: quads 2i and 2i+1 in the low and high nibbles of
-    one 64-byte vector); D, M [N/16, K/S, 16]; sc, mn [N/16, K/G, 16]; shape [N, K] (N before the
-    last tile's padding rows, which are zeros)."""
+    """The tensors `QLinear` holds (its state dict entries): codes [N/16, K/32, 512, 384 or 256]
+    bytes, each block 8 quads of 4 k x 16 columns (4-bit: quads 2i and 2i+1 in the low and high
+    nibbles of one 64-byte vector; 6-bit: those 4 low bits, then the top 2 bits of quads 4i..4i+3 in
+    one 64-byte vector each); D, M [N/16, K/S, 16]; sc, mn [N/16, K/G, 16] (mn empty when it equals
+    sc, as Q6_K's does: one load less per group); shape [N, K] (N before the last tile's padding
+    rows, which are zeros)."""
     rows, k = c.shape
     if not fits_kernel((rows, k)):
         raise ValueError(f"a [{rows}, {k}] weight does not come in blocks of {BLOCK} inputs")
@@ -105,14 +108,20 @@ def pack(c: Codes) -> dict[str, Tensor]:
         c = Codes(*(torch.cat([t, t.new_zeros(n - rows, t.shape[1])]) for t in (c.codes, c.D, c.M, c.sc, c.mn)), c.bits, c.kind)
     # [n, k] -> [tile, column, block, quad, 4] -> [tile, block, quad, column, 4]
     q = c.codes.reshape(n // TILE, TILE, k // BLOCK, BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
-    if c.bits == 4:
-        q = q[:, :, 0::2] | (q[:, :, 1::2] << 4)
+    if c.bits in (4, 6):
+        low = q & 15
+        parts = [low[:, :, 0::2] | (low[:, :, 1::2] << 4)]
+        if c.bits == 6:
+            top = q >> 4
+            parts.append(top[:, :, 0::4] | (top[:, :, 1::4] << 2) | (top[:, :, 2::4] << 4) | (top[:, :, 3::4] << 6))
+        q = torch.cat([p.reshape(n // TILE, k // BLOCK, -1) for p in parts], dim=-1)
     codes = q.reshape(n // TILE, k // BLOCK, -1).contiguous()
 
     def tiled(t: Tensor) -> Tensor:
         return t.reshape(n // TILE, TILE, -1).transpose(1, 2).contiguous()
 
-    return {"codes": codes, "D": tiled(c.D.float()), "M": tiled(c.M.float()), "sc": tiled(c.sc), "mn": tiled(c.mn),
+    mn = tiled(c.mn) if not torch.equal(c.mn, c.sc) else torch.empty(n // TILE, 0, TILE, dtype=torch.int8)
+    return {"codes": codes, "D": tiled(c.D.float()), "M": tiled(c.M.float()), "sc": tiled(c.sc), "mn": mn,
             "shape": torch.tensor([rows, k])}
 
 
@@ -120,17 +129,25 @@ def unpack(state: dict[str, Tensor]) -> Codes:
     """`pack`'s inverse (tests)."""
     codes = state["codes"]
     tiles, blocks, nbytes = codes.shape
-    bits = 8 if nbytes == TILE * BLOCK else 4
-    q = codes.reshape(tiles, blocks, -1, TILE, 4)
-    if bits == 4:
-        q = torch.stack((q & 15, q >> 4), dim=3).reshape(tiles, blocks, BLOCK // 4, TILE, 4)
+    bits = nbytes * 8 // (TILE * BLOCK)
+    if bits == 8:
+        q = codes.reshape(tiles, blocks, BLOCK // 4, TILE, 4)
+    else:
+        p = codes[..., : TILE * BLOCK // 2].reshape(tiles, blocks, -1, TILE, 4)
+        q = torch.stack((p & 15, p >> 4), dim=3).reshape(tiles, blocks, BLOCK // 4, TILE, 4)
+        if bits == 6:
+            h = codes[..., TILE * BLOCK // 2:].reshape(tiles, blocks, -1, TILE, 4)
+            top = torch.stack([(h >> (2 * j)) & 3 for j in range(4)], dim=3).reshape(tiles, blocks, BLOCK // 4, TILE, 4)
+            q = q | (top << 4)
     flat = q.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, blocks * BLOCK)
 
     def rows(t: Tensor) -> Tensor:
         return t.transpose(1, 2).reshape(tiles * TILE, -1)
 
     n = int(state["shape"][0])
-    return Codes(flat[:n], rows(state["D"])[:n], rows(state["M"])[:n], rows(state["sc"])[:n], rows(state["mn"])[:n], bits, kind="")
+    sc = rows(state["sc"])[:n]
+    mn = rows(state["mn"])[:n] if state["mn"].numel() else sc
+    return Codes(flat[:n], rows(state["D"])[:n], rows(state["M"])[:n], sc, mn, bits, kind="")
 
 
 class QLinear(nn.Module):
@@ -138,14 +155,14 @@ class QLinear(nn.Module):
     result never depends on the rows beside it)."""
 
     def __init__(self, n: int, tiles: int, blocks: int, bits: int, groups: int, superblocks: int, bias: bool,
-                 bias_dtype: torch.dtype = torch.float32):
+                 bias_dtype: torch.dtype = torch.float32, own_mn: bool = True):
         super().__init__()
         self.register_buffer("codes", torch.empty(tiles, blocks, TILE * BLOCK * bits // 8, dtype=torch.uint8))
         self.register_buffer("shape", torch.empty(2, dtype=torch.long))
         self.register_buffer("D", torch.empty(tiles, superblocks, TILE))
         self.register_buffer("M", torch.empty(tiles, superblocks, TILE))
         self.register_buffer("sc", torch.empty(tiles, groups, TILE, dtype=torch.int8))
-        self.register_buffer("mn", torch.empty(tiles, groups, TILE, dtype=torch.int8))
+        self.register_buffer("mn", torch.empty(tiles, groups if own_mn else 0, TILE, dtype=torch.int8))
         self.bias = nn.Parameter(torch.empty(n, dtype=bias_dtype)) if bias else None
         self.out_features, self.in_features, self.bits = n, blocks * BLOCK, bits
 
@@ -154,8 +171,9 @@ class QLinear(nn.Module):
         """An empty layer shaped for the state dict's entries under `prefix` ("layers.0.attention.wqkv.")."""
         codes, D, sc = state[prefix + "codes"], state[prefix + "D"], state[prefix + "sc"]
         bias = state.get(prefix + "bias")
-        return cls(int(state[prefix + "shape"][0]), codes.shape[0], codes.shape[1], 8 if codes.shape[2] == TILE * BLOCK else 4,
-                   sc.shape[1], D.shape[1], bias is not None, bias.dtype if bias is not None else torch.float32)
+        return cls(int(state[prefix + "shape"][0]), codes.shape[0], codes.shape[1], codes.shape[2] * 8 // (TILE * BLOCK),
+                   sc.shape[1], D.shape[1], bias is not None, bias.dtype if bias is not None else torch.float32,
+                   own_mn=state[prefix + "mn"].numel() > 0)
 
     def forward(self, x: Tensor) -> Tensor:
         from ygg_runtime.kernels import qlinear
@@ -170,9 +188,10 @@ class QLinear(nn.Module):
 
 
 def pack_rows(c: Codes) -> dict[str, Tensor]:
-    """What `QEmbedding` holds: codes [V, K] (8-bit) or [V, K/2] (4-bit: k = 2i in the low and
-    2i + 1 in the high nibble of byte i), D, M [V, K/S], sc, mn [V, K/G]."""
-    codes = c.codes if c.bits == 8 else c.codes[:, 0::2] | (c.codes[:, 1::2] << 4)
+    """What `QEmbedding` holds: codes [V, K] (8-bit, and 6-bit ones: a lookup reads a few rows, so
+    their size is all that counts) or [V, K/2] (4-bit: k = 2i in the low and 2i + 1 in the high
+    nibble of byte i), D, M [V, K/S], sc, mn [V, K/G]."""
+    codes = c.codes if c.bits > 4 else c.codes[:, 0::2] | (c.codes[:, 1::2] << 4)
     return {"codes": codes.contiguous(), "D": c.D.float().contiguous(), "M": c.M.float().contiguous(),
             "sc": c.sc.contiguous(), "mn": c.mn.contiguous()}
 

@@ -1,4 +1,4 @@
-// ygg::qlinear — y = x W^T + b with W held as integer codes (4 or 8 bits) and per-group scales, for
+// ygg::qlinear — y = x W^T + b with W held as integer codes (4, 6 or 8 bits) and per-group scales, for
 // the 1..64 rows of a decode step or a tree verify, at nearly the cost of one row.
 //
 // Why (measured on the 2-core AVX-512 CPU, Qwen2.5-Coder-1.5B's linears, benchmarks/qlinear_kernels.py):
@@ -62,12 +62,16 @@ struct Weights {
 
 // The code of column n % T, k % B in a packed block. A block is [B/4 quads][T columns][4 k] bytes
 // for 8-bit codes (a quad of 4 k is what one 32-bit VNNI lane sums); 4-bit codes keep quad 2i in
-// the low and quad 2i+1 in the high nibbles of the same 64 bytes.
+// the low and quad 2i+1 in the high nibbles of the same 64 bytes; 6-bit codes are 4-bit ones
+// followed by their top two bits, quads 4i..4i+3 in bits 0-1, 2-3, 4-5, 6-7 of 64 bytes more.
 inline int code_at(const uint8_t* block, int64_t bits, int64_t n, int64_t k) {
   const int64_t quad = k / 4, byte = n * 4 + k % 4;
   if (bits == 8) return block[quad * T * 4 + byte];
   const uint8_t b = block[(quad / 2) * T * 4 + byte];
-  return quad % 2 ? b >> 4 : b & 15;
+  const int low = quad % 2 ? b >> 4 : b & 15;
+  if (bits == 4) return low;
+  const uint8_t h = block[T * B / 2 + (quad / 4) * T * 4 + byte];
+  return low | (((h >> (2 * (quad % 4))) & 3) << 4);
 }
 
 // A row's activations as int8 codes, per block of 32: a[k] ~= da[k / 32] * q[k].
@@ -209,6 +213,16 @@ void rows_vnni(const Weights& w, const Activations& a, int64_t r0, const Out<O>&
         u[2 * i] = _mm512_and_si512(p, low);
         u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
       }
+      if constexpr (BITS == 6) {
+        const __m512i two = _mm512_set1_epi8(3);
+        for (int i = 0; i < B / 16; ++i) {
+          const __m512i h = _mm512_loadu_si512(block + T * B / 2 + i * 64);
+          for (int j = 0; j < 4; ++j) {
+            const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * j), two);
+            u[4 * i + j] = _mm512_or_si512(u[4 * i + j], _mm512_slli_epi16(top, 4));
+          }
+        }
+      }
     }
     const int64_t s = b >> sshift;
     const __m512 D = _mm512_loadu_ps(w.D + (t * KS + s) * T), M = _mm512_loadu_ps(w.M + (t * KS + s) * T);
@@ -255,9 +269,13 @@ void tiles_vnni_as(const Weights& w, const Activations& a, int64_t rows, const O
 
 template <typename O>
 void tiles_vnni(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
-  if (w.G == 32 && w.bits == 4) return tiles_vnni_as<32, 4>(w, a, rows, out, t0, t1);
-  if (w.G == 32) return tiles_vnni_as<32, 8>(w, a, rows, out, t0, t1);
+  if (w.G == 32) {
+    if (w.bits == 4) return tiles_vnni_as<32, 4>(w, a, rows, out, t0, t1);
+    if (w.bits == 6) return tiles_vnni_as<32, 6>(w, a, rows, out, t0, t1);
+    return tiles_vnni_as<32, 8>(w, a, rows, out, t0, t1);
+  }
   if (w.bits == 4) return tiles_vnni_as<16, 4>(w, a, rows, out, t0, t1);
+  if (w.bits == 6) return tiles_vnni_as<16, 6>(w, a, rows, out, t0, t1);
   return tiles_vnni_as<16, 8>(w, a, rows, out, t0, t1);
 }
 #endif
@@ -283,14 +301,16 @@ Weights check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& D,
               "ygg::qlinear: codes must be contiguous uint8 [N/16, K/32, bytes]");
   TORCH_CHECK(D.scalar_type() == at::kFloat && M.scalar_type() == at::kFloat && D.dim() == 3 && D.sizes() == M.sizes() &&
               D.is_contiguous() && M.is_contiguous(), "ygg::qlinear: D and M must be contiguous float32 [N/16, K/S, 16]");
-  TORCH_CHECK(sc.scalar_type() == at::kChar && mn.scalar_type() == at::kChar && sc.dim() == 3 && sc.sizes() == mn.sizes() &&
-              sc.is_contiguous() && mn.is_contiguous(), "ygg::qlinear: sc and mn must be contiguous int8 [N/16, K/G, 16]");
+  TORCH_CHECK(sc.scalar_type() == at::kChar && mn.scalar_type() == at::kChar && sc.dim() == 3 && sc.is_contiguous() &&
+              mn.is_contiguous() && (sc.sizes() == mn.sizes() || mn.numel() == 0),
+              "ygg::qlinear: sc and mn must be contiguous int8 [N/16, K/G, 16] (mn empty: the same as sc)");
   Weights w{};
   w.N = codes.size(0) * T;
   w.K = codes.size(1) * B;
   const int64_t bytes = codes.size(2);
-  TORCH_CHECK(bytes == T * B || bytes == T * B / 2, "ygg::qlinear: a code block must hold 8- or 4-bit codes");
-  w.bits = bytes == T * B ? 8 : 4;
+  TORCH_CHECK(bytes == T * B || bytes == T * B * 3 / 4 || bytes == T * B / 2,
+              "ygg::qlinear: a code block must hold 8-, 6- or 4-bit codes");
+  w.bits = bytes * 8 / (T * B);
   TORCH_CHECK(sc.size(0) * T == w.N && D.size(0) * T == w.N && sc.size(2) == T && D.size(2) == T,
               "ygg::qlinear: scales of another number of columns than the codes");
   TORCH_CHECK(w.K % sc.size(1) == 0 && w.K % D.size(1) == 0, "ygg::qlinear: groups must divide the input size");
@@ -302,7 +322,7 @@ Weights check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& D,
   w.D = D.const_data_ptr<float>();
   w.M = M.const_data_ptr<float>();
   w.sc = sc.const_data_ptr<int8_t>();
-  w.mn = mn.const_data_ptr<int8_t>();
+  w.mn = mn.numel() ? mn.const_data_ptr<int8_t>() : w.sc;  // Q6_K: its offset multiplier is its scale
   return w;
 }
 
