@@ -61,6 +61,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
         keys = [p for p, c in cats.items() if cat in ("all", c)]
         base = {p: tpot[("ar", p)] for p in keys if ("ar", p) in tpot}
         assisted = {p: tpot[("hf-assisted", p)] for p in keys if ("hf-assisted", p) in tpot}
+        llama = {p: tpot[("llama.cpp", p)] for p in keys if ("llama.cpp", p) in tpot}
         egt = {p: tpot[("egt", p)] for p in keys if ("egt", p) in tpot}
         for name in contestants:
             mine = {p: tpot[(name, p)] for p in keys if (name, p) in tpot}
@@ -78,6 +79,8 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "tpot_p75_ms": _quantile(values, 0.75),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
+                # over llama.cpp's plain decoding of the same GGUF file, when the run has it
+                "speedup_vs_llama_cpp": _median_ratio(llama, mine),
                 # an ablation is egt with one thing taken away: what that thing buys
                 "egt_speedup_over": _median_ratio(mine, egt) if name in ABLATIONS else None,
                 "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in runs),
@@ -142,7 +145,7 @@ def winners(summary: list[dict]) -> dict[str, str]:
 
 
 CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "speedup_vs_ar",
-              "speedup_vs_hf_assisted", "egt_speedup_over", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
+              "speedup_vs_hf_assisted", "speedup_vs_llama_cpp", "egt_speedup_over", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
               "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens",
               "retrieval_ms_per_step", "retrieval_steps_share"]
 
@@ -170,6 +173,7 @@ def fmt(v, spec: str = ".2f", suffix: str = "") -> str:
 def summary_markdown(results: dict) -> str:
     cfg, mach, art = results["config"], results["machine"], results["artifact"]
     greedy = cfg["temperature"] == 0
+    llama = any(r.get("speedup_vs_llama_cpp") is not None for r in results["summary"])
     models = art["models"]
     lines = [
         "# Yggdrasil benchmark",
@@ -188,11 +192,13 @@ def summary_markdown(results: dict) -> str:
         "",
         "TPOT is decode time per generated token (prompt processing excluded), the median over the prompts "
         "(p25–p75 in brackets). Speed-ups are paired: per prompt, the ratio of TPOTs measured back to back, "
-        "median over the prompts. Mean accepted = tokens per target forward, bonus included.",
+        "median over the prompts. Mean accepted = tokens per target forward, bonus included."
+        + (" `vs llama.cpp`: over llama.cpp's plain decoding of the same GGUF file, same threads and prompt ids."
+           if llama else ""),
         "",
-        "| category | contestant | prompts | TPOT ms | vs ar | vs hf-assisted | mean accepted | accept rate | draft/verify/other | "
-        + ("= ar |" if greedy else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if greedy else ""),
+        "| category | contestant | prompts | TPOT ms | vs ar | vs hf-assisted | " + ("vs llama.cpp | " if llama else "")
+        + "mean accepted | accept rate | draft/verify/other | " + ("= ar |" if greedy else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if llama else "") + ("---|" if greedy else ""),
     ]
     for r in results["summary"]:
         split = "/".join(f"{r[k] * 100:.0f}%" for k in ("draft_share", "verify_share", "other_share")) if "draft_share" in r else "–"
@@ -201,7 +207,8 @@ def summary_markdown(results: dict) -> str:
         lines.append(
             f"| {r['category']} | {r['contestant']} | {r['prompts']} | {r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f}) | "
             f"{fmt(r['speedup_vs_ar'], '.2f', '×')} | {fmt(r['speedup_vs_hf_assisted'], '.2f', '×')} | "
-            f"{r['mean_accepted_length']:.2f} | {fmt(r['acceptance_rate'], '.0%')} | {split} | {same}"
+            + (f"{fmt(r.get('speedup_vs_llama_cpp'), '.2f', '×')} | " if llama else "")
+            + f"{r['mean_accepted_length']:.2f} | {fmt(r['acceptance_rate'], '.0%')} | {split} | {same}"
         )
     wins = winners(results["summary"])
     lines += ["", "**Fastest per category**: " + ", ".join(f"{c}: `{w}`" for c, w in wins.items()), ""]
@@ -282,7 +289,9 @@ def render_table(results: dict):
     greedy = cfg["temperature"] == 0
     t = Table(title=f"{results['artifact']['path']} · {results['machine']['dtype']} · {cfg['max_new_tokens']} new tokens · "
                     f"{len(cfg['prompt_keys'])} prompts")
-    cols = ["category", "contestant", "n", "TPOT ms (p25–p75)", "×ar", "×hf-assisted", "acc. len", "accept", "d/v/o %"]
+    llama = any(r.get("speedup_vs_llama_cpp") is not None for r in results["summary"])
+    cols = ["category", "contestant", "n", "TPOT ms (p25–p75)", "×ar", "×hf-assisted", *(["×llama.cpp"] if llama else []),
+            "acc. len", "accept", "d/v/o %"]
     cols += ["= ar"] if greedy else []
     for c in cols:
         t.add_column(c, justify="left" if c in ("category", "contestant") else "right", no_wrap=True)
@@ -296,6 +305,7 @@ def render_table(results: dict):
         split = "/".join(f"{r[k] * 100:.0f}" for k in ("draft_share", "verify_share", "other_share")) if "draft_share" in r else "–"
         row = [r["category"], name, str(r["prompts"]), f"{r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f})",
                fmt(r["speedup_vs_ar"], ".2f"), fmt(r["speedup_vs_hf_assisted"], ".2f"),
+               *([fmt(r.get("speedup_vs_llama_cpp"), ".2f")] if llama else []),
                f"{r['mean_accepted_length']:.2f}", fmt(r["acceptance_rate"], ".0%"), split]
         if greedy:
             row.append(f"{r['same_as_ar']}/{r['prompts']}" if "same_as_ar" in r else "–")
