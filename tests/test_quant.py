@@ -109,20 +109,22 @@ def test_portable_build_equals_the_vnni_path(tmp_path):
     assert torch.equal(torch.load(tmp_path / "out.pt"), call(c, x))
 
 
-def test_an_avx2_only_build_compiles_and_agrees(tmp_path):
-    """The library built without AVX-512 (as for an AVX2 CPU) loads and gives the same bits."""
+def test_an_avx2_build_runs_its_own_path_and_agrees(tmp_path):
+    """The library built without AVX-512, as for an AVX2 CPU, runs its AVX2 path: the same bits for
+    every code width and group, rows in and past its 4-row blocks."""
     lib = kernels.build(tmp_path, isa=["-mavx2", "-mfma", "-mf16c"])
-    c = random_codes(32, 256, 8, 16, 256, seed=4)
-    x = torch.randn(3, 256).to(torch.bfloat16)
-    p = pack(c)
-    torch.save({"x": x, **p}, tmp_path / "in.pt")
+    cases = [random_codes(40, 512, bits, group, superblock, seed=4) for bits, group, superblock in FORMATS]
+    x = torch.randn(6, 512).to(torch.bfloat16)
+    torch.save({"x": x, "packed": [pack(c) for c in cases]}, tmp_path / "in.pt")
     script = ("import torch, json; from ygg_runtime import kernels; kernels.load(r'%s'); d = torch.load(r'%s');"
-              "y = kernels.qlinear(d['x'], d['codes'], d['D'], d['M'], d['sc'], d['mn'], None, 32);"
-              "torch.save(y, r'%s'); print(json.dumps(kernels.qlinear_path()))") % (lib, tmp_path / "in.pt", tmp_path / "out.pt")
+              "ys = [kernels.qlinear(d['x'][:m], p['codes'], p['D'], p['M'], p['sc'], p['mn'], None, 40)"
+              " for p in d['packed'] for m in (1, 3, 6)];"
+              "torch.save(ys, r'%s'); print(json.dumps(kernels.qlinear_path()))") % (lib, tmp_path / "in.pt", tmp_path / "out.pt")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == "portable"
-    assert torch.equal(torch.load(tmp_path / "out.pt"), call(c, x))
+    assert json.loads(proc.stdout) == "avx2"
+    want = [call(c, x[:m]) for c in cases for m in (1, 3, 6)]
+    assert all(torch.equal(a, b) for a, b in zip(torch.load(tmp_path / "out.pt"), want))
 
 
 @pytest.mark.parametrize("bits,group,superblock", FORMATS)

@@ -41,6 +41,9 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define YGG_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define YGG_AVX2 1
 #endif
 
 namespace {
@@ -280,17 +283,120 @@ void tiles_vnni(const Weights& w, const Activations& a, int64_t rows, const Out<
 }
 #endif
 
-// Which implementation runs: the fastest this build has, unless YGG_QLINEAR=portable asks for the
-// plain one (tests compare them; benchmarks time them).
-bool use_vnni() {
-#ifdef YGG_VNNI
+#ifdef YGG_AVX2
+// The same arithmetic with AVX2 (CPUs without AVX-512 VNNI): the tile's 16 columns as two halves of 8
+// int32 lanes, each lane's 4 products summed exactly by maddubs (unsigned codes x signed bytes into
+// int16 pairs: codes below 64 times |q| <= 127 cannot saturate; 8-bit codes go in as two nibbles)
+// and madd (pairs into int32).
+template <int BITS>
+inline __m256i dot_quad(__m256i dot, __m256i codes, __m256i q4) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  if constexpr (BITS == 8) {
+    const __m256i low = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(codes, low), q4), ones);
+    const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low), q4), ones);
+    return _mm256_add_epi32(dot, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 4)));
+  } else {
+    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q4), ones));
+  }
+}
+
+template <int NR, int G, int BITS, typename O>
+void rows_avx2(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
+  constexpr int GB = B / G, QG = G / 4, H = T / 2;
+  const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
+  const int sshift = w.S == 256 ? 3 : 0;
+  const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
+  const int8_t* q0 = a.q.data() + r0 * w.K;
+  alignas(32) float res[NR][T];
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < KB; ++b) {
+      const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8) + half * 32;
+      __m256i u[B / 4];
+      if constexpr (BITS == 8) {
+        for (int i = 0; i < B / 4; ++i) u[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
+      } else {
+        for (int i = 0; i < B / 8; ++i) {
+          const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
+          u[2 * i] = _mm256_and_si256(p, low);
+          u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+        }
+        if constexpr (BITS == 6) {
+          for (int i = 0; i < B / 16; ++i) {
+            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T * B / 2 + i * 64));
+            for (int j = 0; j < 4; ++j)
+              u[4 * i + j] = _mm256_or_si256(u[4 * i + j],
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), two), 4));
+          }
+        }
+      }
+      const int64_t s = b >> sshift;
+      const __m256 D = _mm256_loadu_ps(w.D + (t * KS + s) * T + half * H), M = _mm256_loadu_ps(w.M + (t * KS + s) * T + half * H);
+      for (int gi = 0; gi < GB; ++gi) {
+        const int64_t j = b * GB + gi;
+        const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T + half * H));
+        const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T + half * H));
+        const __m256 scale = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+        const __m256 offset = _mm256_mul_ps(M, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mn8)));
+        for (int r = 0; r < NR; ++r) {
+          __m256i dot = _mm256_setzero_si256();
+          for (int i = 0; i < QG; ++i) {
+            int32_t quad;
+            std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
+            dot = dot_quad<BITS>(dot, u[gi * QG + i], _mm256_set1_epi32(quad));
+          }
+          const __m256 da = _mm256_set1_ps(a.da[(r0 + r) * KB + b]), sq = _mm256_set1_ps(a.sq[(r0 + r) * KG + j]);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, da), acc[r]);
+          acc[r] = _mm256_fmadd_ps(offset, sq, acc[r]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; ++r) _mm256_store_ps(res[r] + half * H, acc[r]);
+  }
+  for (int r = 0; r < NR; ++r) out.emit(r0 + r, t * T, res[r]);
+}
+
+template <int G, int BITS, typename O>
+void tiles_avx2_as(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+      switch (std::min(R, rows - r0)) {
+        case 1: rows_avx2<1, G, BITS>(w, a, r0, out, t); break;
+        case 2: rows_avx2<2, G, BITS>(w, a, r0, out, t); break;
+        case 3: rows_avx2<3, G, BITS>(w, a, r0, out, t); break;
+        default: rows_avx2<R, G, BITS>(w, a, r0, out, t); break;
+      }
+    }
+}
+
+template <typename O>
+void tiles_avx2(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
+  if (w.G == 32) {
+    if (w.bits == 4) return tiles_avx2_as<32, 4>(w, a, rows, out, t0, t1);
+    if (w.bits == 6) return tiles_avx2_as<32, 6>(w, a, rows, out, t0, t1);
+    return tiles_avx2_as<32, 8>(w, a, rows, out, t0, t1);
+  }
+  if (w.bits == 4) return tiles_avx2_as<16, 4>(w, a, rows, out, t0, t1);
+  if (w.bits == 6) return tiles_avx2_as<16, 6>(w, a, rows, out, t0, t1);
+  return tiles_avx2_as<16, 8>(w, a, rows, out, t0, t1);
+}
+#endif
+
+// Which implementation runs: the fastest this build has ("avx512-vnni", "avx2"), unless
+// YGG_QLINEAR=portable asks for the plain C++ one (tests compare them; benchmarks time them).
+const char* path() {
   static const bool portable = [] {
     const char* e = std::getenv("YGG_QLINEAR");
     return e != nullptr && std::strcmp(e, "portable") == 0;
   }();
-  return !portable;
+#if defined(YGG_VNNI)
+  return portable ? "portable" : "avx512-vnni";
+#elif defined(YGG_AVX2)
+  return portable ? "portable" : "avx2";
 #else
-  return false;
+  return "portable";
 #endif
 }
 
@@ -357,12 +463,14 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor
       reference(w, a, rows, o);
       return;
     }
-    const bool vnni = use_vnni();
+    const bool fast = std::strcmp(path(), "portable") != 0;
     at::parallel_for(0, w.N / T, 1, [&](int64_t t0, int64_t t1) {
-#ifdef YGG_VNNI
-      if (vnni) return tiles_vnni(w, a, rows, o, t0, t1);
+#if defined(YGG_VNNI)
+      if (fast) return tiles_vnni(w, a, rows, o, t0, t1);
+#elif defined(YGG_AVX2)
+      if (fast) return tiles_avx2(w, a, rows, o, t0, t1);
 #endif
-      (void)vnni;
+      (void)fast;
       tiles_portable(w, a, rows, o, t0, t1);
     });
   });
@@ -380,7 +488,7 @@ at::Tensor qlinear_reference(const at::Tensor& x, const at::Tensor& codes, const
 }
 
 // Which fast path this build runs (tests and `ygg inspect` report it).
-std::string qlinear_path() { return use_vnni() ? "avx512-vnni" : "portable"; }
+std::string qlinear_path() { return path(); }
 
 }  // namespace
 
