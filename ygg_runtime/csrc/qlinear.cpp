@@ -194,93 +194,72 @@ void tiles_portable(const Weights& w, const Activations& a, int64_t rows, const 
 // quad of k per instruction (vpdpbusd: unsigned codes times signed activations, exact in int32).
 // NR rows at a time; NR, the group G and the code width are compile-time constants, so the loops
 // unroll and the rows' accumulators and the block's codes stay in registers.
-template <int NR, int G, int BITS, typename O>
-void rows_vnni(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
-  constexpr int GB = B / G, QG = G / 4;
-  const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
-  const __m512i low = _mm512_set1_epi8(15);
-  __m512 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
-  const int sshift = w.S == 256 ? 3 : 0;  // super-block of a block: b >> sshift (no division in the loop)
-  const int8_t* q0 = a.q.data() + r0 * w.K;
-  const float* da0 = a.da.data() + r0 * KB;
-  const float* sq0 = a.sq.data() + r0 * KG;
-  for (int64_t b = 0; b < KB; ++b) {
-    const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8);
-    __m512i u[B / 4];  // quad i of the block: T columns x 4 k
-    if constexpr (BITS == 8) {
-      for (int i = 0; i < B / 4; ++i) u[i] = _mm512_loadu_si512(block + i * 64);
-    } else {
-      for (int i = 0; i < B / 8; ++i) {
-        const __m512i p = _mm512_loadu_si512(block + i * 64);
-        u[2 * i] = _mm512_and_si512(p, low);
-        u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-      }
-      if constexpr (BITS == 6) {
-        const __m512i two = _mm512_set1_epi8(3);
-        for (int i = 0; i < B / 16; ++i) {
-          const __m512i h = _mm512_loadu_si512(block + T * B / 2 + i * 64);
-          for (int j = 0; j < 4; ++j) {
-            const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * j), two);
-            u[4 * i + j] = _mm512_or_si512(u[4 * i + j], _mm512_slli_epi16(top, 4));
+template <int NR, int G, int BITS>
+struct VNNI {
+  template <typename O>
+  static void run(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
+    constexpr int GB = B / G, QG = G / 4;
+    const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
+    const __m512i low = _mm512_set1_epi8(15);
+    __m512 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+    const int sshift = w.S == 256 ? 3 : 0;  // super-block of a block: b >> sshift (no division in the loop)
+    const int8_t* q0 = a.q.data() + r0 * w.K;
+    const float* da0 = a.da.data() + r0 * KB;
+    const float* sq0 = a.sq.data() + r0 * KG;
+    for (int64_t b = 0; b < KB; ++b) {
+      const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8);
+      __m512i u[B / 4];  // quad i of the block: T columns x 4 k
+      if constexpr (BITS == 8) {
+        for (int i = 0; i < B / 4; ++i) u[i] = _mm512_loadu_si512(block + i * 64);
+      } else {
+        for (int i = 0; i < B / 8; ++i) {
+          const __m512i p = _mm512_loadu_si512(block + i * 64);
+          u[2 * i] = _mm512_and_si512(p, low);
+          u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+        }
+        if constexpr (BITS == 6) {
+          const __m512i two = _mm512_set1_epi8(3);
+          for (int i = 0; i < B / 16; ++i) {
+            const __m512i h = _mm512_loadu_si512(block + T * B / 2 + i * 64);
+            for (int j = 0; j < 4; ++j) {
+              const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * j), two);
+              u[4 * i + j] = _mm512_or_si512(u[4 * i + j], _mm512_slli_epi16(top, 4));
+            }
           }
         }
       }
-    }
-    const int64_t s = b >> sshift;
-    const __m512 D = _mm512_loadu_ps(w.D + (t * KS + s) * T), M = _mm512_loadu_ps(w.M + (t * KS + s) * T);
-    for (int gi = 0; gi < GB; ++gi) {
-      const int64_t j = b * GB + gi;
-      const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T));
-      const __m128i mn8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T));
-      const __m512 scale = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
-      const __m512 offset = _mm512_mul_ps(M, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mn8)));
-      __m512i dot[NR];
-      for (int r = 0; r < NR; ++r) dot[r] = _mm512_setzero_si512();
-      for (int i = 0; i < QG; ++i)  // rows innermost: NR independent chains of dot products
+      const int64_t s = b >> sshift;
+      const __m512 D = _mm512_loadu_ps(w.D + (t * KS + s) * T), M = _mm512_loadu_ps(w.M + (t * KS + s) * T);
+      for (int gi = 0; gi < GB; ++gi) {
+        const int64_t j = b * GB + gi;
+        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T));
+        const __m128i mn8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T));
+        const __m512 scale = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
+        const __m512 offset = _mm512_mul_ps(M, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mn8)));
+        __m512i dot[NR];
+        for (int r = 0; r < NR; ++r) dot[r] = _mm512_setzero_si512();
+        for (int i = 0; i < QG; ++i)  // rows innermost: NR independent chains of dot products
+          for (int r = 0; r < NR; ++r) {
+            int32_t quad;
+            std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
+            dot[r] = _mm512_dpbusd_epi32(dot[r], u[gi * QG + i], _mm512_set1_epi32(quad));
+          }
         for (int r = 0; r < NR; ++r) {
-          int32_t quad;
-          std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
-          dot[r] = _mm512_dpbusd_epi32(dot[r], u[gi * QG + i], _mm512_set1_epi32(quad));
+          const __m512 da = _mm512_set1_ps(da0[r * KB + b]), sq = _mm512_set1_ps(sq0[r * KG + j]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(scale, da), acc[r]);
+          acc[r] = _mm512_fmadd_ps(offset, sq, acc[r]);
         }
-      for (int r = 0; r < NR; ++r) {
-        const __m512 da = _mm512_set1_ps(da0[r * KB + b]), sq = _mm512_set1_ps(sq0[r * KG + j]);
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(scale, da), acc[r]);
-        acc[r] = _mm512_fmadd_ps(offset, sq, acc[r]);
       }
     }
-  }
-  for (int r = 0; r < NR; ++r) {
-    alignas(64) float tmp[T];
-    _mm512_store_ps(tmp, acc[r]);
-    out.emit(r0 + r, t * T, tmp);
-  }
-}
-
-template <int G, int BITS, typename O>
-void tiles_vnni_as(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-      switch (std::min(R, rows - r0)) {
-        case 1: rows_vnni<1, G, BITS>(w, a, r0, out, t); break;
-        case 2: rows_vnni<2, G, BITS>(w, a, r0, out, t); break;
-        case 3: rows_vnni<3, G, BITS>(w, a, r0, out, t); break;
-        default: rows_vnni<R, G, BITS>(w, a, r0, out, t); break;
-      }
+    for (int r = 0; r < NR; ++r) {
+      alignas(64) float tmp[T];
+      _mm512_store_ps(tmp, acc[r]);
+      out.emit(r0 + r, t * T, tmp);
     }
-}
-
-template <typename O>
-void tiles_vnni(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
-  if (w.G == 32) {
-    if (w.bits == 4) return tiles_vnni_as<32, 4>(w, a, rows, out, t0, t1);
-    if (w.bits == 6) return tiles_vnni_as<32, 6>(w, a, rows, out, t0, t1);
-    return tiles_vnni_as<32, 8>(w, a, rows, out, t0, t1);
   }
-  if (w.bits == 4) return tiles_vnni_as<16, 4>(w, a, rows, out, t0, t1);
-  if (w.bits == 6) return tiles_vnni_as<16, 6>(w, a, rows, out, t0, t1);
-  return tiles_vnni_as<16, 8>(w, a, rows, out, t0, t1);
-}
+};
+
 #endif
 
 #ifdef YGG_AVX2
@@ -301,88 +280,94 @@ inline __m256i dot_quad(__m256i dot, __m256i codes, __m256i q4) {
   }
 }
 
-template <int NR, int G, int BITS, typename O>
-void rows_avx2(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
-  constexpr int GB = B / G, QG = G / 4, H = T / 2;
-  const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
-  const int sshift = w.S == 256 ? 3 : 0;
-  const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
-  const int8_t* q0 = a.q.data() + r0 * w.K;
-  alignas(32) float res[NR][T];
-  for (int half = 0; half < 2; ++half) {
-    __m256 acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < KB; ++b) {
-      const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8) + half * 32;
-      __m256i u[B / 4];
-      if constexpr (BITS == 8) {
-        for (int i = 0; i < B / 4; ++i) u[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
-      } else {
-        for (int i = 0; i < B / 8; ++i) {
-          const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
-          u[2 * i] = _mm256_and_si256(p, low);
-          u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+template <int NR, int G, int BITS>
+struct AVX2 {
+  template <typename O>
+  static void run(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
+    constexpr int GB = B / G, QG = G / 4, H = T / 2;
+    const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
+    const int sshift = w.S == 256 ? 3 : 0;
+    const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
+    const int8_t* q0 = a.q.data() + r0 * w.K;
+    alignas(32) float res[NR][T];
+    for (int half = 0; half < 2; ++half) {
+      __m256 acc[NR];
+      for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < KB; ++b) {
+        const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8) + half * 32;
+        __m256i u[B / 4];
+        if constexpr (BITS == 8) {
+          for (int i = 0; i < B / 4; ++i) u[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
+        } else {
+          for (int i = 0; i < B / 8; ++i) {
+            const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
+            u[2 * i] = _mm256_and_si256(p, low);
+            u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+          }
+          if constexpr (BITS == 6) {
+            for (int i = 0; i < B / 16; ++i) {
+              const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T * B / 2 + i * 64));
+              for (int j = 0; j < 4; ++j)
+                u[4 * i + j] = _mm256_or_si256(u[4 * i + j],
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), two), 4));
+            }
+          }
         }
-        if constexpr (BITS == 6) {
-          for (int i = 0; i < B / 16; ++i) {
-            const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T * B / 2 + i * 64));
-            for (int j = 0; j < 4; ++j)
-              u[4 * i + j] = _mm256_or_si256(u[4 * i + j],
-                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), two), 4));
+        const int64_t s = b >> sshift;
+        const __m256 D = _mm256_loadu_ps(w.D + (t * KS + s) * T + half * H), M = _mm256_loadu_ps(w.M + (t * KS + s) * T + half * H);
+        for (int gi = 0; gi < GB; ++gi) {
+          const int64_t j = b * GB + gi;
+          const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T + half * H));
+          const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T + half * H));
+          const __m256 scale = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
+          const __m256 offset = _mm256_mul_ps(M, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mn8)));
+          for (int r = 0; r < NR; ++r) {
+            __m256i dot = _mm256_setzero_si256();
+            for (int i = 0; i < QG; ++i) {
+              int32_t quad;
+              std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
+              dot = dot_quad<BITS>(dot, u[gi * QG + i], _mm256_set1_epi32(quad));
+            }
+            const __m256 da = _mm256_set1_ps(a.da[(r0 + r) * KB + b]), sq = _mm256_set1_ps(a.sq[(r0 + r) * KG + j]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, da), acc[r]);
+            acc[r] = _mm256_fmadd_ps(offset, sq, acc[r]);
           }
         }
       }
-      const int64_t s = b >> sshift;
-      const __m256 D = _mm256_loadu_ps(w.D + (t * KS + s) * T + half * H), M = _mm256_loadu_ps(w.M + (t * KS + s) * T + half * H);
-      for (int gi = 0; gi < GB; ++gi) {
-        const int64_t j = b * GB + gi;
-        const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T + half * H));
-        const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T + half * H));
-        const __m256 scale = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
-        const __m256 offset = _mm256_mul_ps(M, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mn8)));
-        for (int r = 0; r < NR; ++r) {
-          __m256i dot = _mm256_setzero_si256();
-          for (int i = 0; i < QG; ++i) {
-            int32_t quad;
-            std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
-            dot = dot_quad<BITS>(dot, u[gi * QG + i], _mm256_set1_epi32(quad));
-          }
-          const __m256 da = _mm256_set1_ps(a.da[(r0 + r) * KB + b]), sq = _mm256_set1_ps(a.sq[(r0 + r) * KG + j]);
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, da), acc[r]);
-          acc[r] = _mm256_fmadd_ps(offset, sq, acc[r]);
-        }
-      }
+      for (int r = 0; r < NR; ++r) _mm256_store_ps(res[r] + half * H, acc[r]);
     }
-    for (int r = 0; r < NR; ++r) _mm256_store_ps(res[r] + half * H, acc[r]);
+    for (int r = 0; r < NR; ++r) out.emit(r0 + r, t * T, res[r]);
   }
-  for (int r = 0; r < NR; ++r) out.emit(r0 + r, t * T, res[r]);
-}
+};
 
-template <int G, int BITS, typename O>
-void tiles_avx2_as(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
+#endif
+
+// Tiles [t0, t1) for every row through a SIMD path `Rows<rows, group, code width>::run`, in blocks
+// of R rows, with the format's constants made compile-time ones.
+template <template <int, int, int> class Rows, int G, int BITS, typename O>
+void tiles_as(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
   for (int64_t t = t0; t < t1; ++t)
     for (int64_t r0 = 0; r0 < rows; r0 += R) {
       switch (std::min(R, rows - r0)) {
-        case 1: rows_avx2<1, G, BITS>(w, a, r0, out, t); break;
-        case 2: rows_avx2<2, G, BITS>(w, a, r0, out, t); break;
-        case 3: rows_avx2<3, G, BITS>(w, a, r0, out, t); break;
-        default: rows_avx2<R, G, BITS>(w, a, r0, out, t); break;
+        case 1: Rows<1, G, BITS>::run(w, a, r0, out, t); break;
+        case 2: Rows<2, G, BITS>::run(w, a, r0, out, t); break;
+        case 3: Rows<3, G, BITS>::run(w, a, r0, out, t); break;
+        default: Rows<R, G, BITS>::run(w, a, r0, out, t); break;
       }
     }
 }
 
-template <typename O>
-void tiles_avx2(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
+template <template <int, int, int> class Rows, typename O>
+[[maybe_unused]] void tiles_simd(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
   if (w.G == 32) {
-    if (w.bits == 4) return tiles_avx2_as<32, 4>(w, a, rows, out, t0, t1);
-    if (w.bits == 6) return tiles_avx2_as<32, 6>(w, a, rows, out, t0, t1);
-    return tiles_avx2_as<32, 8>(w, a, rows, out, t0, t1);
+    if (w.bits == 4) return tiles_as<Rows, 32, 4>(w, a, rows, out, t0, t1);
+    if (w.bits == 6) return tiles_as<Rows, 32, 6>(w, a, rows, out, t0, t1);
+    return tiles_as<Rows, 32, 8>(w, a, rows, out, t0, t1);
   }
-  if (w.bits == 4) return tiles_avx2_as<16, 4>(w, a, rows, out, t0, t1);
-  if (w.bits == 6) return tiles_avx2_as<16, 6>(w, a, rows, out, t0, t1);
-  return tiles_avx2_as<16, 8>(w, a, rows, out, t0, t1);
+  if (w.bits == 4) return tiles_as<Rows, 16, 4>(w, a, rows, out, t0, t1);
+  if (w.bits == 6) return tiles_as<Rows, 16, 6>(w, a, rows, out, t0, t1);
+  return tiles_as<Rows, 16, 8>(w, a, rows, out, t0, t1);
 }
-#endif
 
 // Which implementation runs: the fastest this build has ("avx512-vnni", "avx2"), unless
 // YGG_QLINEAR=portable asks for the plain C++ one (tests compare them; benchmarks time them).
@@ -466,9 +451,9 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor
     const bool fast = std::strcmp(path(), "portable") != 0;
     at::parallel_for(0, w.N / T, 1, [&](int64_t t0, int64_t t1) {
 #if defined(YGG_VNNI)
-      if (fast) return tiles_vnni(w, a, rows, o, t0, t1);
+      if (fast) return tiles_simd<VNNI>(w, a, rows, o, t0, t1);
 #elif defined(YGG_AVX2)
-      if (fast) return tiles_avx2(w, a, rows, o, t0, t1);
+      if (fast) return tiles_simd<AVX2>(w, a, rows, o, t0, t1);
 #endif
       (void)fast;
       tiles_portable(w, a, rows, o, t0, t1);
