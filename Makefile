@@ -41,18 +41,20 @@ test: install
 imports:
 	@$(PYTHON) tools/import_graph.py ygg_compile; echo; $(PYTHON) tools/import_graph.py ygg_runtime
 
-# Every compiled method and the Hugging Face peers on Spec-Bench (10 prompts in each of six categories,
-# 128 new tokens, interleaved, medians); results under benchmarks/results/<device>/. Run it alone on
-# the machine. BENCH_FLAGS=--resume continues an interrupted run, or extends it to more categories.
+# Every compiled method and the peers (transformers; llama.cpp on the same GGUF files) on Spec-Bench
+# (10 prompts in each of six categories, 128 new tokens, interleaved, medians); results under
+# benchmarks/results/<device>/. Run it alone on the machine. BENCH_FLAGS=--resume continues an
+# interrupted run, or extends it to more categories.
 SPEC_BENCH ?= ../shared/data/spec_bench/question.jsonl
 BENCH_CATEGORIES ?= coding,writing,math_reasoning,qa,translation,summarization
 BENCH_LIMIT ?= 10
 BENCH_FLAGS ?=
+BENCH_PEERS ?= hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-pld
 bench: install-qwen
 	@# (re)compile when the artifact is missing, incomplete or of an older format
 	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
-	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 $(BENCH_FLAGS) \
+	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 --peers $(BENCH_PEERS) $(BENCH_FLAGS) \
 		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
 
 # The per-device artifact of the default pair (DEVICE=cpu or cuda), as .github/workflows/artifacts.yml
