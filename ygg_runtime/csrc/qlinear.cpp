@@ -192,92 +192,74 @@ void tiles_portable(const Weights& w, const Activations& a, int64_t rows, const 
 #ifdef YGG_VNNI
 // The same arithmetic with AVX-512 VNNI: T columns in the lanes of one vector, each lane summing a
 // quad of k per instruction (vpdpbusd: unsigned codes times signed activations, exact in int32).
-// A tile is walked block by block: the block's codes are read from memory and unpacked once, then
-// every row takes its dot products (4 rows at a time, their sums in registers within the block
-// and in `acc` between blocks), so no code is read twice and the rows' arithmetic overlaps the
-// stream of weights. The group G and the code width are compile-time constants, so the loops
-// unroll and the block's codes stay in registers.
-template <int G, int BITS>
+// NR rows at a time; NR, the group G and the code width are compile-time constants, so the loops
+// unroll and the rows' accumulators and the block's codes stay in registers.
+template <int NR, int G, int BITS>
 struct VNNI {
-  static constexpr int GB = B / G, QG = G / 4;
-
-  template <int NR>
-  [[gnu::always_inline]] static inline void block_rows(const Weights& w, const Activations& a, int64_t r0, int64_t b,
-                                                 const __m512i* u, const __m512* scale, const __m512* offset, float* acc) {
-    const int64_t KB = w.K / B, KG = w.K / G;
-    __m512 f[NR];
-    for (int r = 0; r < NR; ++r) f[r] = _mm512_loadu_ps(acc + (r0 + r) * T);
-    for (int gi = 0; gi < GB; ++gi) {
-      __m512i dot[NR];
-      for (int r = 0; r < NR; ++r) dot[r] = _mm512_setzero_si512();
-      for (int i = 0; i < QG; ++i)  // rows innermost: NR independent chains of dot products
-        for (int r = 0; r < NR; ++r) {
-          int32_t quad;
-          std::memcpy(&quad, a.q.data() + (r0 + r) * w.K + b * B + gi * G + 4 * i, 4);
-          dot[r] = _mm512_dpbusd_epi32(dot[r], u[gi * QG + i], _mm512_set1_epi32(quad));
-        }
-      for (int r = 0; r < NR; ++r) {
-        const __m512 da = _mm512_set1_ps(a.da[(r0 + r) * KB + b]), sq = _mm512_set1_ps(a.sq[(r0 + r) * KG + b * GB + gi]);
-        f[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(scale[gi], da), f[r]);
-        f[r] = _mm512_fmadd_ps(offset[gi], sq, f[r]);
-      }
-    }
-    for (int r = 0; r < NR; ++r) _mm512_storeu_ps(acc + (r0 + r) * T, f[r]);
-  }
-
   template <typename O>
-  static void tiles(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
+  static void run(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
+    constexpr int GB = B / G, QG = G / 4;
     const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
-    const int sshift = w.S == 256 ? 3 : 0;  // super-block of a block: b >> sshift (no division in the loop)
     const __m512i low = _mm512_set1_epi8(15);
-    std::vector<float> acc(rows * T);
-    for (int64_t t = t0; t < t1; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t b = 0; b < KB; ++b) {
-        const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8);
-        __m512i u[B / 4];  // quad i of the block: T columns x 4 k
-        if constexpr (BITS == 8) {
-          for (int i = 0; i < B / 4; ++i) u[i] = _mm512_loadu_si512(block + i * 64);
-        } else {
-          for (int i = 0; i < B / 8; ++i) {
-            const __m512i p = _mm512_loadu_si512(block + i * 64);
-            u[2 * i] = _mm512_and_si512(p, low);
-            u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-          }
-          if constexpr (BITS == 6) {
-            const __m512i two = _mm512_set1_epi8(3);
-            for (int i = 0; i < B / 16; ++i) {
-              const __m512i h = _mm512_loadu_si512(block + T * B / 2 + i * 64);
-              for (int j = 0; j < 4; ++j) {
-                const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * j), two);
-                u[4 * i + j] = _mm512_or_si512(u[4 * i + j], _mm512_slli_epi16(top, 4));
-              }
+    __m512 acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+    const int sshift = w.S == 256 ? 3 : 0;  // super-block of a block: b >> sshift (no division in the loop)
+    const int8_t* q0 = a.q.data() + r0 * w.K;
+    const float* da0 = a.da.data() + r0 * KB;
+    const float* sq0 = a.sq.data() + r0 * KG;
+    for (int64_t b = 0; b < KB; ++b) {
+      const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8);
+      __m512i u[B / 4];  // quad i of the block: T columns x 4 k
+      if constexpr (BITS == 8) {
+        for (int i = 0; i < B / 4; ++i) u[i] = _mm512_loadu_si512(block + i * 64);
+      } else {
+        for (int i = 0; i < B / 8; ++i) {
+          const __m512i p = _mm512_loadu_si512(block + i * 64);
+          u[2 * i] = _mm512_and_si512(p, low);
+          u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+        }
+        if constexpr (BITS == 6) {
+          const __m512i two = _mm512_set1_epi8(3);
+          for (int i = 0; i < B / 16; ++i) {
+            const __m512i h = _mm512_loadu_si512(block + T * B / 2 + i * 64);
+            for (int j = 0; j < 4; ++j) {
+              const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * j), two);
+              u[4 * i + j] = _mm512_or_si512(u[4 * i + j], _mm512_slli_epi16(top, 4));
             }
           }
         }
-        const int64_t s = b >> sshift;
-        const __m512 D = _mm512_loadu_ps(w.D + (t * KS + s) * T), M = _mm512_loadu_ps(w.M + (t * KS + s) * T);
-        __m512 scale[GB], offset[GB];
-        for (int gi = 0; gi < GB; ++gi) {
-          const int64_t j = b * GB + gi;
-          const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T));
-          const __m128i mn8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T));
-          scale[gi] = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
-          offset[gi] = _mm512_mul_ps(M, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mn8)));
-        }
-        for (int64_t r0 = 0; r0 < rows; r0 += R) {
-          switch (std::min(R, rows - r0)) {
-            case 1: block_rows<1>(w, a, r0, b, u, scale, offset, acc.data()); break;
-            case 2: block_rows<2>(w, a, r0, b, u, scale, offset, acc.data()); break;
-            case 3: block_rows<3>(w, a, r0, b, u, scale, offset, acc.data()); break;
-            default: block_rows<R>(w, a, r0, b, u, scale, offset, acc.data()); break;
+      }
+      const int64_t s = b >> sshift;
+      const __m512 D = _mm512_loadu_ps(w.D + (t * KS + s) * T), M = _mm512_loadu_ps(w.M + (t * KS + s) * T);
+      for (int gi = 0; gi < GB; ++gi) {
+        const int64_t j = b * GB + gi;
+        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T));
+        const __m128i mn8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T));
+        const __m512 scale = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
+        const __m512 offset = _mm512_mul_ps(M, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mn8)));
+        __m512i dot[NR];
+        for (int r = 0; r < NR; ++r) dot[r] = _mm512_setzero_si512();
+        for (int i = 0; i < QG; ++i)  // rows innermost: NR independent chains of dot products
+          for (int r = 0; r < NR; ++r) {
+            int32_t quad;
+            std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
+            dot[r] = _mm512_dpbusd_epi32(dot[r], u[gi * QG + i], _mm512_set1_epi32(quad));
           }
+        for (int r = 0; r < NR; ++r) {
+          const __m512 da = _mm512_set1_ps(da0[r * KB + b]), sq = _mm512_set1_ps(sq0[r * KG + j]);
+          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(scale, da), acc[r]);
+          acc[r] = _mm512_fmadd_ps(offset, sq, acc[r]);
         }
       }
-      for (int64_t r = 0; r < rows; ++r) out.emit(r, t * T, acc.data() + r * T);
+    }
+    for (int r = 0; r < NR; ++r) {
+      alignas(64) float tmp[T];
+      _mm512_store_ps(tmp, acc[r]);
+      out.emit(r0 + r, t * T, tmp);
     }
   }
 };
+
 #endif
 
 #ifdef YGG_AVX2
@@ -298,9 +280,9 @@ inline __m256i dot_quad(__m256i dot, __m256i codes, __m256i q4) {
   }
 }
 
-template <int G, int BITS>
+template <int NR, int G, int BITS>
 struct AVX2 {
-  template <int NR, typename O>
+  template <typename O>
   static void run(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
     constexpr int GB = B / G, QG = G / 4, H = T / 2;
     const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
@@ -356,34 +338,35 @@ struct AVX2 {
     }
     for (int r = 0; r < NR; ++r) out.emit(r0 + r, t * T, res[r]);
   }
-
-  template <typename O>
-  static void tiles(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t r0 = 0; r0 < rows; r0 += R) {
-        switch (std::min(R, rows - r0)) {
-          case 1: run<1>(w, a, r0, out, t); break;
-          case 2: run<2>(w, a, r0, out, t); break;
-          case 3: run<3>(w, a, r0, out, t); break;
-          default: run<R>(w, a, r0, out, t); break;
-        }
-      }
-  }
 };
 
 #endif
 
-// Tiles [t0, t1) for every row through a SIMD path, the format's constants made compile-time ones.
-template <template <int, int> class Path, typename O>
+// Tiles [t0, t1) for every row through a SIMD path `Rows<rows, group, code width>::run`, in blocks
+// of R rows, with the format's constants made compile-time ones.
+template <template <int, int, int> class Rows, int G, int BITS, typename O>
+void tiles_as(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t r0 = 0; r0 < rows; r0 += R) {
+      switch (std::min(R, rows - r0)) {
+        case 1: Rows<1, G, BITS>::run(w, a, r0, out, t); break;
+        case 2: Rows<2, G, BITS>::run(w, a, r0, out, t); break;
+        case 3: Rows<3, G, BITS>::run(w, a, r0, out, t); break;
+        default: Rows<R, G, BITS>::run(w, a, r0, out, t); break;
+      }
+    }
+}
+
+template <template <int, int, int> class Rows, typename O>
 [[maybe_unused]] void tiles_simd(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
   if (w.G == 32) {
-    if (w.bits == 4) return Path<32, 4>::tiles(w, a, rows, out, t0, t1);
-    if (w.bits == 6) return Path<32, 6>::tiles(w, a, rows, out, t0, t1);
-    return Path<32, 8>::tiles(w, a, rows, out, t0, t1);
+    if (w.bits == 4) return tiles_as<Rows, 32, 4>(w, a, rows, out, t0, t1);
+    if (w.bits == 6) return tiles_as<Rows, 32, 6>(w, a, rows, out, t0, t1);
+    return tiles_as<Rows, 32, 8>(w, a, rows, out, t0, t1);
   }
-  if (w.bits == 4) return Path<16, 4>::tiles(w, a, rows, out, t0, t1);
-  if (w.bits == 6) return Path<16, 6>::tiles(w, a, rows, out, t0, t1);
-  return Path<16, 8>::tiles(w, a, rows, out, t0, t1);
+  if (w.bits == 4) return tiles_as<Rows, 16, 4>(w, a, rows, out, t0, t1);
+  if (w.bits == 6) return tiles_as<Rows, 16, 6>(w, a, rows, out, t0, t1);
+  return tiles_as<Rows, 16, 8>(w, a, rows, out, t0, t1);
 }
 
 // Which implementation runs: the fastest this build has ("avx512-vnni", "avx2"), unless
