@@ -49,7 +49,7 @@ def test_the_plan_says_how_each_models_weights_are_held(int4_artifact):
     plan = yaml.safe_load((int4_artifact / "plan.yaml").read_text())
     target, draft = plan["models"]["target"]["weights"], plan["models"]["draft"]["weights"]
     assert target["kind"] == "int4" and target["numbers"] == "quantized" and not target["fallbacks"]
-    assert target["formats"] == {"int4 4-bit": 2 + 4 * 2} and target["bytes"] > 0  # embeddings, head, 4 per layer
+    assert target["formats"] == {"quantized 4-bit": 2 + 4 * 2} and target["bytes"] > 0  # embeddings, head, 4 per layer
     assert draft == {"kind": "float", "numbers": "checkpoint", "formats": {}, "fallbacks": [], "bytes": 0, "max_rel_error": 0.0}
     # every linear layer is row-invariant: no forward is padded, plain decoding included
     assert {kind: rec["min_width"] for kind, rec in plan["exactness"].items()} == {"compiled": 1, "eager": 1}
@@ -108,6 +108,24 @@ def test_unknown_weights_kind_is_one_line_before_writing(pair, tmp_path):
     assert not out.exists()
 
 
+def test_auto_weights_keep_the_targets_file_numbers_and_put_the_drafter_at_four_bits(monkeypatch):
+    """auto quantizes only GGUF sources, only where the kernel's fast path runs: the target as its
+    file has it, the drafter (which only proposes) at 4 bits."""
+    from types import SimpleNamespace
+
+    from ygg_compile import build
+
+    gguf, checkpoint = SimpleNamespace(gguf="model.gguf"), SimpleNamespace(gguf=None)
+    monkeypatch.setattr(build.kernels, "qlinear_path", lambda: "avx512-vnni")
+    assert build._weights("auto", gguf, "cpu", "target") == "int8"
+    assert build._weights("auto", gguf, "cpu", "draft") == "int4"
+    assert build._weights("auto", checkpoint, "cpu", "draft") == "float"
+    assert build._weights("auto", gguf, "cuda", "target") == "float"
+    assert build._weights("bf16", gguf, "cpu", "draft") == "float"
+    monkeypatch.setattr(build.kernels, "qlinear_path", lambda: "portable")
+    assert build._weights("auto", gguf, "cpu", "target") == "float"
+
+
 def test_int8_weights_of_a_tiny_model_are_exact_against_their_own_plain_decoding(pair):
     """In memory, without a compile: 8-bit codes, float32 activations, every method of the test
     table equal to plain decoding with no forward padded."""
@@ -150,8 +168,9 @@ def test_a_gguf_files_own_blocks_are_kept_and_every_method_equals_plain_decoding
     assert info.formats == {"Q8_0 8-bit": 2, "Q4_1 4-bit": 4 * 30}  # embeddings and head from one tensor
     assert info.max_rel_error < 1e-2  # against the bf16 checkpoint: its rounding, nothing more
     _, _, four = quantize.quantize_state(float_state, float_args, "int4", smollm2_gguf)  # at most 4 bits: said so
-    assert four.formats == {"int4 4-bit": 2, "Q4_1 4-bit": 4 * 30}
+    assert four.formats == {"requantized 4-bit": 2, "Q4_1 4-bit": 4 * 30}
     assert four.fallbacks == ["tok_embeddings: Q8_0 -> int4 (requantized, lossy)", "output: Q8_0 -> int4 (requantized, lossy)"]
+    assert quantize.fallbacks_line(four.fallbacks) == "2 not as in the file: Q8_0 -> int4 (requantized, lossy) ×2"
     target = runner(from_state(args, state))
     assert invariance.check(target, [1, 2, 4, 8, 16, 32, 64]).min_width == 1
     draft = runner(noised_runtime(to_runtime(smollm2_hf, torch.bfloat16), 0.1, seed=3))

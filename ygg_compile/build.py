@@ -112,8 +112,8 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             tokenizer = _shared_tokenizer(draft, target)
         models = {}
         for role, src in (("target", target), ("draft", draft)):
-            weights = _weights(opts.draft_weights or opts.weights if role == "draft" else opts.weights, src, device)
-            held = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'the file' if src.gguf else 'quantized'})"
+            weights = _weights(opts.draft_weights or opts.weights if role == "draft" else opts.weights, src, device, role)
+            held = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
             with phase("convert", f"converting {role} ({src.spec}) to {held}"):
                 models[role] = _convert(src, role, dtype, tmp / role, weights, ui)
         _check_vocab(len(tokenizer), models, ui)
@@ -272,18 +272,20 @@ def _check_vocab(tokens: int, models: dict[str, ModelInfo], ui: Reporter) -> Non
                 "tokens; the target's ids the drafter lacks reach it as a stand-in")
 
 
-def _weights(asked: str, src: sources.ModelSource, device: str) -> str:
-    """How a model's weights are held: "float" (the artifact's dtype), "int4" or "int8". auto means
-    a GGUF file's own quantization exactly (int8: at most 8 bits, nothing requantized) where the
-    quantized kernel has its fast path (AVX-512 VNNI: measured faster than bf16 at every verify
-    width, docs/measured.md), the float dtype otherwise."""
+def _weights(asked: str, src: sources.ModelSource, device: str, role: str = "target") -> str:
+    """How a model's weights are held: "float" (the artifact's dtype), "int4" or "int8". auto, for a
+    GGUF file on a CPU where the quantized kernel has its fast path (AVX-512 VNNI: faster than bf16
+    at every verify width, docs/measured.md): the target's file numbers exactly (int8: at most 8 bits,
+    nothing requantized) and the drafter at 4 bits (int4: lossless all the same, it only proposes;
+    its acceptance moved from 0.80 to 0.79 while its forward went from 14 to 10 ms); the float dtype
+    otherwise (the portable path is ~25x slower)."""
     if asked not in ("auto", *quantize.WEIGHTS):
         raise YggError(f"--weights must be auto, {', '.join(quantize.WEIGHTS)}, not '{asked}'")
     if asked in ("int4", "int8") and not device.startswith("cpu"):
         raise YggError(f"--weights {asked} runs on CPUs only (the quantized kernel is CPU code): use --weights bf16 on {device}")
     if asked == "auto":
         fast = device.startswith("cpu") and kernels.qlinear_path() == "avx512-vnni"
-        return "int8" if src.gguf is not None and fast else "float"
+        return ("int4" if role == "draft" else "int8") if src.gguf is not None and fast else "float"
     return "float" if asked == "bf16" else asked
 
 
@@ -304,8 +306,8 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path,
         label = f"quantizing the {role}'s weights ({weights})"
         report = (lambda done, total: ui.progress(label, done, total, unit="tensors")) if ui else None
         args, state, info = quantize.quantize_state(state, args, weights, src.gguf, report)
-        for line in info.fallbacks if ui else ():
-            ui.note(f"{role}: {line}")
+        if ui and info.fallbacks:
+            ui.note(f"{role}: {quantize.fallbacks_line(info.fallbacks)} (each listed in plan.yaml)")
     out.mkdir(parents=True)
     save_file(state, str(out / "model.safetensors"))
     args.save(out / "config.json")

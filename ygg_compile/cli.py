@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 import ygg_runtime
+from ygg_compile import quantize
 from ygg_compile.bench import BenchOptions, default_output, run_bench
 from ygg_compile.build import CompileOptions, compile_artifact
 from ygg_compile.inspection import inspect_artifact
@@ -47,7 +48,7 @@ def compile_cmd(
     device: str = typer.Option(CompileOptions.device, "--device", help="cpu or cuda"),
     dtype: str = typer.Option(CompileOptions.dtype, "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
     weights: str = typer.Option(CompileOptions.weights, "--weights",
-                                help="how weights are held: auto (a GGUF file's own quantization, exactly, on CPUs with the fast kernel; else the float dtype), bf16 (the float dtype), int8 (at most 8 bits: a GGUF file's numbers, exactly) or int4 (at most 4 bits: wider tensors requantized, lossy); a float checkpoint is quantized here (lossy)"),
+                                help="how weights are held: auto (on CPUs with the fast kernel, a GGUF target's own quantization exactly and a GGUF drafter at 4 bits; else the float dtype), bf16 (the float dtype), int8 (at most 8 bits: a GGUF file's numbers, exactly) or int4 (at most 4 bits: wider tensors requantized, lossy); a float checkpoint is quantized here (lossy)"),
     draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="the drafter's weights, when they differ from --weights (same choices; int4 makes drafting cheaper and stays lossless: only acceptance moves)"),
     max_context: int = typer.Option(CompileOptions.max_context, "--max-context", help="longest prompt + generation the artifact serves"),
     chain_k: int = typer.Option(ChainParams.k, "--chain-k", help="chain: drafted tokens per step"),
@@ -136,14 +137,15 @@ def weights_summary(m, dtype: str) -> str:
     w = m.weights
     if w.kind == "float":
         return f"{dtype} (F.linear)"
-    numbers = ("the GGUF file's own quantization" if w.numbers == "gguf" else
+    numbers = ("the GGUF file's own quantization" if w.numbers == "gguf" and not w.fallbacks else
+               "the GGUF file's numbers where the kind holds them" if w.numbers == "gguf" else
                "quantized by ygg compile from the float checkpoint: lossy against it")
     formats = ", ".join(f"{k} ×{n}" for k, n in w.formats.items())
     line = f"{w.kind} codes, {numbers} — {formats}; {w.bytes / 1e9:.2f} GB"
     if w.numbers == "gguf":
         line += f"; decoded = converted checkpoint within {w.max_rel_error:.1e} of max |w|"
     if w.fallbacks:
-        line += f"; {len(w.fallbacks)} not as in the file: " + "; ".join(w.fallbacks[:3]) + ("…" if len(w.fallbacks) > 3 else "")
+        line += f"; {quantize.fallbacks_line(w.fallbacks)}"
     return line
 
 

@@ -15,6 +15,7 @@ plan and `ygg inspect` say.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -201,6 +202,13 @@ _LINEARS = {
 }
 
 
+def fallbacks_line(fallbacks: list[str]) -> str:
+    """The tensors not held as the file has them, in one line grouped by what happened to them
+    ("86 not as in the file: Q5_0 -> int4 (requantized, lossy) ×56, …"): the plan lists each."""
+    counts = Counter(f.split(": ", 1)[-1] for f in fallbacks)
+    return f"{len(fallbacks)} not as in the file: " + ", ".join(f"{why} ×{n}" for why, n in counts.most_common())
+
+
 def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf: Path | None,
                    progress=None) -> tuple[ModelArgs, dict[str, Tensor], WeightsInfo]:
     """Replace the state's linear and embedding weights by codes (`ygg_runtime.quant` layouts).
@@ -228,6 +236,10 @@ def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf
                 report.fallbacks.append(f"{ours}: {found.kind} -> int4 (requantized, lossy)")
                 found = cat([part if part.bits <= bits else quantize(part.dequantize(), bits)
                              for part in _from_file(source, names, args, fused=False)])
+            if found.bits == 6:  # 5-/6-bit blocks as 8-bit codes, exactly: unpacking 6-bit codes costs more
+                # than the bytes they save from 4 rows on (kernel table: 49.5 vs 38.8 ms at 4 rows, 88 vs 76 at
+                # 16; the target's T(8) 64 vs 57 ms), and trees verify 4 rows and more
+                found = found.promote(8, found.group, found.superblock)
         elif not fits_kernel(tuple(reference.shape)):
             why = "+".join(source.types.get(n, "missing") for n in names) if source else "float"
             report.fallbacks.append(f"{ours}: {why}, {reference.shape[1]} inputs (not a multiple of 32) -> kept in {reference.dtype}")
@@ -240,7 +252,8 @@ def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf
         packed = pack_rows(found) if rows else pack(found)
         del out[f"{ours}.weight"]
         out.update({f"{ours}.{k}": v for k, v in packed.items()})
-        label = f"{found.kind} {found.bits}-bit" + (f" g{found.group}" if found.group != 32 else "")
+        kind = found.kind if found.kind not in ("int4", "int8") else "requantized" if source else "quantized"
+        label = f"{kind} {found.bits}-bit" + (f" g{found.group}" if found.group != 32 else "")
         report.formats[label] = report.formats.get(label, 0) + 1
         report.bytes += sum(v.numel() * v.element_size() for v in packed.values())
     if progress:
