@@ -232,3 +232,14 @@ def test_llama_cpp_peer_needs_a_gguf_target(artifact, tmp_path):
     proc = ygg("bench", "--artifact", artifact, "--peers", "llama.cpp", "-o", tmp_path / "res")
     assert_one_line_error(proc, "peer llama.cpp reads GGUF files", "checkpoint directory")
     assert not (tmp_path / "res").exists()
+
+
+def test_a_profile_measured_with_other_weight_codes_is_not_reused():
+    """The same GGUF file held as other codes (6- vs 8-bit) runs at other speeds: its stored T(W)
+    must not be taken for the new artifact's."""
+    from ygg_compile import profile
+
+    eight = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 8-bit g16": 15})
+    six = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15})
+    assert eight != six and "qlinear" in eight
+    assert "qlinear" not in profile.fingerprint("cpu", "aot")  # float weights: the kernel's source does not count

@@ -182,14 +182,15 @@ def profiles_dir() -> Path:
     return cache_dir() / "profiles"
 
 
-def fingerprint(device: str, forward: str, quantized: bool = False) -> dict:
+def fingerprint(device: str, forward: str, formats: dict[str, int] | None = None) -> dict:
     """What a profile's numbers depend on besides the model: the same fingerprint means reusable.
-    forward: "aot" (the ahead-of-time compiled forwards) or "eager"; quantized: whether its linear
-    layers run the quantized kernel (whose source then counts too)."""
+    forward: "aot" (the ahead-of-time compiled forwards) or "eager"; formats: the code formats of
+    quantized weights (`WeightsInfo.formats`), whose kernel source then counts too — the same file
+    held as other codes runs at other speeds."""
     info = {"device": device, "forward": forward, "attention": kernels.version(device),
             "torch_version": str(torch.__version__), "threads": torch.get_num_threads()}
-    if quantized:
-        info["qlinear"] = kernels.qlinear_version()
+    if formats:
+        info |= {"qlinear": kernels.qlinear_version(), "formats": dict(sorted(formats.items()))}
     if device.startswith("cuda"):
         return info | {"gpu": torch.cuda.get_device_name()}
     cpu = hardware.cpu_info()
@@ -221,8 +222,8 @@ def load_matching(path: Path, model: ModelInfo, dtype: str, device: str, forward
         return None, "another profile format"
     if stored.get("model", {}).get("sha256") != model.sha256 or stored.get("dtype") != dtype:
         return None, "other weights or dtype"
-    if stored.get("fingerprint") != fingerprint(device, forward, model.weights.kind != "float"):
-        return None, "measured on another machine, torch, thread count or forward kind"
+    if stored.get("fingerprint") != fingerprint(device, forward, model.weights.formats if model.weights.kind != "float" else None):
+        return None, "measured on another machine, torch, thread count, forward kind or weight codes"
     if not set(widths) <= set(stored["widths"]) or not set(contexts) <= set(stored["contexts"]):
         return None, "does not cover the widths and contexts needed"
     return stored, ""
@@ -233,7 +234,7 @@ def save(path: Path, measured: dict, model: ModelInfo, dtype: str, device: str, 
         "format": PROFILE_FORMAT,
         "model": {k: getattr(model, k) for k in ("spec", "sha256", "arch", "parameters", "layers")},
         "dtype": dtype,
-        "fingerprint": fingerprint(device, forward, model.weights.kind != "float"),
+        "fingerprint": fingerprint(device, forward, model.weights.formats if model.weights.kind != "float" else None),
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **measured,
     }
