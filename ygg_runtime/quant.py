@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
+from ygg_runtime.kernels import qlinear
+
 TILE = 16  # output columns per kernel tile (one vector of float32 lanes)
 BLOCK = 32  # input columns per code block (and per block of the activations' int8 scale)
 
@@ -176,8 +178,6 @@ class QLinear(nn.Module):
                    own_mn=state[prefix + "mn"].numel() > 0)
 
     def forward(self, x: Tensor) -> Tensor:
-        from ygg_runtime.kernels import qlinear
-
         return qlinear(x, self.codes, self.D, self.M, self.sc, self.mn, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
