@@ -130,7 +130,7 @@ def _unpermute(c: Codes, heads: int) -> Codes:
     """Undo llama.cpp's reordering of q/k rows for Llama models (what transformers undoes too)."""
     n = c.shape[0]
     order = torch.arange(n).reshape(heads, n // heads // 2, 2).transpose(1, 2).reshape(n)
-    return Codes(c.codes[order], c.D[order], c.M[order], c.sc[order], c.mn[order], c.bits, c.kind)
+    return c.rows(order)
 
 
 @dataclass
@@ -284,7 +284,7 @@ def _check(c: Codes, reference: Tensor, name: str, rows: int = 4096) -> float:
     top = max(reference.float().abs().max().item(), 1e-30)
     worst = 0.0
     for r in range(0, c.shape[0], rows):
-        part = Codes(c.codes[r:r + rows], c.D[r:r + rows], c.M[r:r + rows], c.sc[r:r + rows], c.mn[r:r + rows], c.bits, c.kind)
+        part = c.rows(slice(r, r + rows))
         worst = max(worst, (part.dequantize() - reference[r:r + rows].float()).abs().max().item() / top)
     if worst > 1e-2:
         raise YggError(f"{name}: the GGUF codes decode to other weights than the checkpoint's (relative error "

@@ -53,6 +53,10 @@ class Codes:
     def superblock(self) -> int:
         return self.codes.shape[1] // self.D.shape[1]
 
+    def rows(self, index: Tensor | slice) -> "Codes":
+        """The weight matrix's rows `index` (a slice or an index tensor), in the same format."""
+        return replace(self, codes=self.codes[index], D=self.D[index], M=self.M[index], sc=self.sc[index], mn=self.mn[index])
+
     def dequantize(self) -> Tensor:
         """The weights as float32 [N, K] (what a test or a check compares with the source's)."""
         scale = self.D.repeat_interleave(self.superblock, 1) * self.sc.float().repeat_interleave(self.group, 1)
@@ -208,7 +212,6 @@ class QEmbedding(nn.Module):
         self.register_buffer("sc", torch.empty(rows, groups, dtype=torch.int8))
         self.register_buffer("mn", torch.empty(rows, groups, dtype=torch.int8))
         self.bits, self.dim, self.dtype = bits, dim, dtype
-        self.group, self.superblock = dim // groups, dim // superblocks
 
     @classmethod
     def like(cls, state: dict[str, Tensor], prefix: str, dim: int, dtype: torch.dtype) -> "QEmbedding":
@@ -221,9 +224,9 @@ class QEmbedding(nn.Module):
         return self.D.new_empty(0, dtype=self.dtype)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        c = self.codes[tokens]
+        flat = tokens.reshape(-1)
+        c = self.codes[flat]
         if self.bits == 4:
             c = torch.stack((c & 15, c >> 4), dim=-1).flatten(-2)
-        scale = self.D[tokens].repeat_interleave(self.superblock, -1) * self.sc[tokens].float().repeat_interleave(self.group, -1)
-        offset = self.M[tokens].repeat_interleave(self.superblock, -1) * self.mn[tokens].float().repeat_interleave(self.group, -1)
-        return (scale * c.float() + offset).to(self.dtype)
+        looked_up = Codes(c, self.D[flat], self.M[flat], self.sc[flat], self.mn[flat], self.bits, "")
+        return looked_up.dequantize().to(self.dtype).reshape(*tokens.shape, self.dim)
