@@ -222,7 +222,7 @@ def load_matching(path: Path, model: ModelInfo, dtype: str, device: str, forward
         return None, "another profile format"
     if stored.get("model", {}).get("sha256") != model.sha256 or stored.get("dtype") != dtype:
         return None, "other weights or dtype"
-    if stored.get("fingerprint") != fingerprint(device, forward, model.weights.formats if model.weights.kind != "float" else None):
+    if stored.get("fingerprint") != fingerprint(device, forward, model.weights.formats):
         return None, "measured on another machine, torch, thread count, forward kind or weight codes"
     if not set(widths) <= set(stored["widths"]) or not set(contexts) <= set(stored["contexts"]):
         return None, "does not cover the widths and contexts needed"
@@ -234,7 +234,7 @@ def save(path: Path, measured: dict, model: ModelInfo, dtype: str, device: str, 
         "format": PROFILE_FORMAT,
         "model": {k: getattr(model, k) for k in ("spec", "sha256", "arch", "parameters", "layers")},
         "dtype": dtype,
-        "fingerprint": fingerprint(device, forward, model.weights.formats if model.weights.kind != "float" else None),
+        "fingerprint": fingerprint(device, forward, model.weights.formats),
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **measured,
     }
