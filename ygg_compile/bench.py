@@ -26,7 +26,7 @@ import torch
 import ygg_runtime
 from ygg_compile import hardware, sources
 from ygg_compile.ui import Reporter
-from ygg_compile.peers import HF_PEERS, LLAMA_PEERS, PEERS, HFPeers, LlamaCppPeers
+from ygg_compile.peers import HF_PEERS, LLAMA_MISSING, LLAMA_PEERS, PEERS, HFPeers, LlamaCppPeers
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
@@ -269,8 +269,7 @@ def _load_llama(plan: Plan, check_only: bool = False) -> LlamaCppPeers | None:
         import importlib.util
 
         if importlib.util.find_spec("llama_cpp") is None:
-            raise YggError("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
-                           "(it builds llama.cpp from source, a few minutes)")
+            raise YggError(LLAMA_MISSING)
         return None
     return LlamaCppPeers(Path(target.gguf), torch.get_num_threads(), plan.max_context, plan.tokenizer.eos_token_ids)
 

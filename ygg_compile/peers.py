@@ -24,6 +24,8 @@ from ygg_runtime.errors import YggError, first_line
 HF_PEERS = ("hf", "hf-assisted", "hf-pld")
 LLAMA_PEERS = ("llama.cpp", "llama.cpp-pld")  # an optional extra: pip install -e '.[llama]'
 PEERS = HF_PEERS + LLAMA_PEERS
+LLAMA_MISSING = ("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
+                 "(it builds llama.cpp from source, a few minutes)")
 PLD_TOKENS = 10  # prompt_lookup_num_tokens, the value transformers' documentation uses
 
 
@@ -134,8 +136,7 @@ class LlamaCppPeers:
         try:
             from llama_cpp import Llama
         except ImportError:
-            raise YggError("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
-                           "(it builds llama.cpp from source, a few minutes)") from None
+            raise YggError(LLAMA_MISSING) from None
         self._make = lambda **kw: Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                                         n_batch=512, verbose=False, **kw)
         self.gguf, self.threads, self.eos_ids = gguf, threads, set(eos_ids)
