@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ygg_runtime import engine, exactness, proposers
+from ygg_runtime.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
@@ -104,12 +105,27 @@ class Decoder:
         graft = graft or method != "egt"
         key = (method, use, tuple(sorted(stages.items())) if stages else None, graft)
         if key not in self._proposers:
-            profile = self.plan.profile if self.plan else None
-            curves = Curves(profile) if profile else None
             params = self.methods[method] | ({"stages": stages} if stages else {}) | ({} if graft else {"graft": None})
-            self._proposers[key] = proposers.build(method, params, self._drafter, curves, self.predictor if use else None,
-                                                   self.adjacency)
+            self._proposers[key] = proposers.build(method, params, self._drafter, self.curves(),
+                                                   self.predictor if use else None, self.adjacency)
         return self._proposers[key]
+
+    def curves(self) -> Curves | None:
+        """The plan's measured forward times (None: no profile)."""
+        profile = self.plan.profile if self.plan else None
+        return Curves(profile) if profile else None
+
+    def batch(self, max_batch: int = 8, cost_aware: bool = True) -> Batch:
+        """Several sequences decoding together (`ygg_runtime.batch`), each in its own region of
+        this decoder's caches, every method as compiled (egt with its depth predictor)."""
+        def make(method: str, drafter: proposers.Drafter | None) -> proposers.Proposer:
+            if method not in self.methods:
+                raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
+            return proposers.build(method, self.methods[method], drafter, self.curves(), self.predictor,
+                                   self.adjacency)
+
+        drafter = self._drafter.runner if self._drafter is not None else None
+        return Batch(self.target, drafter, make, self.curves(), max_batch, cost_aware)
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
         if isinstance(prompt, list):

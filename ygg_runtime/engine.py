@@ -6,12 +6,13 @@ import time
 from typing import Callable
 
 import torch
+from torch import Tensor
 
 from ygg_runtime.accept import Verdict, accept_greedy, accept_sampling, warp
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.proposers import Proposer, Sampling, StepState
-from ygg_runtime.runner import ModelRunner, fit_width
+from ygg_runtime.runner import Call, ModelRunner, fit_width
 from ygg_runtime.tree import TokenTree
 
 
@@ -19,6 +20,121 @@ def step_room(target: ModelRunner, proposer: Proposer) -> int:
     """Cache slots a step needs past the sequence: the largest tree, padded to a compiled width
     and at least to the target's min_width."""
     return fit_width(max(proposer.max_tree_size, target.min_width), target.widths)
+
+
+class Generation:
+    """One sequence's decoding, a step at a time: what `generate` loops over alone and what
+    `ygg_runtime.batch` steps together with other sequences (one target forward verifying every
+    sequence's tree). `propose` drafts a tree; the caller runs the target over it (`call`); `accept`
+    takes the logits, commits, and returns the new tokens. Greedy when temperature == 0, else
+    lossless sampling from the target's distribution at that temperature and top_p."""
+
+    def __init__(self, target: ModelRunner, proposer: Proposer, prompt: list[int], *, max_new_tokens: int,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+                 eos_ids: frozenset[int] = frozenset(),
+                 on_step: Callable[[TokenTree, Verdict], None] | None = None):
+        check(target, proposer, prompt, max_new_tokens, temperature, top_p)
+        self.target, self.proposer, self.prompt = target, proposer, prompt
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.eos_ids, self.on_step = eos_ids, on_step
+        self.sampling = None
+        if temperature > 0:
+            gen = torch.Generator(device=target.device)  # private: the caller's generators stay as they were
+            if seed is None:
+                gen.seed()
+            else:
+                gen.manual_seed(seed)
+            self.sampling = Sampling(temperature, top_p, gen)
+        self.metrics = Metrics(method=proposer.name, prompt_tokens=len(prompt))
+        self.seq, self.out = list(prompt), []
+        self.state = StepState()
+        self.done = False
+        self.tree: TokenTree | None = None  # the tree of the step in progress
+        self._t1 = self._ts = self._td = 0.0
+
+    def prefill(self) -> None:
+        """Run the prompt (all but its last token, the first root) through both models."""
+        t0 = time.perf_counter()
+        self.target.reset()
+        self.proposer.reset()
+        self.target.prefill(self.prompt[:-1])
+        self.proposer.prefill(self.prompt[:-1])
+        self.state = StepState(self.target.hidden[-1] if self.target.hidden is not None else None)
+        self._t1 = time.perf_counter()
+        self.metrics.prefill_s = self._t1 - t0
+
+    def propose(self) -> TokenTree:
+        """Draft this step's tree (the proposer's drafter forwards run here)."""
+        self._ts = time.perf_counter()
+        self.tree = self.proposer.propose(self.seq, self.state, self.sampling)
+        self._td = time.perf_counter()
+        return self.tree
+
+    def call(self) -> Call:
+        """The target's forward over this step's tree."""
+        tree = self.tree
+        return Call(self.target, tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask())
+
+    def accept(self, logits: Tensor, verify_s: float) -> list[int]:
+        """Accept from the tree's target logits, commit, and return the step's new tokens
+        (verify_s: the seconds its target forward took, for the metrics)."""
+        tree, m = self.tree, self.metrics
+        tv = time.perf_counter()
+        if self.sampling is None:
+            verdict = accept_greedy(tree, logits)
+        else:
+            verdict = accept_sampling(tree, warp(logits, self.temperature, self.top_p), self.sampling.generator)
+        if self.on_step is not None:
+            self.on_step(tree, verdict)
+        self.target.commit(verdict.path)
+        info = self.proposer.update(tree, verdict)
+        m.ahead_hits += info.ahead_hit
+        m.retrieval_s += info.retrieval_s
+        self.state = StepState(self.target.hidden[verdict.path[-1]])
+        new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
+        new = new[: self.max_new_tokens - len(self.out)]
+        stop = next((i for i, t in enumerate(new) if t in self.eos_ids), None)
+        if stop is not None:
+            new = new[: stop + 1]
+        # The metrics describe the output: drafted tokens the budget or an eos cut are not counted.
+        kept = min(verdict.accepted, len(new))
+        tried = kept + bool(tree.children[verdict.path[kept]]) if kept == verdict.accepted else kept
+        m.record_step(len(tree) - 1, kept, len(new), tried, max(tree.depths))
+        m.record_sources(tree.sources[1:], [tree.sources[v] for v in verdict.path[1 : kept + 1]])
+        self.seq += new
+        self.out += new
+        te = time.perf_counter()
+        m.draft_s += self._td - self._ts
+        m.verify_s += verify_s
+        m.other_s += te - tv
+        self.done = stop is not None or len(self.out) >= self.max_new_tokens
+        if self.done:
+            self.finish()
+        return new
+
+    def finish(self) -> None:
+        """Close the metrics (also when a caller stops the generation early)."""
+        self.done = True
+        self.metrics.decode_s = time.perf_counter() - self._t1
+        self.metrics.generated_tokens = len(self.out)
+
+
+def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_tokens: int, temperature: float,
+          top_p: float) -> None:
+    """Refuse a request in one line before any work: empty prompt, no budget, bad sampling
+    settings, or more tokens than the runner's cache holds."""
+    if not prompt:
+        raise YggError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise YggError("--max-new-tokens must be at least 1")
+    if not temperature >= 0 or not 0 < top_p <= 1:  # `not >=` also refuses NaN
+        raise YggError("temperature must be >= 0 and top-p in (0, 1]")
+    room = step_room(target, proposer)
+    if len(prompt) + max_new_tokens + room > target.max_len:
+        raise YggError(
+            f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
+            f"{target.max_len - room} tokens; shorten the prompt or lower --max-new-tokens"
+        )
 
 
 def generate(
@@ -35,78 +151,17 @@ def generate(
     on_step: Callable[[TokenTree, Verdict], None] | None = None,
 ) -> tuple[list[int], Metrics]:
     """Decode up to max_new_tokens after `prompt` (stopping after an eos id); returns the new
-    tokens and the metrics. Greedy when temperature == 0, else lossless sampling from the target's
-    distribution at that temperature and top_p. on_step sees every verified tree and its verdict
-    (`ygg inspect` draws one)."""
-    if not prompt:
-        raise YggError("the prompt is empty")
-    if max_new_tokens < 1:
-        raise YggError("--max-new-tokens must be at least 1")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise YggError("temperature must be >= 0 and top-p in (0, 1]")
-    room = step_room(target, proposer)
-    if len(prompt) + max_new_tokens + room > target.max_len:
-        raise YggError(
-            f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
-            f"{target.max_len - room} tokens; shorten the prompt or lower --max-new-tokens"
-        )
-    sampling = None
-    if temperature > 0:
-        gen = torch.Generator(device=target.device)  # private: the caller's generators stay as they were
-        if seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(seed)
-        sampling = Sampling(temperature, top_p, gen)
-
-    m = Metrics(method=proposer.name, prompt_tokens=len(prompt))
-    t0 = time.perf_counter()
-    target.reset()
-    proposer.reset()
-    target.prefill(prompt[:-1])
-    proposer.prefill(prompt[:-1])
-    state = StepState(target.hidden[-1] if target.hidden is not None else None)
-    t1 = time.perf_counter()
-    m.prefill_s = t1 - t0
-
-    seq, out = list(prompt), []
-    while len(out) < max_new_tokens:
-        ts = time.perf_counter()
-        tree = proposer.propose(seq, state, sampling)
-        td = time.perf_counter()
-        logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask(), tree.verify_width)
-        tv = time.perf_counter()
-        if sampling is None:
-            verdict = accept_greedy(tree, logits)
-        else:
-            verdict = accept_sampling(tree, warp(logits, temperature, top_p), sampling.generator)
-        if on_step is not None:
-            on_step(tree, verdict)
-        target.commit(verdict.path)
-        info = proposer.update(tree, verdict)
-        m.ahead_hits += info.ahead_hit
-        m.retrieval_s += info.retrieval_s
-        state = StepState(target.hidden[verdict.path[-1]])
-        new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
-        new = new[: max_new_tokens - len(out)]
-        stop = next((i for i, t in enumerate(new) if t in eos_ids), None)
-        if stop is not None:
-            new = new[: stop + 1]
-        # The metrics describe the output: drafted tokens the budget or an eos cut are not counted.
-        kept = min(verdict.accepted, len(new))
-        tried = kept + bool(tree.children[verdict.path[kept]]) if kept == verdict.accepted else kept
-        m.record_step(len(tree) - 1, kept, len(new), tried, max(tree.depths))
-        m.record_sources(tree.sources[1:], [tree.sources[v] for v in verdict.path[1 : kept + 1]])
-        seq += new
-        out += new
+    tokens and the metrics. on_step sees every verified tree and its verdict (`ygg inspect` draws
+    one)."""
+    g = Generation(target, proposer, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                   seed=seed, eos_ids=eos_ids, on_step=on_step)
+    g.prefill()
+    while not g.done:
+        tree = g.propose()
+        t = time.perf_counter()
+        c = g.call()
+        logits = target.forward(c.tokens, c.offsets, c.depths, c.tree_mask, tree.verify_width)
+        new = g.accept(logits, time.perf_counter() - t)
         if on_tokens is not None:
             on_tokens(new)
-        te = time.perf_counter()
-        m.draft_s += td - ts
-        m.verify_s += tv - td
-        m.other_s += te - tv
-        if stop is not None:
-            break
-    m.decode_s = time.perf_counter() - t1
-    m.generated_tokens = len(out)
-    return out, m
+    return g.out, g.metrics

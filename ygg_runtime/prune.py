@@ -42,6 +42,51 @@ def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | N
     return sub
 
 
+def allocate(trees: list[TokenTree], curves: Curves, context: int, draft_ms: float = 0.0, others: int = 0,
+             max_rows: int = 64) -> list[TokenTree]:
+    """CAST's allocation of one batched verify: the root-connected subtree of each tree (every
+    root kept) whose nodes, max_rows at most in all, give the batch the most expected accepted
+    tokens per modelled millisecond of its step — Σ E[A] / (draft_ms + T_verify(N) + T_other(N)),
+    N the nodes verified (plus `others`, rows of trees that cannot be cut). One knapsack over all
+    trees: each tree's best value for every size (`Pruning`), combined across trees; the marginal
+    cost of a node depends only on N, so the best N is read off the combined table. As the batch
+    grows, a node's marginal millisecond buys less and every tree shrinks, down to its root:
+    batched plain decoding."""
+    tables = [Pruning(t.parents, t.path_values, min(len(t), max_rows)) for t in trees]
+    # best[j]: the best Σ E[A] of j nodes over the trees so far; picks[i][j]: tree i's share of it
+    best = [0.0]
+    picks: list[list[int]] = []
+    for table in tables:
+        sizes = range(1, len(table.root))
+        merged = [float("-inf")] * min(len(best) + len(table.root) - 1, max_rows + 1)
+        take = [0] * len(merged)
+        for a, value in enumerate(best):
+            if value == float("-inf"):
+                continue
+            for b in sizes:
+                if a + b < len(merged) and value + table.root[b] > merged[a + b]:
+                    merged[a + b], take[a + b] = value + table.root[b], b
+        best = merged
+        picks.append(take)
+
+    def rate(n: int) -> float:
+        rows = n + others
+        return best[n] / (draft_ms + curves.t_verify(rows, context) + curves.t_other(rows))
+
+    n = max((j for j in range(len(trees), len(best)) if best[j] > float("-inf")), key=rate)
+    out: list[TokenTree] = [None] * len(trees)  # type: ignore[list-item]
+    for i in range(len(trees) - 1, -1, -1):
+        size = picks[i][n]
+        nodes = tables[i].nodes(size)
+        tree = trees[i]
+        sub = tree.subtree(nodes)
+        if tree.origin is not None:  # a pruned tree's origin maps into the tree it was pruned from
+            sub.origin = [tree.origin[v] for v in nodes]
+        out[i] = sub
+        n -= size
+    return out
+
+
 def best_subtree(parents: list[int], values: list[float], k: int) -> list[int]:
     """Nodes (ascending, root 0 first) of the root-connected subtree of at most k nodes with the
     largest Σ values. parents[0] == -1 and parents[i] < i (node order is topological)."""

@@ -1,15 +1,21 @@
 """A model together with its cache and the length of the sequence committed to it.
 
 Both the target and every drafter go through this class, so tree forwards, masks and compaction
-are built the same way for both. Layout: slots [0, committed) hold the accepted sequence; a
-forward writes a node with tree offset i to slot committed + i and lets it see the whole committed
-prefix plus the tree slots its mask row allows.
+are built the same way for both. Layout: a sequence owns a region of the cache, slots [base,
+base + max_len); slots [base, base + committed) hold its accepted tokens; a forward writes a node
+with tree offset i to slot base + committed + i and lets it see the whole committed prefix plus the
+tree slots its mask row allows. A runner made by `region()` shares its model and cache with the one
+it came from: several sequences, each in its own region, decode together, and `forward_many` runs
+their trees in one forward whose mask keeps every row inside its own sequence (`ygg_runtime.batch`).
+Regions need no alignment: the attention kernel reads a row's visible slots in slot order, so a
+row's result does not depend on where its region starts (`ygg_runtime.kernels`).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -31,13 +37,33 @@ def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
     return next((w for w in sorted(widths) if w >= n), n)
 
 
+@dataclass
+class Call:
+    """One sequence's share of a forward: ModelRunner.forward's arguments, for `forward_many`."""
+
+    runner: "ModelRunner"
+    tokens: list[int]
+    offsets: list[int]
+    depths: list[int]
+    tree_mask: Tensor
+
+
 class ModelRunner:
-    def __init__(self, model: Transformer, max_len: int):
+    def __init__(self, model: Transformer, max_len: int, base: int = 0, setup: bool = True):
+        """A runner over slots [base, base + max_len) of the model's cache; setup=False shares a
+        cache already set up (what `region()` does)."""
         self.model = model
         self.device = model.device
-        model.setup_cache(max_len)
+        if setup:
+            model.setup_cache(base + max_len)
+        elif base + max_len > model.max_len:
+            raise ValueError(f"region [{base}, {base + max_len}) is outside the cache of {model.max_len}")
+        self.base = base
         self.max_len = max_len
         self.committed = 0
+        # Another generation's thread routes this runner's forwards through the batch it belongs to
+        # (`ygg_runtime.batch`), which runs them together with the other sequences' forwards.
+        self.gate = None
         # Forwards run in this runner's life, and how many of them compiled (a decoder reports the
         # difference around a generation). Counters, so a long-lived process does not grow.
         self.forwards = 0
@@ -56,6 +82,13 @@ class ModelRunner:
         # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for every
         # forward they hold; any other (wider than their widest) runs eager.
         self.compiled = None
+
+    def region(self, base: int, length: int) -> "ModelRunner":
+        """A runner for slots [base, base + length) of this model's cache, with this runner's
+        widths, exactness floor and compiled forwards (the cache is shared, so they fit it)."""
+        r = ModelRunner(self.model, length, base, setup=False)
+        r.widths, r.min_width, r.compiled = self.widths, self.min_width, self.compiled
+        return r
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[list[int]]:
@@ -84,7 +117,6 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
     def forward(
         self, tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor, width: int = 0
     ) -> Tensor:
@@ -92,36 +124,11 @@ class ModelRunner:
         depths[i]: its depth below the committed prefix (position committed + depths[i]);
         tree_mask [W, T] bool: which of the T tree slots token i sees. Returns logits [W, vocab].
         width > W pads the forward to that many tokens (a compiled width) with masked slots placed
-        after the tree, which see only the prefix and themselves and whose outputs are dropped."""
-        n = len(tokens)
-        need = max(n, self.min_width)  # padding to min_width is the exactness rule, not a choice
-        width = max(width, fit_width(need, self.widths) if self.widths else need)
-        # Padding to a compiled width is only a speed-up: at the very end of the cache a forward
-        # pads just to min_width (the engine keeps room for that).
-        if width > need and self.committed + tree_mask.shape[1] + width - n > self.max_len:
-            width = need
-        if width > n:
-            tokens, offsets, depths, tree_mask = _pad(tokens, offsets, depths, tree_mask, width)
-        w, t = tree_mask.shape
-        base = self.committed
-        if base + t > self.max_len:
-            raise ValueError(f"sequence of {base + t} tokens exceeds the cache of {self.max_len}")
-        span = min(self.max_len, -(-(base + t) // SPAN_BUCKET) * SPAN_BUCKET)
-        mask = torch.zeros(w, span, dtype=torch.bool, device=self.device)
-        mask[:, :base] = True
-        mask[:, base : base + t] = tree_mask.to(self.device)
-        dev = self.device
-        x = torch.tensor([tokens], device=dev)
-        positions = torch.tensor(depths, device=dev) + base
-        slots = torch.tensor(offsets, device=dev) + base
-        compiled = self.compiled is not None and self.compiled.holds(w, span)
-        self.forwards += 1
-        self.compiled_forwards += compiled
-        if self._recorded is not None:
-            self._recorded.append(w)
-        logits, hidden = (self.compiled if compiled else self.model)(x, positions, slots, mask)
-        self.hidden, self.logits = hidden[0, :n], logits[0, :n]
-        return self.logits
+        after the tree, which see only themselves and whose outputs are dropped."""
+        call = Call(self, tokens, offsets, depths, tree_mask)
+        if self.gate is not None:
+            return self.gate.run(call, width)
+        return forward_many([call], width)[0]
 
     def forward_chain(self, tokens: list[int]) -> Tensor:
         """Run tokens as a plain causal continuation of the committed prefix (not committed)."""
@@ -131,7 +138,8 @@ class ModelRunner:
 
     def commit(self, offsets: list[int]) -> None:
         """Keep the tree slots `offsets` (a root path, in order) as the next committed tokens."""
-        compact(self.model.caches(), [self.committed + o for o in offsets], self.committed)
+        start = self.base + self.committed
+        compact(self.model.caches(), [start + o for o in offsets], start)
         self.committed += len(offsets)
 
     def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> None:
@@ -141,13 +149,71 @@ class ModelRunner:
             self.commit(list(range(len(part))))
 
 
-def _pad(tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor, width: int):
-    """Extend a forward to `width` tokens with dummies in fresh slots after the tree's."""
-    n, t = tree_mask.shape
+@torch.inference_mode()
+def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
+    """One forward of one model over several sequences' trees (each call's runner a region of the
+    same cache, or one runner alone): row i of a call sees its region's committed prefix and the
+    tree slots its mask row allows, nothing of the other calls. The forward is padded to `width`,
+    to a compiled width and to at least the exactness floor (`min_width`), with dummy rows in fresh
+    slots past the tree of the call whose region has the most room, each seeing only itself;
+    padding to a compiled width is dropped when no region has the room (it is only a speed-up,
+    while the engine keeps room for the floor). Returns each call's logits [W_i, vocab]."""
+    first = calls[0].runner
+    n = sum(len(c.tokens) for c in calls)
+    need = max(n, first.min_width)  # padding to min_width is the exactness rule, not a choice
+    width = max(width, fit_width(need, first.widths) if first.widths else need)
+
+    def room(c: Call) -> int:
+        return c.runner.max_len - c.runner.committed - max(c.tree_mask.shape[1], max(c.offsets) + 1)
+
+    host = max(calls, key=room)
+    if width > need and room(host) < width - n:
+        width = need
+    rows, slots, positions, spans = [], [], [], []
+    for c in calls:
+        r, t = c.runner, c.tree_mask.shape[1]
+        if r.committed + t > r.max_len:
+            raise ValueError(f"sequence of {r.committed + t} tokens exceeds the cache of {r.max_len}")
+        start = r.base + r.committed
+        slots += [start + o for o in c.offsets]
+        positions += [r.committed + d for d in c.depths]
+        spans.append((r.base, start, c.tree_mask))
     extra = width - n
-    slots = max(t, max(offsets) + 1)
-    mask = torch.zeros(width, slots + extra, dtype=torch.bool)
-    mask[:n, :t] = tree_mask
-    idx = torch.arange(extra)
-    mask[n + idx, slots + idx] = True
-    return tokens + [0] * extra, offsets + list(range(slots, slots + extra)), depths + [0] * extra, mask
+    pad_slots = []
+    if extra:
+        if room(host) < extra:
+            raise ValueError(f"no region has room for {extra} padding rows past its tree")
+        r = host.runner
+        first_free = r.base + r.committed + max(host.tree_mask.shape[1], max(host.offsets) + 1)
+        pad_slots = list(range(first_free, first_free + extra))
+    top = max([start + m.shape[1] for _, start, m in spans] + [s + 1 for s in pad_slots])
+    cache = first.model.max_len
+    span = min(cache, -(-top // SPAN_BUCKET) * SPAN_BUCKET)
+    mask = torch.zeros(width, span, dtype=torch.bool)
+    row = 0
+    for base, start, tree_mask in spans:
+        w, t = tree_mask.shape
+        mask[row : row + w, base:start] = True
+        mask[row : row + w, start : start + t] = tree_mask
+        row += w
+    for i, s in enumerate(pad_slots):
+        mask[n + i, s] = True
+    dev = first.device
+    tokens = [t for c in calls for t in c.tokens] + [0] * extra
+    x = torch.tensor([tokens], device=dev)
+    positions_t = torch.tensor(positions + [0] * extra, device=dev)
+    slots_t = torch.tensor(slots + pad_slots, device=dev)
+    compiled = first.compiled is not None and first.compiled.holds(width, span)
+    logits, hidden = (first.compiled if compiled else first.model)(x, positions_t, slots_t, mask.to(dev))
+    out, row = [], 0
+    for c in calls:
+        w = len(c.tokens)
+        r = c.runner
+        r.forwards += 1
+        r.compiled_forwards += compiled
+        if r._recorded is not None:
+            r._recorded.append(width)
+        r.hidden, r.logits = hidden[0, row : row + w], logits[0, row : row + w]
+        out.append(r.logits)
+        row += w
+    return out

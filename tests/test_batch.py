@@ -1,0 +1,196 @@
+"""Several sequences decoding together (`ygg_runtime.batch`): each one's output is what it gets
+alone, whatever else is in the batch, and the batch's bookkeeping (regions, joins, leaves) holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import METHODS, decode, noised_runtime, runner
+from ygg_compile import invariance, quantize
+from ygg_compile.convert import convert_state, to_runtime
+from ygg_runtime import artifact as artifacts
+from ygg_runtime import proposers
+from ygg_runtime.batch import MAX_ROWS, Batch, Regions
+from ygg_runtime.model import from_state
+from ygg_runtime.runner import Call, forward_many
+
+PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over", "Once upon a time, in a land far away,",
+           "import numpy as np\n", "SELECT name FROM users WHERE"]
+
+
+@pytest.fixture(scope="module")
+def int8_pair():
+    """A tiny Qwen2-shaped target in 8-bit codes (rows invariant at every width, as the kernel
+    is) and a noised float drafter, in memory."""
+    import tiny
+
+    hf = tiny.hf_model("qwen2", seed=40)
+    args, state = convert_state(hf, torch.float32)
+    args, state, _ = quantize.quantize_state(state, args, "int8", None)
+    target = runner(from_state(args, state), 2048)
+    assert invariance.check(target, [1, 2, 4, 8, 16]).min_width == 1
+    draft = runner(noised_runtime(to_runtime(hf), 0.05, seed=41), 2048)
+    return target, draft, tiny.byte_tokenizer()
+
+
+def run_batch(batch: Batch, requests: list[tuple[list[int], str, dict]], joins_at: list[int] | None = None,
+              max_steps: int = 500) -> list[list[int]]:
+    """Step a batch until every request is done; request i joins at step joins_at[i]."""
+    joins_at = joins_at or [0] * len(requests)
+    outs: list[list[int]] = [[] for _ in requests]
+    members: dict[int, object] = {}
+    for step in range(max_steps):
+        for i, (prompt, method, kw) in enumerate(requests):
+            if i not in members and joins_at[i] <= step:
+                m = batch.join(prompt, method, on_tokens=outs[i].extend, **kw)
+                if m is not None:
+                    members[i] = m
+        if len(members) == len(requests) and not batch.members:
+            return outs
+        for m in batch.step():
+            assert m.error is None, m.error
+    raise AssertionError("the batch did not finish")
+
+
+def test_forward_many_scores_each_region_as_the_sequence_alone(int8_pair):
+    """Three sequences in regions at unaligned bases, one forward: each row's logits are the
+    bits its sequence gets in a forward of its own at base 0."""
+    target, _, _ = int8_pair
+    seqs = [list(range(5, 40)), list(range(50, 61)), list(range(100, 170))]
+    alone = []
+    for s in seqs:
+        target.reset()
+        target.prefill(s[:-3])
+        alone.append(target.forward_chain(s[-3:]).clone())
+    regions = [target.region(base, 200) for base in (0, 333, 700)]
+    for r, s in zip(regions, seqs):
+        r.prefill(s[:-3])
+    causal = torch.ones(3, 3, dtype=torch.bool).tril_()
+    calls = [Call(r, s[-3:], [0, 1, 2], [0, 1, 2], causal) for r, s in zip(regions, seqs)]
+    for got, want in zip(forward_many(calls, 16), alone):
+        assert torch.equal(got, want)
+
+
+def test_a_region_refuses_a_tree_past_its_end_and_a_region_past_the_cache(int8_pair):
+    target, _, _ = int8_pair
+    r = target.region(100, 8)
+    with pytest.raises(ValueError, match="exceeds the cache of 8"):
+        r.forward_chain(list(range(9)))
+    with pytest.raises(ValueError, match="outside the cache"):
+        target.region(target.max_len - 4, 8)
+
+
+def test_regions_are_first_fit_and_reused_after_a_free():
+    regions = Regions(100)
+    assert [regions.alloc(30), regions.alloc(30), regions.alloc(30)] == [0, 30, 60]
+    assert regions.alloc(20) is None
+    regions.free(30)
+    assert regions.alloc(20) == 30 and regions.alloc(10) == 50 and regions.alloc(1) == 90
+    assert regions.used == 30 + 20 + 10 + 30 + 1
+
+
+def test_every_method_batched_gives_each_request_its_own_greedy_output(int8_pair):
+    """Five prompts, every method of the test table, joining at different steps (continuous
+    batching): each request's tokens are what it gets decoded alone, and alone is plain decoding."""
+    target, draft, tok = int8_pair
+    prompts = [tok(p).input_ids for p in PROMPTS]
+    alone = [decode(target, None, "ar", {}, p, 24)[0] for p in prompts]
+    for method, params in METHODS:
+        def make(name, drafter, params=params):
+            return proposers.build(name, params, drafter)
+
+        batch = Batch(target, draft, make, max_batch=4, cost_aware=False)
+        outs = run_batch(batch, [(p, method, {"max_new_tokens": 24}) for p in prompts], joins_at=[0, 0, 1, 3, 4])
+        batch.close()
+        assert outs == alone, (method, params)
+
+
+def test_a_full_batch_admits_a_request_when_a_member_leaves(int8_pair):
+    target, draft, tok = int8_pair
+    batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 3}, d), max_batch=2)
+    prompts = [tok(p).input_ids for p in PROMPTS[:3]]
+    a = batch.join(prompts[0], "chain", max_new_tokens=4)
+    b = batch.join(prompts[1], "chain", max_new_tokens=40)
+    assert a is not None and b is not None and batch.join(prompts[2], "chain", max_new_tokens=4) is None
+    finished = []
+    for _ in range(10):
+        finished += batch.step()
+        if a in finished:
+            break
+    assert a in finished and b not in finished
+    assert batch.join(prompts[2], "chain", max_new_tokens=4) is not None
+    batch.cancel(b)
+    assert len(batch.members) == 1 and batch.regions.used == batch.members[0].length
+    batch.close()
+
+
+def test_a_request_larger_than_the_cache_is_refused_and_one_that_must_wait_is_not(int8_pair):
+    from ygg_runtime.errors import YggError
+
+    target, draft, tok = int8_pair
+    batch = Batch(target, draft, lambda name, d: proposers.build(name, {}, d), max_batch=4)
+    with pytest.raises(YggError, match="does not fit the context"):
+        batch.join(list(range(1, 100)), "ar", max_new_tokens=target.max_len)
+    big = batch.join(list(range(1, 100)), "ar", max_new_tokens=target.max_len - 300)
+    assert big is not None and batch.join(list(range(1, 100)), "ar", max_new_tokens=400) is None
+    batch.close()
+
+
+def test_a_member_that_fails_leaves_and_the_others_finish(int8_pair):
+    target, draft, tok = int8_pair
+    batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 3}, d), max_batch=3)
+    prompts = [tok(p).input_ids for p in PROMPTS[:3]]
+    outs = [[], [], []]
+    members = [batch.join(p, "chain", max_new_tokens=12, on_tokens=o.extend) for p, o in zip(prompts, outs)]
+
+    def boom(new):
+        raise RuntimeError("client went away")
+
+    members[1].on_tokens = boom
+    finished = []
+    for _ in range(40):
+        finished += batch.step()
+        if not batch.members:
+            break
+    assert isinstance(members[1].error, RuntimeError)
+    assert outs[0] == decode(target, None, "ar", {}, prompts[0], 12)[0]
+    assert outs[2] == decode(target, None, "ar", {}, prompts[2], 12)[0]
+    batch.close()
+
+
+def test_the_batched_verify_never_exceeds_the_checked_width(int8_pair, monkeypatch):
+    """Eight members with 16-node trees: the verify is split into forwards of MAX_ROWS rows."""
+    import ygg_runtime.batch
+
+    target, draft, tok = int8_pair
+    widths = []
+
+    def recorded(calls, width=0):
+        widths.append(sum(len(c.tokens) for c in calls))
+        return forward_many(calls, width)
+
+    monkeypatch.setattr(ygg_runtime.batch, "forward_many", recorded)
+    params = {"depth": 3, "draft_width": 4, "top_k": 4, "verify_widths": [16]}
+    batch = Batch(target, draft, lambda name, d: proposers.build(name, params, d), max_batch=8, cost_aware=False)
+    prompts = [tok(p).input_ids for p in PROMPTS] + [tok(p + " again").input_ids for p in PROMPTS[:3]]
+    outs = run_batch(batch, [(p, "egt", {"max_new_tokens": 8}) for p in prompts])
+    batch.close()
+    assert max(widths) <= MAX_ROWS and MAX_ROWS in widths
+    assert outs == [decode(target, None, "ar", {}, p, 8)[0] for p in prompts]
+
+
+def test_cost_aware_trees_shrink_as_the_batch_grows_and_stay_exact(artifact):
+    """The compiled tiny artifact with its measured profile: the verified nodes per member fall
+    as more members share the verify, and every output is still the request's own."""
+    decoder = artifacts.load(artifact)
+    prompts = [decoder.encode(p) for p in PROMPTS[:4]]
+    alone = [decoder.generate(p, method="egt", max_new_tokens=16).token_ids for p in prompts]
+    sizes = {}
+    for size in (1, 4):
+        batch = decoder.batch(max_batch=size)
+        outs = run_batch(batch, [(p, "egt", {"max_new_tokens": 16}) for p in prompts[:size]])
+        batch.close()
+        assert outs == alone[:size]
+        sizes[size] = batch.nodes_per_sequence()
+    assert sizes[4][4] < sizes[1][1], sizes

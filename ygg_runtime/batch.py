@@ -1,0 +1,311 @@
+"""Several sequences decoding together: continuous batching of tree speculative decoding.
+
+Each sequence (a `Member`) owns a region of the target's and the drafter's slot-addressed caches
+(`ModelRunner.region`) and its own proposer, so its trees, acceptance and compaction are exactly
+those of `engine.Generation` alone. A step drafts every member's tree, each in its own thread, and
+runs their drafter forwards together (`Gate`: when every member still drafting is waiting on a
+forward, one forward serves them all); then one target forward verifies every tree (one mask whose
+rows see only their own sequence). Sequences join and leave between steps.
+
+Why a member's greedy output is what it gets alone: the target's kernels compute every row from
+its own query and visible keys only (`ygg_runtime.kernels`), regions need no alignment, and a
+batched forward is never wider than `MAX_ROWS`, the widest the compile-time row check covers, nor
+narrower than the exactness floor. The drafter's rows are as invariant when its weights are
+quantized or its forwards run at the same widths; where they are not, a batch can draft another
+tree than alone, which changes the speed, never the text (the target verifies every token).
+
+Cost-aware trees (CAST): with several members, the verify's nodes are allocated across the batch
+by `prune.allocate` — one knapsack over every member's drafted nodes, by expected accepted tokens
+per modelled millisecond of the whole step — so trees shrink as the batch grows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ygg_runtime import prune
+from ygg_runtime.engine import Generation, step_room
+from ygg_runtime.errors import YggError
+from ygg_runtime.objective import Curves
+from ygg_runtime.proposers import Drafter, Proposer
+from ygg_runtime.runner import Call, ModelRunner, forward_many
+
+# The most rows one batched forward carries: the widest forward the compile-time row check covers
+# (ygg_compile.profile's grid ends at 64), so every row of it is scored as it is alone.
+MAX_ROWS = 64
+
+
+class Regions:
+    """First-fit allocation of cache slots [0, size) to sequences, each a contiguous range."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.taken: dict[int, int] = {}  # base -> length
+
+    def alloc(self, length: int) -> int | None:
+        """The base of a free range of `length` slots, now taken (None: no such range)."""
+        start = 0
+        for base in sorted(self.taken):
+            if base - start >= length:
+                break
+            start = base + self.taken[base]
+        if start + length > self.size:
+            return None
+        self.taken[start] = length
+        return start
+
+    def free(self, base: int) -> None:
+        del self.taken[base]
+
+    @property
+    def used(self) -> int:
+        return sum(self.taken.values())
+
+
+@dataclass(eq=False)
+class Member:
+    """One sequence of a batch: its generation, its cache regions and who hears its tokens."""
+
+    generation: Generation
+    base: int
+    length: int  # its cache slots, from base
+    on_tokens: Callable[[list[int]], None] | None = None
+    prefilled: bool = False
+    error: BaseException | None = None  # why it stopped early (the batch goes on without it)
+    steps_batched: list[int] = field(default_factory=list)  # members verified with it, per step
+    nodes: list[int] = field(default_factory=list)  # its verified tree's size per step (root included)
+
+    @property
+    def done(self) -> bool:
+        return self.generation.done or self.error is not None
+
+
+class Gate:
+    """Runs the member threads' drafter forwards together. A thread's forward waits until every
+    member still drafting is waiting on one; the coordinator (`serve`) then runs them all, in as
+    few forwards as MAX_ROWS allows, and wakes the threads with their logits."""
+
+    def __init__(self, busy: int):
+        self.cond = threading.Condition()
+        self.pending: list[tuple[Call, int, list]] = []
+        self.busy = busy  # members still drafting
+
+    def run(self, call: Call, width: int):
+        box: list = []
+        with self.cond:
+            self.pending.append((call, width, box))
+            self.cond.notify_all()
+            while not box:
+                self.cond.wait()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
+
+    def leave(self) -> None:
+        """A member's drafting is over (done or failed)."""
+        with self.cond:
+            self.busy -= 1
+            self.cond.notify_all()
+
+    def serve(self) -> int:
+        """Run waiting forwards until no member drafts any more; returns the forwards run."""
+        forwards = 0
+        with self.cond:
+            while True:
+                while self.busy and len(self.pending) < self.busy:
+                    self.cond.wait()
+                if not self.busy:
+                    return forwards
+                work, self.pending = self.pending, []
+                for group in _groups(work, lambda item: len(item[0].tokens)):
+                    width = group[0][1] if len(group) == 1 else 0
+                    try:
+                        outs = forward_many([c for c, _, _ in group], width)
+                    except BaseException as e:  # every waiting thread learns it
+                        outs = [e] * len(group)
+                    forwards += 1
+                    for (_, _, box), out in zip(group, outs):
+                        box.append(out)
+                self.cond.notify_all()
+
+
+def _groups(items: list, rows: Callable) -> list[list]:
+    """Consecutive runs of items of at most MAX_ROWS rows in all (an item wider alone goes alone)."""
+    groups, current, n = [], [], 0
+    for item in items:
+        if current and n + rows(item) > MAX_ROWS:
+            groups.append(current)
+            current, n = [], 0
+        current.append(item)
+        n += rows(item)
+    return groups + [current] if current else groups
+
+
+class Batch:
+    """Sequences of one artifact decoding together. `join` admits a request (or says there is no
+    room yet), `step` advances every member by one step, `cancel` drops one."""
+
+    def __init__(self, target: ModelRunner, drafter: ModelRunner | None,
+                 make_proposer: Callable[[str, Drafter | None], Proposer], curves: Curves | None = None,
+                 max_batch: int = 8, cost_aware: bool = True):
+        self.target, self.drafter = target, drafter
+        self.make_proposer = make_proposer
+        self.curves = curves if cost_aware else None
+        self.max_batch = max_batch
+        self.regions = Regions(target.max_len if drafter is None else min(target.max_len, drafter.max_len))
+        self.members: list[Member] = []
+        self._pool = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="ygg-draft")
+        self.steps = 0
+        # Per number of sequences verified together: [steps, tree nodes verified in them] — how
+        # the trees' size follows the load (`ygg serve`'s /metrics shows it).
+        self.load: dict[int, list[int]] = {}
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+    @property
+    def free_rows(self) -> int:
+        return self.max_batch - len(self.members)
+
+    def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int | None = None, eos_ids: frozenset[int] = frozenset(),
+             on_tokens: Callable[[list[int]], None] | None = None) -> Member | None:
+        """A new member, prefilled at the next step; None when the batch or the cache is full now
+        (try again after a step). A request that can never fit is refused (YggError)."""
+        if len(self.members) >= self.max_batch:
+            return None
+        # A proposer over a one-slot drafter region sizes the request before a region is taken.
+        probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
+        proposer = self.make_proposer(method, probe)
+        length = len(prompt) + max_new_tokens + step_room(self.target, proposer)
+        if length > self.regions.size:
+            # Generation's own check words it (prompt + new tokens against the context)
+            Generation(self.target, proposer, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_p=top_p)
+            raise YggError(f"the request needs {length} cache slots and the cache has {self.regions.size}")
+        base = self.regions.alloc(length)
+        if base is None:
+            return None
+        try:
+            target = self.target.region(base, length)
+            drafter = None
+            if self.drafter is not None:
+                drafter = Drafter(self.drafter.region(base, length), self.target.vocab_size)
+            gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
+                             temperature=temperature, top_p=top_p, seed=seed, eos_ids=eos_ids)
+        except BaseException:
+            self.regions.free(base)
+            raise
+        member = Member(gen, base, length, on_tokens)
+        self.members.append(member)
+        return member
+
+    def nodes_per_sequence(self) -> dict[int, float]:
+        """Mean verified tree size (root included) per sequence, by sequences verified together."""
+        return {b: nodes / (steps * b) for b, (steps, nodes) in sorted(self.load.items())}
+
+    def cancel(self, member: Member) -> None:
+        """Drop a member now (a client went away); its slots are free for the next join."""
+        if member in self.members:
+            self.members.remove(member)
+            self.regions.free(member.base)
+            if not member.generation.done:
+                member.generation.finish()
+
+    def step(self) -> list[Member]:
+        """One step of every member; returns the members that finished in it (done or failed),
+        which have left the batch."""
+        for m in self.members:
+            if not m.prefilled:
+                self._guard(m, m.generation.prefill)
+                m.prefilled = True
+        live = [m for m in self.members if not m.done]
+        self._propose(live)
+        live = [m for m in live if not m.done]
+        if len(live) > 1 and self.curves is not None:
+            self._allocate(live)
+        self._verify(live)
+        finished = [m for m in self.members if m.done]
+        for m in finished:
+            self.cancel(m)
+        self.steps += 1
+        return finished
+
+    def _guard(self, member: Member, fn: Callable, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # this member fails; the others go on
+            member.error = e
+            return None
+
+    def _propose(self, live: list[Member]) -> None:
+        """Every member drafts its tree; their drafter forwards run together through a Gate."""
+        if len(live) == 1:
+            self._guard(live[0], live[0].generation.propose)
+            return
+        gate = Gate(len(live))
+        runners = [m.generation.proposer.drafter.runner for m in live if hasattr(m.generation.proposer, "drafter")]
+        for r in runners:
+            r.gate = gate
+
+        def draft(member: Member) -> None:
+            try:
+                self._guard(member, member.generation.propose)
+            finally:
+                gate.leave()
+
+        try:
+            futures = [self._pool.submit(draft, m) for m in live]
+            gate.serve()
+            for f in futures:
+                f.result()
+        finally:
+            for r in runners:
+                r.gate = None
+
+    def _allocate(self, live: list[Member]) -> None:
+        """CAST: share the verify's nodes across the batch (prune.allocate) for greedy members."""
+        greedy = [m for m in live if m.generation.sampling is None and len(m.generation.tree) > 1]
+        if not greedy:
+            return
+        gens = [m.generation for m in greedy]
+        context = sum(len(m.generation.seq) for m in live) // len(live)
+        others = sum(len(m.generation.tree) for m in live if m not in greedy)
+        # The step's drafter forwards as the Gate ran them: round r carries every member's r-th.
+        rounds: list[int] = []
+        for m in live:
+            if hasattr(m.generation.proposer, "drafter"):
+                for r, w in enumerate(m.generation.proposer.step_shape().draft_widths):
+                    rounds[r:r + 1] = [(rounds[r] if r < len(rounds) else 0) + w]
+        draft_ms = sum(self.curves.t_draft(w, context) for w in rounds) if self.curves.draft_ms else 0.0
+        trees = prune.allocate([g.tree for g in gens], self.curves, context, draft_ms, others, MAX_ROWS)
+        for g, tree in zip(gens, trees):
+            g.tree = tree
+
+    def _verify(self, live: list[Member]) -> None:
+        """One target forward (or a few, MAX_ROWS rows each) over every member's tree; accept."""
+        calls = [(m, m.generation.call()) for m in live]
+        for group in _groups(calls, lambda item: len(item[1].tokens)):
+            width = group[0][0].generation.tree.verify_width if len(group) == 1 else 0
+            t = time.perf_counter()
+            try:
+                outs = forward_many([c for _, c in group], width)
+            except Exception as e:
+                for m, _ in group:
+                    m.error = e
+                continue
+            spent = time.perf_counter() - t
+            record = self.load.setdefault(len(group), [0, 0])
+            record[0] += 1
+            record[1] += sum(len(c.tokens) for _, c in group)
+            for m, _ in group:
+                m.steps_batched.append(len(group))
+                m.nodes.append(len(m.generation.tree))
+            for (m, _), logits in zip(group, outs):
+                new = self._guard(m, m.generation.accept, logits, spent)
+                if new is not None and m.on_tokens is not None:
+                    self._guard(m, m.on_tokens, new)
