@@ -169,7 +169,7 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     host = max(calls, key=room)
     if width > need and room(host) < width - n:
         width = need
-    rows, slots, positions, spans = [], [], [], []
+    slots, positions, spans = [], [], []
     for c in calls:
         r, t = c.runner, c.tree_mask.shape[1]
         if r.committed + t > r.max_len:
