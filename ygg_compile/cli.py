@@ -237,6 +237,42 @@ def _split(values: Optional[list[str]]) -> Optional[list[str]]:
     return [v.strip() for item in values for v in item.split(",") if v.strip()]
 
 
+@app.command("serve")
+def serve_cmd(
+    artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback unless told otherwise)"),
+    port: int = typer.Option(8000, "--port", help="TCP port"),
+    max_batch: int = typer.Option(8, "--max-batch", help="requests decoded together at most"),
+    max_queue: int = typer.Option(64, "--max-queue", help="requests waiting for a batch row at most (more: 429)"),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="the model name clients send (default: the target's)"),
+    no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="keep every request's own tree under load (no CAST allocation)"),
+    eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
+) -> None:
+    """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
+    import socket
+
+    from ygg_compile.serve import serve
+
+    if not 1 <= max_batch <= 64:
+        raise YggError(f"--max-batch must be in 1..64, not {max_batch}")
+    if max_queue < 0:
+        raise YggError(f"--max-queue must be at least 0, not {max_queue}")
+    if not 0 <= port < 65536:
+        raise YggError(f"--port must be in 0..65535, not {port}")
+    try:  # a clear line now rather than uvicorn's log after loading the models
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise YggError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    decoder = ygg_runtime.load(artifact, eager=eager)
+    target = decoder.plan.models["target"].spec if decoder.plan else "model"
+    name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
+    err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{host}:{port}/v1 · batch "
+              f"≤ {max_batch}, queue ≤ {max_queue} · Ctrl-C or SIGTERM stops it once running requests finish")
+    serve(decoder, name, host, port, max_batch, max_queue, cost_aware=not no_cost_aware)
+    err.print("ygg serve: stopped")
+
+
 @app.command("bench")
 def bench_cmd(
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),

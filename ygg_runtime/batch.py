@@ -27,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ygg_runtime import prune
+from ygg_runtime import engine, prune
+from ygg_runtime.accept import Verdict
 from ygg_runtime.engine import Generation, step_room
-from ygg_runtime.errors import YggError
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter, Proposer
 from ygg_runtime.runner import Call, ModelRunner, forward_many
+from ygg_runtime.tree import TokenTree
 
 # The most rows one batched forward carries: the widest forward the compile-time row check covers
 # (ygg_compile.profile's grid ends at 64), so every row of it is scored as it is alone.
@@ -171,22 +172,26 @@ class Batch:
     def free_rows(self) -> int:
         return self.max_batch - len(self.members)
 
-    def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
-             top_p: float = 1.0, seed: int | None = None, eos_ids: frozenset[int] = frozenset(),
-             on_tokens: Callable[[list[int]], None] | None = None) -> Member | None:
-        """A new member, prefilled at the next step; None when the batch or the cache is full now
-        (try again after a step). A request that can never fit is refused (YggError)."""
-        if len(self.members) >= self.max_batch:
-            return None
+    def admissible(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
+                   top_p: float = 1.0) -> int:
+        """The cache slots the request needs; YggError, in one line, when it can never be served
+        (bad settings, an unknown method, or more than the cache holds)."""
         # A proposer over a one-slot drafter region sizes the request before a region is taken.
         probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
         proposer = self.make_proposer(method, probe)
-        length = len(prompt) + max_new_tokens + step_room(self.target, proposer)
-        if length > self.regions.size:
-            # Generation's own check words it (prompt + new tokens against the context)
-            Generation(self.target, proposer, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_p=top_p)
-            raise YggError(f"the request needs {length} cache slots and the cache has {self.regions.size}")
+        engine.check(self.target, proposer, prompt, max_new_tokens, temperature, top_p)
+        return len(prompt) + max_new_tokens + step_room(self.target, proposer)
+
+    def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int | None = None, eos_ids: frozenset[int] = frozenset(),
+             on_tokens: Callable[[list[int]], None] | None = None,
+             on_step: Callable[[TokenTree, Verdict], None] | None = None) -> Member | None:
+        """A new member, prefilled at the next step; None when the batch or the cache is full now
+        (try again after a step). A request that can never fit is refused (YggError). on_tokens
+        hears each step's new tokens, on_step each verified tree and its verdict."""
+        if len(self.members) >= self.max_batch:
+            return None
+        length = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
         base = self.regions.alloc(length)
         if base is None:
             return None
@@ -196,7 +201,7 @@ class Batch:
             if self.drafter is not None:
                 drafter = Drafter(self.drafter.region(base, length), self.target.vocab_size)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
-                             temperature=temperature, top_p=top_p, seed=seed, eos_ids=eos_ids)
+                             temperature=temperature, top_p=top_p, seed=seed, eos_ids=eos_ids, on_step=on_step)
         except BaseException:
             self.regions.free(base)
             raise

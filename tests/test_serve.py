@@ -1,0 +1,288 @@
+"""`ygg serve` end to end, as a user runs it: the real command on a loopback port, spoken to with the
+official `openai` client (and raw HTTP where a client would refuse to send the request). Every
+request loop is bounded in count and time, and every server started here is stopped here."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx2 as httpx  # the HTTP client the openai package itself uses
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import assert_one_line_error, ygg
+from ygg_runtime import artifact as artifacts
+
+YGG = str(Path(sys.executable).parent / "ygg")
+PROMPTS = ["def fibonacci(n):", "The quick brown fox", "Once upon a time", "import numpy as np\n",
+           "SELECT name FROM", "Dear Sir or Madam,"]
+TIMEOUT = 120  # seconds any one request or wait may take
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A `ygg serve` process on a free loopback port, ready once /health answers."""
+
+    def __init__(self, artifact: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([YGG, "serve", "--artifact", str(artifact), "--port", str(self.port), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ygg serve exited: {self.proc.stderr.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        else:
+            self.stop()
+            raise AssertionError("ygg serve did not become ready")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0)
+        self.model = self.client.models.list().data[0].id
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics by name and labels."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+        return out
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.stderr.read()
+
+
+@pytest.fixture(scope="module")
+def decoder(artifact):
+    return artifacts.load(artifact)
+
+
+@pytest.fixture(scope="module")
+def server(artifact):
+    s = Served(artifact, "--max-batch", "4", "--max-queue", "16")
+    yield s
+    s.stop()
+
+
+def alone(decoder, prompt: str, n: int, method: str | None = None) -> list[int]:
+    return decoder.generate(prompt, max_new_tokens=n, raw=True, ignore_eos=True, method=method).token_ids
+
+
+def complete(server: Served, prompt: str, n: int, **extra):
+    return server.client.completions.create(model=server.model, prompt=prompt, max_tokens=n, temperature=0,
+                                            extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+
+
+def test_the_server_binds_to_loopback_and_lists_its_model(server):
+    assert server.model == "target"
+    models = server.client.models.list().data
+    assert [m.id for m in models] == ["target"] and models[0].model_extra["max_model_len"] == 256
+    assert listening_on(server.port) == ["127.0.0.1"]
+
+
+def listening_on(port: int) -> list[str]:
+    """The IPv4 addresses a socket listens on at `port`, read from the kernel's table."""
+    found = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, at = local.split(":")
+        if int(at, 16) == port and state == "0A":  # 0A: LISTEN
+            found.append(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+def test_a_completion_is_the_targets_own_greedy_output(server, decoder):
+    r = complete(server, PROMPTS[0], 24)
+    choice = r.choices[0]
+    assert choice.model_extra["token_ids"] == alone(decoder, PROMPTS[0], 24)
+    assert choice.finish_reason == "length" and r.usage.completion_tokens == 24
+    assert r.usage.prompt_tokens == len(decoder.encode(PROMPTS[0], raw=True))
+    assert choice.text == decoder.codec.decode(choice.model_extra["token_ids"])
+
+
+def test_a_streamed_completion_joins_to_the_same_text(server, decoder):
+    stream = server.client.completions.create(model=server.model, prompt=PROMPTS[1], max_tokens=24, temperature=0,
+                                              stream=True, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert len(chunks) > 1 and chunks[-1].choices[0].finish_reason == "length"
+    text = "".join(c.choices[0].text for c in chunks)
+    assert text == decoder.codec.decode(alone(decoder, PROMPTS[1], 24))
+
+
+def test_chat_streamed_and_not_give_the_same_answer(server, decoder):
+    messages = [{"role": "user", "content": PROMPTS[2]}]
+    whole = server.client.chat.completions.create(model=server.model, messages=messages, max_tokens=20, temperature=0,
+                                                  extra_body={"ignore_eos": True})
+    ids = decoder.generate(PROMPTS[2], max_new_tokens=20, ignore_eos=True).token_ids
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].message.content == decoder.codec.decode(ids)
+    stream = server.client.chat.completions.create(model=server.model, messages=messages, max_tokens=20, temperature=0,
+                                                   stream=True, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_stop_string_ends_the_text_before_it(server, decoder):
+    full = decoder.codec.decode(alone(decoder, PROMPTS[3], 32))
+    stop = full[10:13]
+    r = complete(server, PROMPTS[3], 32, stop=[stop])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == full[: full.index(stop)]
+
+
+def test_concurrent_greedy_requests_each_get_their_own_output(server, decoder):
+    """Six requests at once on a batch of four (two wait, then join as rows free up), mixing
+    methods: each one's token ids are the request's alone."""
+    methods = ["egt", "chain", "ar", "egt", "specinfer", "egt"]
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(complete, server, p, 40, method=m) for p, m in zip(PROMPTS, methods)]
+        got = [f.result(timeout=TIMEOUT).choices[0].model_extra["token_ids"] for f in futures]
+    assert got == [alone(decoder, p, 40) for p in PROMPTS]
+
+
+def test_bad_requests_get_openai_errors_while_another_request_completes(server, decoder):
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(complete, server, PROMPTS[4], 120)
+        raw = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=TIMEOUT,
+                         headers={"content-type": "application/json"})
+        assert raw.status_code == 400 and "not valid JSON" in raw.json()["error"]["message"]
+        with pytest.raises(openai.NotFoundError) as e:
+            server.client.completions.create(model="gpt-4", prompt="hi", max_tokens=4)
+        assert e.value.body["code"] == "model_not_found"
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.completions.create(model=server.model, prompt="hi", max_tokens=-1)
+        assert "max_tokens must be at least 1" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.completions.create(model=server.model, prompt="x" * 400, max_tokens=4)
+        assert e.value.body["code"] == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.completions.create(model=server.model, prompt="hi", max_tokens=4, temperature=-1)
+        assert e.value.body["param"] == "temperature"
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.completions.create(model=server.model, prompt="hi", max_tokens=4,
+                                             extra_body={"method": "medusa"})
+        assert "method 'medusa' is not in this artifact" in e.value.body["message"]
+        r = long.result(timeout=TIMEOUT)
+    assert r.choices[0].model_extra["token_ids"] == alone(decoder, PROMPTS[4], 120)
+
+
+def running(server: Served) -> float:
+    return server.metrics()["vllm:num_requests_running"]
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_sequence(server):
+    before = server.metrics().get("vllm:request_success_total{finished_reason=cancelled}", 0.0)
+    body = {"model": server.model, "prompt": PROMPTS[5], "max_tokens": 200, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=TIMEOUT) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # one event, then hang up
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running(server) > 0:
+        time.sleep(0.1)
+    after = server.metrics()
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:request_success_total{finished_reason=cancelled}"] == before + 1
+    assert complete(server, PROMPTS[0], 4).choices[0].finish_reason == "length"  # still serving
+
+
+def test_metrics_move_with_the_load_and_agree_with_the_responses(server):
+    before = server.metrics()
+    with ThreadPoolExecutor(4) as pool:
+        done = [f.result(timeout=TIMEOUT) for f in [pool.submit(complete, server, p, 32, method="egt") for p in PROMPTS[:4]]]
+    after = server.metrics()
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert delta("vllm:generation_tokens_total") == sum(r.usage.completion_tokens for r in done) == 4 * 32
+    assert delta("vllm:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in done)
+    assert delta("vllm:request_success_total{finished_reason=length}") == 4
+    drafts, drafted, accepted = (delta(f"vllm:spec_decode_num_{n}_total") for n in ("drafts", "draft_tokens", "accepted_tokens"))
+    assert drafts > 0 and 0 < accepted <= drafted
+    per_pos = sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total"))
+    assert per_pos == accepted
+    assert delta("vllm:time_per_output_token_seconds_count") == 4
+    assert delta("vllm:e2e_request_latency_seconds_count") == 4
+    batched = sum(delta(k) for k in after if k.startswith("ygg:batch_steps_total{sequences=") and not k.endswith("=1}"))
+    assert batched > 0  # some steps verified several requests together
+
+
+def test_a_full_queue_answers_429_and_the_admitted_requests_complete(artifact):
+    s = Served(artifact, "--max-batch", "1", "--max-queue", "1")
+    try:
+        def send(_):
+            body = {"model": s.model, "prompt": "Once", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+                    "method": "ar"}
+            return httpx.post(s.url + "/v1/completions", json=body, timeout=TIMEOUT)
+
+        with ThreadPoolExecutor(6) as pool:
+            codes = [r.status_code for r in pool.map(send, range(6), timeout=TIMEOUT)]
+        assert codes.count(200) >= 2 and 429 in codes and set(codes) == {200, 429}, codes
+        assert complete(s, "Once", 4).choices[0].finish_reason == "length"
+    finally:
+        s.stop()
+
+
+def test_sigterm_lets_a_running_request_finish_then_exits(artifact):
+    s = Served(artifact)
+    first = threading.Event()
+    texts, reasons = [], []
+
+    def stream():
+        for chunk in s.client.completions.create(model=s.model, prompt="Once", max_tokens=150, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True, "method": "ar"}):
+            texts.append(chunk.choices[0].text)
+            reasons.append(chunk.choices[0].finish_reason)
+            first.set()
+
+    t = threading.Thread(target=stream)
+    t.start()
+    try:
+        assert first.wait(TIMEOUT)
+        s.proc.send_signal(signal.SIGTERM)
+        t.join(TIMEOUT)
+        assert not t.is_alive() and reasons[-1] == "length"
+        assert s.proc.wait(timeout=60) == 0
+    finally:
+        s.stop()
+
+
+def test_serve_refuses_a_taken_port_in_one_line(artifact):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proc = ygg("serve", "--artifact", artifact, "--port", busy.getsockname()[1])
+    assert_one_line_error(proc, "cannot listen on 127.0.0.1:")
+
+
+def test_serve_refuses_bad_settings_in_one_line(artifact):
+    assert_one_line_error(ygg("serve", "--artifact", artifact, "--max-batch", 0), "--max-batch must be in 1..64")
+    assert_one_line_error(ygg("serve", "--artifact", artifact, "--max-queue", -1), "--max-queue must be at least 0")

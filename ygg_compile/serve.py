@@ -1,0 +1,560 @@
+"""`ygg serve`: an OpenAI-compatible HTTP server over one artifact, its requests decoded together.
+
+The HTTP side is FastAPI on uvicorn; the decoding side is one engine thread that owns the models
+and steps a `ygg_runtime.batch.Batch`: requests wait in a bounded queue (full: 429), join the batch
+when it has a free row and cache room, stream their tokens back as they are accepted, and leave
+when done, stopped, or when their client goes away (the engine drops them before its next step).
+Every request's greedy output is what it gets alone (`ygg_runtime.batch`).
+
+Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-sent events, or
+not), GET /v1/models, /health and /metrics (Prometheus text, vLLM's names where vLLM has one).
+Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Literal
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from ygg_runtime.accept import Verdict
+from ygg_runtime.batch import Member
+from ygg_runtime.decoder import Decoder
+from ygg_runtime.errors import YggError
+from ygg_runtime.text import StreamDecoder
+from ygg_runtime.tree import TokenTree
+
+# How long a waiting handler sleeps between checks that its client is still there.
+POLL_S = 0.25
+# Position labels of vllm:spec_decode_num_accepted_tokens_per_pos (deeper acceptances count in the last).
+MAX_POSITIONS = 16
+
+
+class ApiError(Exception):
+    """An error answered in OpenAI's JSON with an HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status)
+
+
+# ------------------------------------------------------------------ requests (OpenAI's schema)
+
+
+class Sampling(BaseModel):
+    """The fields both endpoints share. Unknown fields are accepted and ignored, as OpenAI's
+    clients send some (user, logit_bias at its default) that change nothing here."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int | None = Field(None, description="tokens to generate at most (default 16; chat: up to the context)")
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    ignore_eos: bool = False  # vLLM's extra: generate max_tokens tokens whatever the eos
+    method: str | None = None  # Yggdrasil's extra: a compiled method (default: the artifact's)
+    return_token_ids: bool = False  # vLLM's extra: the prompt's and the output's token ids in the response
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[int]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | None = None
+
+
+class ChatRequest(Sampling):
+    messages: list[Message]
+    max_completion_tokens: int | None = None
+
+
+# ------------------------------------------------------------------ metrics
+
+
+class ServerMetrics:
+    """The /metrics families, in one registry per server (tests start several in one process).
+    Spec-decode counters follow vLLM: a draft is one verified tree with at least one drafted node,
+    its draft tokens are those nodes, accepted tokens are the drafted tokens the target accepted
+    (bonus excluded, before any stop or length cut), and accepted_tokens_per_pos[i] counts drafts
+    whose accepted path reached depth i + 1."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.num_drafts = Counter("vllm:spec_decode_num_drafts", "Verified trees with a drafted token", registry=r)
+        self.num_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens verified", registry=r)
+        self.num_accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted", registry=r)
+        self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                        "Drafts whose accepted path reached this depth (0-based)", ["position"],
+                                        registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Requests decoding in the batch", registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued for a batch row", registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", registry=r)
+        self.success = Counter("vllm:request_success", "Requests finished", ["finished_reason"], registry=r)
+        buckets = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Decode time per output token", buckets=buckets,
+                              registry=r)
+        self.latency = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token",
+                                 buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300), registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Arrival to first token",
+                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20), registry=r)
+        self.steps = Counter("ygg:batch_steps", "Target verify forwards, by sequences verified together",
+                             ["sequences"], registry=r)
+        self.nodes = Counter("ygg:batch_verified_nodes", "Tree nodes (roots included) verified, by sequences "
+                             "verified together: divided by ygg:batch_steps and sequences, the tree size per sequence",
+                             ["sequences"], registry=r)
+
+    def record_step(self, tree: TokenTree, verdict: Verdict) -> None:
+        if len(tree) > 1:
+            self.num_drafts.inc()
+            self.num_draft_tokens.inc(len(tree) - 1)
+            self.num_accepted_tokens.inc(verdict.accepted)
+            for i in range(verdict.accepted):
+                self.accepted_per_pos.labels(str(min(i, MAX_POSITIONS - 1))).inc()
+
+
+# ------------------------------------------------------------------ the engine thread
+
+
+@dataclass(eq=False)
+class Job:
+    """One request as the engine sees it: what to decode, and the queue its events go to."""
+
+    prompt: list[int]
+    method: str
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int | None
+    ignore_eos: bool
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    arrived: float = field(default_factory=time.perf_counter)
+    cancelled: bool = False  # set by the handler: the client went away or a stop string was met
+    member: Member | None = None
+
+    def send(self, kind: str, value: Any = None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone (shutting down): nobody is listening
+            pass
+
+
+class Engine:
+    """Owns the models: admits queued jobs into the batch and steps it, in one thread."""
+
+    def __init__(self, decoder: Decoder, max_batch: int, max_queue: int, metrics: ServerMetrics,
+                 cost_aware: bool = True):
+        self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
+        self.batch = decoder.batch(max_batch, cost_aware)
+        self.queue: deque[Job] = deque()
+        self.jobs: list[Job] = []  # admitted and not finished
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="ygg-engine", daemon=True)
+        self._load_seen: dict[int, list[int]] = {}
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        self.thread.join(timeout=60)
+        self.batch.close()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or refuse it (429) when the queue is full."""
+        with self.cond:
+            if len(self.queue) >= self.max_queue:
+                raise ApiError(429, f"the server is busy: {len(self.queue)} requests are waiting (--max-queue "
+                                    f"{self.max_queue}); retry later", "server_busy", code="queue_full")
+            self.queue.append(job)
+            self.metrics.waiting.set(len(self.queue))
+            self.cond.notify_all()
+
+    def wake(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self.cond:
+                while not self.stopping and not self.queue and not self.jobs:
+                    self.cond.wait()
+                if self.stopping:
+                    for job in list(self.queue) + self.jobs:
+                        job.send("error", ApiError(503, "the server is shutting down", "server_error"))
+                    return
+                self._admit()
+            self._drop_cancelled()
+            if self.jobs:
+                self._step()
+
+    def _admit(self) -> None:
+        """Move queued jobs into the batch while it has a row and cache room, oldest first (caller
+        holds the lock)."""
+        while self.queue:
+            job = self.queue[0]
+            if job.cancelled:
+                self.queue.popleft()
+                job.send("done", "cancelled")
+                continue
+            try:
+                member = self.batch.join(job.prompt, job.method, max_new_tokens=job.max_tokens,
+                                         temperature=job.temperature, top_p=job.top_p, seed=job.seed,
+                                         eos_ids=frozenset() if job.ignore_eos else self.decoder.eos_ids,
+                                         on_tokens=lambda new, job=job: job.send("tokens", new),
+                                         on_step=self.metrics.record_step)
+            except YggError as e:  # checked before queueing; only a race with nothing left could land here
+                self.queue.popleft()
+                job.send("error", ApiError(400, str(e)))
+                continue
+            if member is None:
+                break
+            self.queue.popleft()
+            job.member = member
+            self.jobs.append(job)
+            self.metrics.prompt_tokens.inc(len(job.prompt))
+        self.metrics.waiting.set(len(self.queue))
+        self.metrics.running.set(len(self.jobs))
+
+    def _drop_cancelled(self) -> None:
+        for job in [j for j in self.jobs if j.cancelled]:
+            self.batch.cancel(job.member)
+            self._finish(job, "cancelled")
+
+    def _step(self) -> None:
+        try:
+            finished = self.batch.step()
+        except Exception as e:  # a fault of the batch itself: every running request learns it
+            for job in list(self.jobs):
+                self.batch.cancel(job.member)
+                job.send("error", ApiError(500, f"decoding failed: {e}", "server_error"))
+                self.jobs.remove(job)
+            return
+        for b, (steps, nodes) in self.batch.load.items():
+            seen = self._load_seen.setdefault(b, [0, 0])
+            self.metrics.steps.labels(str(b)).inc(steps - seen[0])
+            self.metrics.nodes.labels(str(b)).inc(nodes - seen[1])
+            seen[:] = [steps, nodes]
+        for member in finished:
+            job = next(j for j in self.jobs if j.member is member)
+            if member.error is not None:
+                self.jobs.remove(job)
+                job.send("error", ApiError(500, f"decoding failed: {member.error}", "server_error"))
+                continue
+            gen = member.generation
+            eos = bool(gen.out) and gen.out[-1] in gen.eos_ids
+            self._finish(job, "stop" if eos else "length")
+        self.metrics.running.set(len(self.jobs))
+
+    def _finish(self, job: Job, reason: str) -> None:
+        self.jobs.remove(job)
+        self.metrics.running.set(len(self.jobs))
+        m = job.member.generation.metrics
+        self.metrics.generation_tokens.inc(m.generated_tokens)
+        self.metrics.success.labels(reason).inc()
+        self.metrics.latency.observe(time.perf_counter() - job.arrived)
+        if m.generated_tokens > 1:
+            self.metrics.tpot.observe(m.decode_s / m.generated_tokens)
+        job.send("done", reason)
+
+
+# ------------------------------------------------------------------ the HTTP side
+
+
+@dataclass
+class Output:
+    """What a handler collects of its job: text deltas past any stop string, and why it ended."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class StopText:
+    """Cuts text at the first stop string, holding back a tail that could still begin one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text, self.sent = "", 0
+
+    def push(self, delta: str) -> tuple[str, bool]:
+        """(text safe to emit now, whether a stop string was met)."""
+        self.text += delta
+        hits = [i for i in (self.text.find(s, max(0, self.sent - self.hold)) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.sent = self.text[self.sent : min(hits)], min(hits)
+            return out, True
+        upto = max(self.sent, len(self.text) - self.hold)
+        out, self.sent = self.text[self.sent : upto], upto
+        return out, False
+
+    def flush(self) -> str:
+        out, self.sent = self.text[self.sent :], len(self.text)
+        return out
+
+
+class Server:
+    def __init__(self, decoder: Decoder, model_name: str, max_batch: int = 8, max_queue: int = 64,
+                 cost_aware: bool = True):
+        if decoder.codec is None:
+            raise YggError("this artifact has no tokenizer to serve text with")
+        self.decoder, self.model_name = decoder, model_name
+        self.metrics = ServerMetrics()
+        self.engine = Engine(decoder, max_batch, max_queue, self.metrics, cost_aware)
+        self.created = int(time.time())
+        self.context = decoder.max_context or decoder.target.max_len
+
+    # -------------------------------------------------------------- request checks
+
+    def job(self, req: Sampling, prompt: list[int], chat: bool) -> Job:
+        """The engine's job for a request, or the 4xx that refuses it."""
+        if req.model != self.model_name:
+            raise ApiError(404, f"the model `{req.model}` does not exist: this server serves `{self.model_name}`",
+                           param="model", code="model_not_found")
+        if req.n != 1:
+            raise ApiError(400, "only n=1 is supported", param="n")
+        if not prompt:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+        max_tokens = req.max_tokens
+        if chat and isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+            max_tokens = req.max_completion_tokens
+        if max_tokens is None:  # OpenAI's defaults: 16 for a completion, the rest of the context for chat
+            max_tokens = self.context - len(prompt) if chat else 16
+        if max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, not {max_tokens}", param="max_tokens")
+        if not req.temperature >= 0 or req.temperature > 2:
+            raise ApiError(400, f"temperature must be in [0, 2], not {req.temperature}", param="temperature")
+        if not 0 < req.top_p <= 1:
+            raise ApiError(400, f"top_p must be in (0, 1], not {req.top_p}", param="top_p")
+        if req.seed is not None and not 0 <= req.seed < 2**63:
+            raise ApiError(400, f"seed must be in [0, 2^63), not {req.seed}", param="seed")
+        if len(prompt) + max_tokens > self.context:
+            raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) is more than the context "
+                                f"of {self.context} tokens; shorten the prompt or lower max_tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        method = req.method or self.decoder.default_method
+        try:
+            self.engine.batch.admissible(prompt, method, max_new_tokens=max_tokens, temperature=req.temperature,
+                                         top_p=req.top_p)
+        except YggError as e:
+            raise ApiError(400, str(e).replace("--max-new-tokens", "max_tokens"),
+                           param="max_tokens" if "fit" in str(e) else None) from None
+        return Job(prompt, method, max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos,
+                   asyncio.get_running_loop(), asyncio.Queue())
+
+    def completion_prompt(self, req: CompletionRequest) -> list[int]:
+        if isinstance(req.prompt, list):
+            vocab = self.decoder.target.vocab_size
+            if any(not 0 <= t < vocab for t in req.prompt):
+                raise ApiError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+            return req.prompt
+        return self.decoder.codec.encode(req.prompt, raw=True)
+
+    def chat_prompt(self, req: ChatRequest) -> list[int]:
+        """The artifact's chat template was frozen at compile time for one user turn: a
+        conversation of one user message (after any system message the template already holds)."""
+        codec = self.decoder.codec
+        turns = [m for m in req.messages if m.role != "system"]
+        if len(turns) != 1 or turns[0].role != "user" or turns[0].content is None:
+            raise ApiError(400, "this artifact's chat template takes one user message (its template was frozen at "
+                                "compile time); send earlier turns inside it, or use /v1/completions", param="messages")
+        if len(req.messages) != 1:
+            raise ApiError(400, "this artifact's chat template has its own system prompt; send one user message",
+                           param="messages")
+        return codec.encode(turns[0].content) if codec.has_chat_template else codec.encode(turns[0].content, raw=True)
+
+    # -------------------------------------------------------------- running a job
+
+    async def events(self, job: Job, request: Request) -> AsyncIterator[tuple[str, Any]]:
+        """The job's events until it ends (it is queued already); a client that goes away cancels it."""
+        try:
+            while True:
+                try:
+                    kind, value = await asyncio.wait_for(job.events.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        return
+                    continue
+                yield kind, value
+                if kind in ("done", "error"):
+                    return
+        finally:
+            if not job.cancelled:
+                job.cancelled = True
+                self.engine.wake()
+
+    async def outputs(self, job: Job, request: Request, stops: list[str]) -> AsyncIterator[Output]:
+        """Text deltas of a job (stop strings applied); the last one carries the finish reason."""
+        stream, stop = StreamDecoder(self.decoder.codec), StopText(stops)
+        first = True
+        async for kind, value in self.events(job, request):
+            if kind == "error":
+                raise value
+            if kind == "tokens":
+                if first:
+                    self.metrics.ttft.observe(time.perf_counter() - job.arrived)
+                    first = False
+                text, hit = stop.push(stream.push(value))
+                yield Output(text, list(value))
+                if hit:
+                    yield Output(finish_reason="stop")
+                    return
+            elif kind == "done":
+                yield Output(stop.push(stream.finish())[0] + stop.flush(), finish_reason=value)
+                return
+
+    async def answer(self, req: Sampling, prompt: list[int], request: Request, chat: bool):
+        job = self.job(req, prompt, chat)
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.engine.submit(job)  # a full queue refuses it here, before any response starts
+        if req.stream:
+            return StreamingResponse(self.sse(job, request, stops, rid, chat, req.return_token_ids),
+                                     media_type="text/event-stream")
+        text, ids, reason = [], [], None
+        async for out in self.outputs(job, request, stops):
+            text.append(out.text)
+            ids += out.token_ids
+            reason = out.finish_reason or reason
+        body = self.envelope(rid, chat, False)
+        content = "".join(text)
+        choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": content}
+        else:
+            choice["text"] = content
+        if req.return_token_ids:
+            choice["token_ids"] = ids
+            body["prompt_token_ids"] = prompt
+        body["choices"] = [choice]
+        body["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
+                         "total_tokens": len(prompt) + len(ids)}
+        return JSONResponse(body)
+
+    def envelope(self, rid: str, chat: bool, chunk: bool) -> dict[str, Any]:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+        return {"id": rid, "object": kind, "created": int(time.time()), "model": self.model_name}
+
+    async def sse(self, job: Job, request: Request, stops: list[str], rid: str, chat: bool,
+                  token_ids: bool) -> AsyncIterator[str]:
+        def event(body: dict) -> str:
+            return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+        try:
+            if chat:
+                yield event(self.envelope(rid, chat, True) | {
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+            async for out in self.outputs(job, request, stops):
+                if not out.text and not out.finish_reason and not token_ids:
+                    continue
+                delta: dict[str, Any] = {"index": 0, "finish_reason": out.finish_reason, "logprobs": None}
+                if chat:
+                    delta["delta"] = {"content": out.text} if out.text or not out.finish_reason else {}
+                else:
+                    delta["text"] = out.text
+                if token_ids:
+                    delta["token_ids"] = out.token_ids
+                yield event(self.envelope(rid, chat, True) | {"choices": [delta]})
+        except ApiError as e:
+            yield event({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}})
+        finally:  # the client went away (the stream is closed or cancelled) or the job ended: either way, drop it
+            job.cancelled = True
+            self.engine.wake()
+        yield "data: [DONE]\n\n"
+
+
+def create_app(server: Server) -> FastAPI:
+    """The ASGI app; its lifespan starts and stops the engine thread."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.engine.start()
+        try:
+            yield
+        finally:
+            server.engine.stop()
+
+    app = FastAPI(title="Yggdrasil", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        return e.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ())[1:]) or None
+        what = "the body is not valid JSON" if first.get("type") == "json_invalid" else first.get("msg", "invalid request")
+        return ApiError(400, f"{where}: {what}" if where and first.get("type") != "json_invalid" else what,
+                        param=where).response()
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, request: Request):
+        return await server.answer(req, server.completion_prompt(req), request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request):
+        return await server.answer(req, server.chat_prompt(req), request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
+                                            "owned_by": "yggdrasil", "max_model_len": server.context}]}
+
+    @app.get("/health")
+    async def health():
+        return PlainTextResponse("")
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(generate_latest(server.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def serve(decoder: Decoder, model_name: str, host: str, port: int, max_batch: int, max_queue: int,
+          cost_aware: bool = True) -> None:
+    """Run the server until SIGINT or SIGTERM, which stop new connections, let running requests
+    finish, then stop the engine."""
+    import uvicorn
+
+    server = Server(decoder, model_name, max_batch, max_queue, cost_aware)
+    config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=600)
+    # uvicorn handles both signals (graceful shutdown), then raises the one it caught again under
+    # the handler it found: a no-op one lets the process end normally, exit code 0.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.Server(config).run()
