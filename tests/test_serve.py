@@ -4,6 +4,7 @@ request loop is bounded in count and time, and every server started here is stop
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -286,3 +287,26 @@ def test_serve_refuses_a_taken_port_in_one_line(artifact):
 def test_serve_refuses_bad_settings_in_one_line(artifact):
     assert_one_line_error(ygg("serve", "--artifact", artifact, "--max-batch", 0), "--max-batch must be in 1..64")
     assert_one_line_error(ygg("serve", "--artifact", artifact, "--max-queue", -1), "--max-queue must be at least 0")
+
+
+def test_bench_serve_loads_the_server_at_each_level_and_writes_its_results(artifact, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [p]}) + "\n"
+                               for i, p in enumerate(PROMPTS[:4])))
+    out = tmp_path / "serve"
+    proc = ygg("bench-serve", "--artifact", artifact, "--prompts", prompts, "--concurrency", "1,2", "--methods",
+               "egt,ar", "-n", 12, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "results.json").read_text())
+    assert {(r["method"], r["concurrency"]) for r in report["summary"]} == {(m, c) for m in ("egt", "ar") for c in (1, 2)}
+    for r in report["summary"]:
+        assert r["requests"] == 4 and r["tokens_per_s"] > 0 and r["outputs_equal_ar"] == "4/4"
+        assert r["tpot_ms_p50"] > 0 and r["nodes_per_sequence"] >= 1
+    ar = [r for r in report["summary"] if r["method"] == "ar"]
+    assert all(r["nodes_per_sequence"] == 1 for r in ar)  # plain decoding verifies only the root
+    assert (out / "serve.png").stat().st_size > 0 and "| egt | 2 |" in (out / "summary.md").read_text()
+
+
+def test_bench_serve_refuses_a_bad_concurrency_in_one_line(artifact):
+    assert_one_line_error(ygg("bench-serve", "--artifact", artifact, "--concurrency", "0,2"), "--concurrency takes levels")
+    assert_one_line_error(ygg("bench-serve", "--artifact", artifact, "--concurrency", "a"), "--concurrency takes integers")

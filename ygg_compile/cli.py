@@ -302,6 +302,35 @@ def bench_cmd(
     err.print(f"[green]wrote[/] {output}/summary.md, results.json, results.csv, speedup.png, tpot_vs_accepted.png, tw_curves.png")
 
 
+@app.command("bench-serve")
+def bench_serve_cmd(
+    artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
+    concurrency: str = typer.Option("1,2,4,8", "--concurrency", "-c", help="concurrent requests at each level (comma-separated)"),
+    methods: str = typer.Option("egt,ar", "--methods", help="compiled methods to load the server with (comma-separated)"),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="Spec-Bench style JSONL (default: a small built-in set)"),
+    categories: Optional[list[str]] = typer.Option(None, "--categories", help="only these categories (comma-separated)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", "-n", help="tokens to generate per request at most"),
+    no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="serve without CAST allocation (ablation)"),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>-serve)"),
+) -> None:
+    """Load `ygg serve` on loopback at several concurrency levels: aggregate tokens/s and per-request TPOT."""
+    from ygg_compile.bench_serve import ServeBenchOptions, run_bench_serve
+
+    try:
+        levels = [int(c) for c in concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise YggError(f"--concurrency takes integers, e.g. 1,2,4,8 (not {concurrency})") from None
+    opts = ServeBenchOptions(artifact, prompts, _split(categories), limit, levels,
+                             [m.strip() for m in methods.split(",") if m.strip()], max_new_tokens, output,
+                             not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]))
+    with RichReporter() as ui:
+        report = run_bench_serve(opts, ui)
+    from ygg_compile.bench_serve import summary_markdown
+
+    print(summary_markdown(report))
+
+
 @app.command("inspect")
 def inspect_cmd(
     artifact: Path = typer.Argument(DEFAULT_DIR, metavar="[DIR]", help="artifact directory"),

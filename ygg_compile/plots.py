@@ -70,6 +70,28 @@ def tpot_vs_accepted(runs: list[dict]) -> bytes:
     return _png(fig)
 
 
+def serve_curves(summary: list[dict]) -> bytes:
+    """`ygg bench-serve`: aggregate tokens/s, per-request TPOT (p50, p95 dashed) and the verified
+    tree size per sequence against concurrency, one line per method."""
+    fig, axes = _figure(ncols=3, figsize=(13, 3.8))
+    methods = sorted({r["method"] for r in summary})
+    for i, m in enumerate(methods):
+        rows = sorted((r for r in summary if r["method"] == m), key=lambda r: r["concurrency"])
+        c = [r["concurrency"] for r in rows]
+        color = _color(m, i)
+        axes[0].plot(c, [r["tokens_per_s"] for r in rows], "o-", color=color, label=m)
+        axes[1].plot(c, [r["tpot_ms_p50"] for r in rows], "o-", color=color, label=f"{m} p50")
+        axes[1].plot(c, [r["tpot_ms_p95"] for r in rows], "o--", color=color, alpha=0.6, label=f"{m} p95")
+        axes[2].plot(c, [r["nodes_per_sequence"] for r in rows], "o-", color=color, label=m)
+    for ax, title in zip(axes, ("aggregate tokens/s", "TPOT per request (ms)", "tree nodes verified per sequence")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
 def tw_curves(profile: dict, title: str = "Forward latency T(W)") -> bytes:
     """Measured ms per forward against the number of new tokens W, per model and context length."""
     fig, ax = _figure(figsize=(6, 4))
