@@ -194,3 +194,23 @@ def test_cost_aware_trees_shrink_as_the_batch_grows_and_stay_exact(artifact):
         assert outs == alone[:size]
         sizes[size] = batch.nodes_per_sequence()
     assert sizes[4][4] < sizes[1][1], sizes
+
+
+def test_compile_measures_batched_forwards_and_the_cost_model_reads_them(int8_pair):
+    """f(B, c, n): a forward of n tokens over B regions is timed for every width n >= B, and the
+    curves scale one sequence's T(n) by the measured factor (1 for a single sequence)."""
+    from ygg_compile import profile as prof
+    from ygg_runtime.objective import Curves
+
+    target, _, _ = int8_pair
+    measured = prof.measure(target, (1, 2, 4, 8), (16, 64), repeats=1)
+    batch = measured["batch_ms"]
+    assert batch["sequences"] == [2, 4, 8] and batch["widths"] == [1, 2, 4, 8]
+    assert [[ms is not None for ms in row] for row in batch["ms"]] == [[False, True, True, True],
+                                                                       [False, False, True, True],
+                                                                       [False, False, False, True]]
+    curves = Curves(prof.combine(measured, None, (1, 2, 4, 8), (16, 64)))
+    assert curves.t_batch("target", 1, 8, 40) == curves.t_verify(8, 40)
+    factors = curves.batch["target"]["factors"]
+    assert curves.t_batch("target", 2, 4, 40) == pytest.approx(curves.t_verify(4, 40) * factors[0][2])
+    assert curves.t_batch("target", 8, 8, 40) == pytest.approx(curves.t_verify(8, 40) * factors[2][3])

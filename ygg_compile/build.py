@@ -403,6 +403,15 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
                     raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
         else:
             ui.note(f"{role}: reusing the measured profile {path}")
+            if "batch_ms" not in stored:  # a profile from before batched forwards were measured
+                with ui.step(f"measuring {role} batched forwards (B = {', '.join(map(str, prof.BATCH_SEQUENCES))})"):
+                    stored["batch_ms"] = prof.batch_times(runners[role], tuple(stored["widths"]),
+                                                          stored["contexts"][len(stored["contexts"]) // 2])
+                measured = {k: v for k, v in stored.items() if k not in ("format", "model", "dtype", "fingerprint", "measured")}
+                try:
+                    stored = prof.save(path, measured, models[role], held, device, forward)
+                except OSError as e:
+                    raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
         found[role], files[role] = stored, str(path)
     out = prof.combine(found["target"], found["draft"], widths, contexts)
     compiled = {f"{role}_widths": objective.undominated(out["widths"], out[f"{role}_ms"]) for role in ("target", "draft")}

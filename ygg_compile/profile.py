@@ -32,6 +32,8 @@ from ygg_runtime.tree import TokenTree
 
 DEFAULT_CONTEXTS = (64, 512, 2048)
 PROFILE_FORMAT = 1
+# Sequences per batched forward measured for `ygg serve` (CAST's f(B, c, n)).
+BATCH_SEQUENCES = (2, 4, 8)
 
 
 def fitting_widths(context: int, max_len: int, widths: tuple[int, ...] = WIDTHS) -> tuple[int, ...]:
@@ -79,6 +81,47 @@ def forward_times(
         runner.reset()
         runner.widths = compiled
     return {w: statistics.median(v) for w, v in samples.items()}
+
+
+def batch_times(runner: ModelRunner, widths: tuple[int, ...], context: int, sequences: tuple[int, ...] = BATCH_SEQUENCES,
+                repeats: int = 3, warmup: int = 1) -> dict:
+    """CAST's f(B, c, n): median ms of one forward carrying n new tokens spread evenly over B
+    sequences (n / B each, a causal chain), each in its own cache region after `context` tokens,
+    for every measured width n >= B (`ygg_runtime.batch` runs such forwards). The context is
+    lowered where B regions would not fit the cache. Returns {"context", "sequences", "widths",
+    "ms": [per B: ms per width, None below B]}."""
+    from ygg_runtime.runner import Call, forward_many
+
+    widest = max(widths)
+    context = max(1, min(context, runner.max_len // max(sequences) - widest))
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, runner.vocab_size, (widest,), generator=gen).tolist()
+    compiled, runner.widths = runner.widths, ()
+    length = context + widest
+    regions = [runner.region(i * length, length) for i in range(max(sequences))]
+    samples: dict[tuple[int, int], list[float]] = {(b, w): [] for b in sequences for w in widths if w >= b}
+    try:
+        for r in range(warmup + repeats):
+            keys = list(samples)
+            for b, w in keys[r % len(keys):] + keys[: r % len(keys)]:
+                each = w // b
+                causal = torch.ones(each, each, dtype=torch.bool).tril_()
+                calls = []
+                for region in regions[:b]:
+                    region.reset(context)
+                    calls.append(Call(region, tokens[:each], list(range(each)), list(range(each)), causal))
+                runner.synchronize()
+                start = time.perf_counter()
+                forward_many(calls)
+                runner.synchronize()
+                if r >= warmup:
+                    samples[(b, w)].append(1000.0 * (time.perf_counter() - start))
+    finally:
+        runner.widths = compiled
+        runner.reset()
+    ms = [[round(statistics.median(samples[(b, w)]), 3) if (b, w) in samples else None for w in widths]
+          for b in sequences]
+    return {"context": context, "sequences": list(sequences), "widths": list(widths), "ms": ms}
 
 
 def step_overhead(runner: ModelRunner, widths: tuple[int, ...], repeats: int = 5) -> dict[int, float]:
@@ -129,6 +172,7 @@ def measure(
         "contexts": list(contexts),
         "forward_ms": rows,
         "other_ms": [round(other[w], 3) for w in widths],
+        "batch_ms": batch_times(runner, widths, contexts[len(contexts) // 2], repeats=repeats),
     }
 
 
@@ -149,7 +193,25 @@ def combine(target: dict, draft: dict | None, widths: tuple[int, ...], contexts:
         out["draft_ms"] = pick(draft, "forward_ms")
         other = [a + b for a, b in zip(other, pick(draft, "other_ms"))]
     out["other_ms"] = [round(o, 3) for o in other]
+    # f(B, c, n) as a factor over one sequence's T(n) at the same context (`Curves.t_batch`)
+    for role, p in (("target", target), ("draft", draft)):
+        if p is not None and p.get("batch_ms"):
+            out[f"{role}_batch"] = batch_factors(p)
     return out
+
+
+def batch_factors(p: dict) -> dict:
+    """T(B sequences, n) / T(1 sequence, n) at the batch measurement's context, per B and width:
+    the profile's single-sequence rows interpolated to that context."""
+    from ygg_runtime.objective import _interp
+
+    b = p["batch_ms"]
+    single = [_interp(p["contexts"], [row[i] for row in p["forward_ms"]], b["context"]) for i in range(len(p["widths"]))]
+    factors = []
+    for row in b["ms"]:
+        factors.append([None if ms is None or w not in p["widths"] else round(ms / single[p["widths"].index(w)], 4)
+                        for w, ms in zip(b["widths"], row)])
+    return {"sequences": b["sequences"], "widths": b["widths"], "factors": factors}
 
 
 def profile_models(

@@ -286,8 +286,9 @@ class Batch:
             if hasattr(m.generation.proposer, "drafter"):
                 for r, w in enumerate(m.generation.proposer.step_shape().draft_widths):
                     rounds[r:r + 1] = [(rounds[r] if r < len(rounds) else 0) + w]
-        draft_ms = sum(self.curves.t_draft(w, context) for w in rounds) if self.curves.draft_ms else 0.0
-        trees = prune.allocate([g.tree for g in gens], self.curves, context, draft_ms, others, MAX_ROWS)
+        drafting = sum(hasattr(m.generation.proposer, "drafter") for m in live)
+        draft_ms = sum(self.curves.t_batch("draft", drafting, w, context) for w in rounds) if self.curves.draft_ms else 0.0
+        trees = prune.allocate([g.tree for g in gens], self.curves, context, draft_ms, others, MAX_ROWS, len(live))
         for g, tree in zip(gens, trees):
             g.tree = tree
 

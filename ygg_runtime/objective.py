@@ -38,6 +38,9 @@ class Curves:
         # The widths each model's forwards are padded to (all measured ones until compile picks).
         self.target_widths = tuple(profile.get("target_widths") or self.widths)
         self.draft_widths = tuple(profile.get("draft_widths") or self.widths)
+        # f(B, c, n) / T(n) of a forward over B sequences (`ygg_compile.profile.batch_times`);
+        # absent from profiles measured before batching: then taken as 1.
+        self.batch = {"target": profile.get("target_batch"), "draft": profile.get("draft_batch")}
 
     def t_verify(self, w: int, context: int | None = None) -> float:
         return self._at(self.target_ms, fit_width(w, self.target_widths), context)
@@ -46,6 +49,22 @@ class Curves:
         if not self.draft_ms:
             raise ValueError("the profile has no draft model curve")
         return self._at(self.draft_ms, fit_width(w, self.draft_widths), context)
+
+    def t_batch(self, role: str, sequences: int, w: int, context: int | None = None) -> float:
+        """One forward of `role` ("target" or "draft") carrying w new tokens of `sequences`
+        sequences at about `context` tokens each: T(w) scaled by the measured batch factor
+        (interpolated between the measured batch sizes and widths; 1 for one sequence)."""
+        one = self.t_verify(w, context) if role == "target" else self.t_draft(w, context)
+        table = self.batch[role]
+        if sequences <= 1 or not table:
+            return one
+        rows = [(b, [(x, f) for x, f in zip(table["widths"], row) if f is not None])
+                for b, row in zip(table["sequences"], table["factors"])]
+        per_b = [(b, _interp([x for x, _ in pts], [f for _, f in pts], w)) for b, pts in rows if pts]
+        if not per_b:
+            return one
+        factor = _interp([b for b, _ in per_b], [f for _, f in per_b], min(max(sequences, per_b[0][0]), per_b[-1][0]))
+        return one * factor
 
     def t_other(self, w: int) -> float:
         """CPU work of a step around a verify of w nodes: tree, masks, acceptance, compaction."""

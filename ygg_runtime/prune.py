@@ -43,11 +43,12 @@ def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | N
 
 
 def allocate(trees: list[TokenTree], curves: Curves, context: int, draft_ms: float = 0.0, others: int = 0,
-             max_rows: int = 64) -> list[TokenTree]:
+             max_rows: int = 64, sequences: int | None = None) -> list[TokenTree]:
     """CAST's allocation of one batched verify: the root-connected subtree of each tree (every
     root kept) whose nodes, max_rows at most in all, give the batch the most expected accepted
-    tokens per modelled millisecond of its step — Σ E[A] / (draft_ms + T_verify(N) + T_other(N)),
-    N the nodes verified (plus `others`, rows of trees that cannot be cut). One knapsack over all
+    tokens per modelled millisecond of its step — Σ E[A] / (draft_ms + f(B, c, N) + T_other(N)),
+    N the nodes verified (plus `others`, rows of trees that cannot be cut) over B `sequences`
+    (default: the trees), f the measured batched forward (`Curves.t_batch`). One knapsack over all
     trees: each tree's best value for every size (`Pruning`), combined across trees; the marginal
     cost of a node depends only on N, so the best N is read off the combined table. As the batch
     grows, a node's marginal millisecond buys less and every tree shrinks, down to its root:
@@ -69,9 +70,11 @@ def allocate(trees: list[TokenTree], curves: Curves, context: int, draft_ms: flo
         best = merged
         picks.append(take)
 
+    b = sequences or len(trees)
+
     def rate(n: int) -> float:
         rows = n + others
-        return best[n] / (draft_ms + curves.t_verify(rows, context) + curves.t_other(rows))
+        return best[n] / (draft_ms + curves.t_batch("target", b, rows, context) + curves.t_other(rows))
 
     n = max((j for j in range(len(trees), len(best)) if best[j] > float("-inf")), key=rate)
     out: list[TokenTree] = [None] * len(trees)  # type: ignore[list-item]
