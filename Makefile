@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ART ?= artifacts/default
 
-.PHONY: install install-qwen install-llama demo test bench artifacts imports clean
+.PHONY: install install-qwen install-llama demo test bench bench-serve artifacts imports clean
 
 install: $(VENV)/.installed
 
@@ -63,6 +63,17 @@ bench: install-qwen install-llama
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 --peers $(BENCH_PEERS) $(BENCH_FLAGS) \
 		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
+
+# `ygg serve` under load: egt against batched plain decoding at each concurrency level, through the
+# real server on loopback (4 Spec-Bench prompts per category, 128 new tokens); results under
+# benchmarks/results/<device>-serve/. Run it alone on the machine.
+SERVE_CONCURRENCY ?= 1,2,4,8
+SERVE_LIMIT ?= 4
+bench-serve: install-qwen
+	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
+		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
+	$(BIN)/ygg bench-serve --artifact $(ART) --concurrency $(SERVE_CONCURRENCY) --methods egt,ar --max-new-tokens 128 \
+		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(SERVE_LIMIT))
 
 # The per-device artifact of the default pair (DEVICE=cpu or cuda), as .github/workflows/artifacts.yml
 # builds it on every runner kind: compiled into $(ART); the latency profiles it measures on a new
