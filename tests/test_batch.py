@@ -214,3 +214,21 @@ def test_compile_measures_batched_forwards_and_the_cost_model_reads_them(int8_pa
     factors = curves.batch["target"]["factors"]
     assert curves.t_batch("target", 2, 4, 40) == pytest.approx(curves.t_verify(4, 40) * factors[0][2])
     assert curves.t_batch("target", 8, 8, 40) == pytest.approx(curves.t_verify(8, 40) * factors[2][3])
+
+
+def test_as_the_batch_grows_the_objective_picks_shallower_trees_down_to_plain_decoding():
+    """Curves.shared(B): one sequence's share of a batched step. A forward's fixed cost is shared
+    by B sequences while every tree node still costs its own row, so the depth the objective picks
+    falls with B, and a big enough batch decodes plainly."""
+    from ygg_runtime.objective import Curves, StepShape, best_depth
+
+    widths = [1, 2, 4, 8, 16, 32, 64]
+    profile = {"widths": widths, "contexts": [64], "target_ms": [[30 + 0.5 * w for w in widths]],
+               "draft_ms": [[8 + 0.1 * w for w in widths]], "other_ms": [0.5] * len(widths)}
+    curves = Curves(profile)
+    shapes = [StepShape((), 1)] + [StepShape((2,) + (4,) * (d - 1), min(64, 4 * d)) for d in range(1, 7)]
+    reach = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]
+    depths = [best_depth(reach, [1.0] * 7, shapes, curves.shared(b), 64) for b in (1, 2, 4, 8, 16, 64)]
+    assert depths[0] == 4 and depths[-1] == 0
+    assert all(a >= b for a, b in zip(depths, depths[1:])), depths
+    assert curves.shared(1) is curves and curves.shared(4).t_verify(8) == pytest.approx((30 + 0.5 * 32) / 4)

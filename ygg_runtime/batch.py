@@ -229,6 +229,9 @@ class Batch:
                 self._guard(m, m.generation.prefill)
                 m.prefilled = True
         live = [m for m in self.members if not m.done]
+        if self.curves is not None:  # CAST: each tree is weighed as its share of this step
+            for m in live:
+                m.generation.proposer.share(len(live))
         self._propose(live)
         live = [m for m in live if not m.done]
         if len(live) > 1 and self.curves is not None:

@@ -9,6 +9,7 @@ read off the plan's profile. Plain decoding is E[A] = 1 with one W = 1 verify: s
 from __future__ import annotations
 
 import bisect
+import copy
 from dataclasses import dataclass
 
 from ygg_runtime.runner import fit_width
@@ -41,20 +42,38 @@ class Curves:
         # f(B, c, n) / T(n) of a forward over B sequences (`ygg_compile.profile.batch_times`);
         # absent from profiles measured before batching: then taken as 1.
         self.batch = {"target": profile.get("target_batch"), "draft": profile.get("draft_batch")}
+        self.share = 1  # see shared()
+
+    def shared(self, sequences: int) -> "Curves":
+        """These curves as one sequence's share of a batch of `sequences` that all run the same
+        step shape: a forward of w tokens costs f(B, B·w) / B. What CAST's rule amounts to for a
+        symmetric batch — the batch's tokens per ms is B·E[A] / f(B, B·w), so each sequence weighs
+        its depth and width against its share — and as B grows the share of a wide tree grows
+        faster than plain decoding's, so the same objective code picks smaller trees under load."""
+        if sequences <= 1:
+            return self
+        view = copy.copy(self)
+        view.share = sequences
+        return view
 
     def t_verify(self, w: int, context: int | None = None) -> float:
+        if self.share > 1:
+            return self.t_batch("target", self.share, self.share * w, context) / self.share
         return self._at(self.target_ms, fit_width(w, self.target_widths), context)
 
     def t_draft(self, w: int, context: int | None = None) -> float:
         if not self.draft_ms:
             raise ValueError("the profile has no draft model curve")
+        if self.share > 1:
+            return self.t_batch("draft", self.share, self.share * w, context) / self.share
         return self._at(self.draft_ms, fit_width(w, self.draft_widths), context)
 
     def t_batch(self, role: str, sequences: int, w: int, context: int | None = None) -> float:
         """One forward of `role` ("target" or "draft") carrying w new tokens of `sequences`
         sequences at about `context` tokens each: T(w) scaled by the measured batch factor
         (interpolated between the measured batch sizes and widths; 1 for one sequence)."""
-        one = self.t_verify(w, context) if role == "target" else self.t_draft(w, context)
+        rows, widths = (self.target_ms, self.target_widths) if role == "target" else (self.draft_ms, self.draft_widths)
+        one = self._at(rows, fit_width(w, widths), context)
         table = self.batch[role]
         if sequences <= 1 or not table:
             return one

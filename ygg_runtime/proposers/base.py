@@ -114,6 +114,10 @@ class Proposer:
         """The forwards of this proposer's typical step (egt: of the step in progress)."""
         return self.params.step_shape()
 
+    def share(self, sequences: int) -> None:
+        """The next step runs in a batch of `sequences` (`ygg_runtime.batch`): a method that
+        weighs its tree against measured costs prices it as its share (`Curves.shared`)."""
+
 
 class DraftProposer(Proposer):
     """A proposer driven by a draft model, whose cache follows the accepted sequence."""

@@ -149,6 +149,7 @@ class EGT(DraftProposer):
         if self.predictor is not None and self.predictor.max_depth != len(policy["factors"]) - 1:
             raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
         self.planner = Planner(params, curves, policy["draft_width"] if self.predictor is not None else None)
+        self.curves = curves  # alone; a batch prices the planner's as a share of its step (share())
         if self.predictor is not None:
             self.factors = policy["factors"]
             self.shapes = [self.planner.shape(d, w) for d, w in enumerate(policy["verify_widths"])]
@@ -162,6 +163,10 @@ class EGT(DraftProposer):
         self.stages = PLAIN_STAGES | (params.stages or {})
         self.drafted: TokenTree | None = None  # the whole drafted tree of the step in progress
         self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
+
+    def share(self, sequences: int) -> None:
+        if self.curves is not None:
+            self.planner.curves = self.curves.shared(sequences)
 
     def prefill(self, tokens: list[int]) -> None:
         if self.max_depth:
