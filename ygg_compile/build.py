@@ -391,16 +391,13 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
         path = prof.profile_path(root, device, models[role], held, forward)
         stored, why = (None, "--reprofile") if opts.reprofile else prof.load_matching(
             path, models[role], held, device, forward, widths, contexts)
+        measured = None  # what to (re)write: a new profile, or a stored one with batched forwards added
         if stored is None:
             ui.note(f"{role}: measuring its latency profile ({why})")
             label = f"measuring {role} T(W) at contexts {', '.join(map(str, contexts))}"
             with ui.step(label):
                 report = lambda done, total, label=label: ui.progress(label, done, total, unit="rounds")  # noqa: E731
                 measured = prof.measure(runners[role], widths, contexts, progress=report)
-                try:
-                    stored = prof.save(path, measured, models[role], held, device, forward)
-                except OSError as e:
-                    raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
         else:
             ui.note(f"{role}: reusing the measured profile {path}")
             if "batch_ms" not in stored:  # a profile from before batched forwards were measured
@@ -408,10 +405,11 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
                     stored["batch_ms"] = prof.batch_times(runners[role], tuple(stored["widths"]),
                                                           stored["contexts"][len(stored["contexts"]) // 2])
                 measured = {k: v for k, v in stored.items() if k not in ("format", "model", "dtype", "fingerprint", "measured")}
-                try:
-                    stored = prof.save(path, measured, models[role], held, device, forward)
-                except OSError as e:
-                    raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
+        if measured is not None:
+            try:
+                stored = prof.save(path, measured, models[role], held, device, forward)
+            except OSError as e:
+                raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
         found[role], files[role] = stored, str(path)
     out = prof.combine(found["target"], found["draft"], widths, contexts)
     compiled = {f"{role}_widths": objective.undominated(out["widths"], out[f"{role}_ms"]) for role in ("target", "draft")}

@@ -134,6 +134,11 @@ class Gate:
                 self.cond.notify_all()
 
 
+def _drafts(member: Member) -> bool:
+    """Whether the member's method runs the draft model (its forwards then meet at the Gate)."""
+    return hasattr(member.generation.proposer, "drafter")
+
+
 def _groups(items: list, rows: Callable) -> list[list]:
     """Consecutive runs of items of at most MAX_ROWS rows in all (an item wider alone goes alone)."""
     groups, current, n = [], [], 0
@@ -256,7 +261,7 @@ class Batch:
             self._guard(live[0], live[0].generation.propose)
             return
         gate = Gate(len(live))
-        runners = [m.generation.proposer.drafter.runner for m in live if hasattr(m.generation.proposer, "drafter")]
+        runners = [m.generation.proposer.drafter.runner for m in live if _drafts(m)]
         for r in runners:
             r.gate = gate
 
@@ -284,12 +289,14 @@ class Batch:
         context = sum(len(m.generation.seq) for m in live) // len(live)
         others = sum(len(m.generation.tree) for m in live if m not in greedy)
         # The step's drafter forwards as the Gate ran them: round r carries every member's r-th.
+        drafters = [m for m in live if _drafts(m)]
         rounds: list[int] = []
-        for m in live:
-            if hasattr(m.generation.proposer, "drafter"):
-                for r, w in enumerate(m.generation.proposer.step_shape().draft_widths):
-                    rounds[r:r + 1] = [(rounds[r] if r < len(rounds) else 0) + w]
-        drafting = sum(hasattr(m.generation.proposer, "drafter") for m in live)
+        for m in drafters:
+            for r, w in enumerate(m.generation.proposer.step_shape().draft_widths):
+                if r == len(rounds):
+                    rounds.append(0)
+                rounds[r] += w
+        drafting = len(drafters)
         draft_ms = sum(self.curves.t_batch("draft", drafting, w, context) for w in rounds) if self.curves.draft_ms else 0.0
         trees = prune.allocate([g.tree for g in gens], self.curves, context, draft_ms, others, MAX_ROWS, len(live))
         for g, tree in zip(gens, trees):

@@ -77,9 +77,9 @@ class Curves:
         table = self.batch[role]
         if sequences <= 1 or not table:
             return one
-        rows = [(b, [(x, f) for x, f in zip(table["widths"], row) if f is not None])
-                for b, row in zip(table["sequences"], table["factors"])]
-        per_b = [(b, _interp([x for x, _ in pts], [f for _, f in pts], w)) for b, pts in rows if pts]
+        measured = [(b, [(x, f) for x, f in zip(table["widths"], row) if f is not None])
+                    for b, row in zip(table["sequences"], table["factors"])]
+        per_b = [(b, _interp([x for x, _ in pts], [f for _, f in pts], w)) for b, pts in measured if pts]
         if not per_b:
             return one
         factor = _interp([b for b, _ in per_b], [f for _, f in per_b], min(max(sequences, per_b[0][0]), per_b[-1][0]))
