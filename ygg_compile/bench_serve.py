@@ -24,15 +24,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
-from ygg_compile import hardware
+from ygg_compile import hardware, plots
 from ygg_compile.bench import machine_info
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.ui import Reporter
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import output_dir, write_atomic
+from ygg_runtime.text import TextCodec
 
 READY_S = 600  # loading an artifact (its compiled forwards included) takes at most this long
 REQUEST_S = 900  # one request at most
@@ -95,6 +94,9 @@ class Client:
 
 
 def scrape(port: int) -> dict[str, float]:
+    """Every sample of the server's /metrics by name and labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         conn.request("GET", "/metrics")
@@ -215,8 +217,6 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")
     prompts = read_jsonl(opts.prompts, opts.categories, opts.limit)
     with ui.step("loading the tokenizer"):
-        from ygg_runtime.text import TextCodec
-
         tok = plan.tokenizer
         codec = TextCodec(Path(opts.artifact) / tok.file, tok.chat_prefix, tok.chat_suffix)
     room = plan.max_context - opts.max_new_tokens - 128
@@ -271,8 +271,6 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
               "runs": [{k: v for k, v in r.items() if k not in ("start", "end")} for r in runs]}
     write_atomic(out / "results.json", json.dumps(report, indent=1).encode())
     write_atomic(out / "summary.md", summary_markdown(report).encode())
-    from ygg_compile import plots
-
     write_atomic(out / "serve.png", plots.serve_curves(results))
     return report
 

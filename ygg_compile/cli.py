@@ -18,10 +18,12 @@ from rich.table import Table
 import ygg_runtime
 from ygg_compile import quantize
 from ygg_compile.bench import BenchOptions, default_output, run_bench
+from ygg_compile.bench_serve import ServeBenchOptions, run_bench_serve, summary_markdown
 from ygg_compile.build import CompileOptions, compile_artifact
 from ygg_compile.inspection import inspect_artifact
 from ygg_compile.peers import HF_PEERS
 from ygg_compile.report import fmt, render_table
+from ygg_compile.serve import serve
 from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR
 from ygg_runtime.errors import YggError, first_line
@@ -251,8 +253,6 @@ def serve_cmd(
     """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
     import socket
 
-    from ygg_compile.serve import serve
-
     if not 1 <= max_batch <= 64:
         raise YggError(f"--max-batch must be in 1..64, not {max_batch}")
     if max_queue < 0:
@@ -315,8 +315,6 @@ def bench_serve_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>-serve)"),
 ) -> None:
     """Load `ygg serve` on loopback at several concurrency levels: aggregate tokens/s and per-request TPOT."""
-    from ygg_compile.bench_serve import ServeBenchOptions, run_bench_serve
-
     try:
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
     except ValueError:
@@ -326,8 +324,6 @@ def bench_serve_cmd(
                              not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]))
     with RichReporter() as ui:
         report = run_bench_serve(opts, ui)
-    from ygg_compile.bench_serve import summary_markdown
-
     print(summary_markdown(report))
 
 

@@ -27,7 +27,8 @@ from ygg_runtime.accept import accept_greedy
 from ygg_runtime.errors import first_line
 from ygg_runtime.integrity import cache_dir
 from ygg_runtime.plan import ModelInfo
-from ygg_runtime.runner import WIDTHS, ModelRunner
+from ygg_runtime.objective import _interp
+from ygg_runtime.runner import WIDTHS, Call, ModelRunner, forward_many
 from ygg_runtime.tree import TokenTree
 
 DEFAULT_CONTEXTS = (64, 512, 2048)
@@ -90,8 +91,6 @@ def batch_times(runner: ModelRunner, widths: tuple[int, ...], context: int, sequ
     for every measured width n >= B (`ygg_runtime.batch` runs such forwards). The context is
     lowered where B regions would not fit the cache. Returns {"context", "sequences", "widths",
     "ms": [per B: ms per width, None below B]}."""
-    from ygg_runtime.runner import Call, forward_many
-
     widest = max(widths)
     context = max(1, min(context, runner.max_len // max(sequences) - widest))
     gen = torch.Generator().manual_seed(0)
@@ -203,8 +202,6 @@ def combine(target: dict, draft: dict | None, widths: tuple[int, ...], contexts:
 def batch_factors(p: dict) -> dict:
     """T(B sequences, n) / T(1 sequence, n) at the batch measurement's context, per B and width:
     the profile's single-sequence rows interpolated to that context."""
-    from ygg_runtime.objective import _interp
-
     b = p["batch_ms"]
     single = [_interp(p["contexts"], [row[i] for row in p["forward_ms"]], b["context"]) for i in range(len(p["widths"]))]
     factors = []

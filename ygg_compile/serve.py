@@ -9,9 +9,12 @@ Every request's greedy output is what it gets alone (`ygg_runtime.batch`).
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-sent events, or
 not), GET /v1/models, /health and /metrics (Prometheus text, vLLM's names where vLLM has one).
 Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
-"""
 
-from __future__ import annotations
+FastAPI, uvicorn and prometheus-client are imported where they are used, so that every other `ygg`
+command, which imports this module through the CLI, does not pay for them. (No `from __future__
+import annotations` here: FastAPI then reads the endpoints' annotations as the objects `create_app`
+imported, not as names to look up in this module.)
+"""
 
 import asyncio
 import json
@@ -21,13 +24,9 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Literal
 
 import torch
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from ygg_runtime.accept import Verdict
@@ -36,6 +35,10 @@ from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.text import StreamDecoder
 from ygg_runtime.tree import TokenTree
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
 
 # How long a waiting handler sleeps between checks that its client is still there.
 POLL_S = 0.25
@@ -51,7 +54,9 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
-    def response(self) -> JSONResponse:
+    def response(self) -> "JSONResponse":
+        from fastapi.responses import JSONResponse
+
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status)
 
@@ -104,6 +109,8 @@ class ServerMetrics:
     whose accepted path reached depth i + 1."""
 
     def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
         r = self.registry = CollectorRegistry()
         self.num_drafts = Counter("vllm:spec_decode_num_drafts", "Verified trees with a drafted token", registry=r)
         self.num_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens verified", registry=r)
@@ -396,7 +403,7 @@ class Server:
 
     # -------------------------------------------------------------- running a job
 
-    async def events(self, job: Job, request: Request) -> AsyncIterator[tuple[str, Any]]:
+    async def events(self, job: Job, request: "Request") -> AsyncIterator[tuple[str, Any]]:
         """The job's events until it ends (it is queued already); a client that goes away cancels it."""
         try:
             while True:
@@ -414,7 +421,7 @@ class Server:
                 job.cancelled = True
                 self.engine.wake()
 
-    async def outputs(self, job: Job, request: Request, stops: list[str]) -> AsyncIterator[Output]:
+    async def outputs(self, job: Job, request: "Request", stops: list[str]) -> AsyncIterator[Output]:
         """Text deltas of a job (stop strings applied); the last one carries the finish reason."""
         stream, stop = StreamDecoder(self.decoder.codec), StopText(stops)
         first = True
@@ -434,9 +441,11 @@ class Server:
                 yield Output(stop.push(stream.finish())[0] + stop.flush(), finish_reason=value)
                 return
 
-    async def answer(self, req: Sampling, prompt: list[int], request: Request, chat: bool):
+    async def answer(self, req: Sampling, prompt: list[int], request: "Request", chat: bool):
         job = self.job(req, prompt, chat)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        from fastapi.responses import JSONResponse, StreamingResponse
+
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.engine.submit(job)  # a full queue refuses it here, before any response starts
         if req.stream:
@@ -466,7 +475,7 @@ class Server:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
         return {"id": rid, "object": kind, "created": int(time.time()), "model": self.model_name}
 
-    async def sse(self, job: Job, request: Request, stops: list[str], rid: str, chat: bool,
+    async def sse(self, job: Job, request: "Request", stops: list[str], rid: str, chat: bool,
                   token_ids: bool) -> AsyncIterator[str]:
         def event(body: dict) -> str:
             return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -494,9 +503,14 @@ class Server:
         yield "data: [DONE]\n\n"
 
 
-def create_app(server: Server) -> FastAPI:
+def create_app(server: Server) -> "FastAPI":
     """The ASGI app; its lifespan starts and stops the engine thread."""
     from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import PlainTextResponse
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
