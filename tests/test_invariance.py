@@ -52,12 +52,19 @@ def test_the_check_finds_every_width_agreeing_on_a_row_invariant_forward(target)
     assert exact and "identical" in why
 
 
+def seen_lengths(mask) -> int:
+    """How many different numbers of slots the forward's real rows see: padding rows see only
+    themselves (one slot), so a padded plain-decoding forward has one such number, a tree several."""
+    seen = mask.sum(1)
+    return seen[seen > 1].unique().numel()
+
+
 @pytest.mark.parametrize("when,where,expected", [
     (lambda w, m: w < 4, "logits", 4),           # a narrow-width kernel path (as bf16 linear at one row)
     (lambda w, m: w == 8, "logits", 16),          # one width in the middle of the family
     (lambda w, m: w == 2, "kv", 4),               # right logits, wrong KV rows written
     (lambda w, m: w == 32, "logits", 32),         # only the widest agrees with itself: pad to it
-    (lambda w, m: m.sum(1).unique().numel() > 1, "logits", None),  # trees only (rows see different lengths)
+    (lambda w, m: seen_lengths(m) > 1, "logits", None),  # trees only (real rows see different lengths)
 ])
 def test_the_check_detects_an_injected_disagreement(target, when, where, expected):
     undo = perturb(target, when, where)
