@@ -102,8 +102,26 @@ def test_every_method_batched_gives_each_request_its_own_greedy_output(int8_pair
 
         batch = Batch(target, draft, make, max_batch=4, cost_aware=False)
         outs = run_batch(batch, [(p, method, {"max_new_tokens": 24}) for p in prompts], joins_at=[0, 0, 1, 3, 4])
-        batch.close()
         assert outs == alone, (method, params)
+
+
+def test_a_members_drafter_feeds_the_prompt_only_when_it_first_drafts(int8_pair):
+    """Lazy drafters: a member that never drafts (egt at depth 0) never runs its drafter; one that
+    drafts feeds the whole prompt at its first step and decodes exactly as alone."""
+    target, draft, tok = int8_pair
+    prompt = tok(PROMPTS[2]).input_ids
+    params = {"chain": {"k": 3}, "egt": {"depth": 0}}
+    batch = Batch(target, draft, lambda name, d: proposers.build(name, params[name], d), max_batch=2)
+    plain = batch.join(prompt, "egt", max_new_tokens=8)
+    drafting = batch.join(prompt, "chain", max_new_tokens=8)
+    batch.step()
+    assert plain.generation.proposer.drafter.runner.forwards == 0
+    assert drafting.generation.proposer.drafter.runner.committed >= len(prompt) - 1
+    while batch.members:
+        batch.step()
+    alone = decode(target, None, "ar", {}, prompt, 8)[0]
+    assert plain.generation.out == drafting.generation.out == alone
+    assert plain.generation.proposer.drafter.runner.forwards == 0
 
 
 def test_a_full_batch_admits_a_request_when_a_member_leaves(int8_pair):
@@ -122,7 +140,6 @@ def test_a_full_batch_admits_a_request_when_a_member_leaves(int8_pair):
     assert batch.join(prompts[2], "chain", max_new_tokens=4) is not None
     batch.cancel(b)
     assert len(batch.members) == 1 and batch.regions.used == batch.members[0].length
-    batch.close()
 
 
 def test_a_request_larger_than_the_cache_is_refused_and_one_that_must_wait_is_not(int8_pair):
@@ -134,7 +151,6 @@ def test_a_request_larger_than_the_cache_is_refused_and_one_that_must_wait_is_no
         batch.join(list(range(1, 100)), "ar", max_new_tokens=target.max_len)
     big = batch.join(list(range(1, 100)), "ar", max_new_tokens=target.max_len - 300)
     assert big is not None and batch.join(list(range(1, 100)), "ar", max_new_tokens=400) is None
-    batch.close()
 
 
 def test_a_member_that_fails_leaves_and_the_others_finish(int8_pair):
@@ -156,7 +172,6 @@ def test_a_member_that_fails_leaves_and_the_others_finish(int8_pair):
     assert isinstance(members[1].error, RuntimeError)
     assert outs[0] == decode(target, None, "ar", {}, prompts[0], 12)[0]
     assert outs[2] == decode(target, None, "ar", {}, prompts[2], 12)[0]
-    batch.close()
 
 
 def test_the_batched_verify_never_exceeds_the_checked_width(int8_pair, monkeypatch):
@@ -175,7 +190,6 @@ def test_the_batched_verify_never_exceeds_the_checked_width(int8_pair, monkeypat
     batch = Batch(target, draft, lambda name, d: proposers.build(name, params, d), max_batch=8, cost_aware=False)
     prompts = [tok(p).input_ids for p in PROMPTS] + [tok(p + " again").input_ids for p in PROMPTS[:3]]
     outs = run_batch(batch, [(p, "egt", {"max_new_tokens": 8}) for p in prompts])
-    batch.close()
     assert max(widths) <= MAX_ROWS and MAX_ROWS in widths
     assert outs == [decode(target, None, "ar", {}, p, 8)[0] for p in prompts]
 
@@ -192,7 +206,6 @@ def test_cost_aware_trees_shrink_as_the_batch_grows_and_stay_exact(artifact):
     for size in (1, 4):
         batch = decoder.batch(max_batch=size)
         outs = run_batch(batch, [(p, "egt", {"max_new_tokens": 16}) for p in prompts[:size]])
-        batch.close()
         assert outs == alone[:size]
         sizes[size] = batch.nodes_per_sequence()
     together = max(sizes[4])

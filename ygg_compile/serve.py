@@ -24,7 +24,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Literal
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -173,7 +173,10 @@ class Job:
 
 
 class Engine:
-    """Owns the models: admits queued jobs into the batch and steps it, in one thread."""
+    """Owns the models: admits queued jobs into the batch and steps it, on the thread that loaded
+    the models (`run`; `ygg serve`'s main thread, the HTTP server in another). One thread for
+    every torch op: a second thread running the forwards, with an OpenMP team of its own beside the
+    loader's, measured 1.5x slower per forward on 2 cores (the 1.5B target: 61 -> 96 ms)."""
 
     def __init__(self, decoder: Decoder, max_batch: int, max_queue: int, metrics: ServerMetrics,
                  cost_aware: bool = True):
@@ -183,18 +186,13 @@ class Engine:
         self.jobs: list[Job] = []  # admitted and not finished
         self.cond = threading.Condition()
         self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="ygg-engine", daemon=True)
         self._load_seen: dict[int, list[int]] = {}
 
-    def start(self) -> None:
-        self.thread.start()
-
     def stop(self) -> None:
+        """Stop `run` (from another thread): queued and running jobs are answered 503."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        self.thread.join(timeout=60)
-        self.batch.close()
 
     def submit(self, job: Job) -> None:
         """Queue a job, or refuse it (429) when the queue is full."""
@@ -210,12 +208,16 @@ class Engine:
         with self.cond:
             self.cond.notify_all()
 
-    def _run(self) -> None:
+    def run(self, alive: Callable[[], bool] = lambda: True) -> None:
+        """Step the batch until `stop` (or until `alive()` turns false: the HTTP side is gone)."""
         torch.set_grad_enabled(False)
         while True:
             with self.cond:
                 while not self.stopping and not self.queue and not self.jobs:
-                    self.cond.wait()
+                    if not alive():
+                        self.stopping = True
+                        break
+                    self.cond.wait(timeout=POLL_S)
                 if self.stopping:
                     for job in list(self.queue) + self.jobs:
                         job.send("error", ApiError(503, "the server is shutting down", "server_error"))
@@ -504,7 +506,7 @@ class Server:
 
 
 def create_app(server: Server) -> "FastAPI":
-    """The ASGI app; its lifespan starts and stops the engine thread."""
+    """The ASGI app; the end of its lifespan stops the engine."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -514,10 +516,9 @@ def create_app(server: Server) -> "FastAPI":
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        server.engine.start()
         try:
             yield
-        finally:
+        finally:  # after uvicorn's graceful shutdown has let running requests finish
             server.engine.stop()
 
     app = FastAPI(title="Yggdrasil", lifespan=lifespan)
@@ -561,14 +562,24 @@ def create_app(server: Server) -> "FastAPI":
 def serve(decoder: Decoder, model_name: str, host: str, port: int, max_batch: int, max_queue: int,
           cost_aware: bool = True) -> None:
     """Run the server until SIGINT or SIGTERM, which stop new connections, let running requests
-    finish, then stop the engine."""
+    finish, then stop the engine. Call from the main thread (the one that loaded the decoder):
+    the engine steps there, uvicorn serves HTTP from a thread of its own."""
     import uvicorn
 
     server = Server(decoder, model_name, max_batch, max_queue, cost_aware)
     config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=600)
-    # uvicorn handles both signals (graceful shutdown), then raises the one it caught again under
-    # the handler it found: a no-op one lets the process end normally, exit code 0.
+    http = uvicorn.Server(config)
+    # Signals reach the main thread only: hand them to uvicorn, whose graceful shutdown stops
+    # accepting, waits for running requests, then ends the app's lifespan (which stops the engine).
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    uvicorn.Server(config).run()
+        signal.signal(sig, http.handle_exit)
+    thread = threading.Thread(target=http.run, name="ygg-http")
+    thread.start()
+    try:
+        server.engine.run(alive=thread.is_alive)
+    finally:
+        http.should_exit = True
+        thread.join()
+    if not http.started:
+        raise YggError(f"the HTTP server did not start on {host}:{port} (its log above says why)")

@@ -2,10 +2,13 @@
 
 Each sequence (a `Member`) owns a region of the target's and the drafter's slot-addressed caches
 (`ModelRunner.region`) and its own proposer, so its trees, acceptance and compaction are exactly
-those of `engine.Generation` alone. A step drafts every member's tree, each in its own thread, and
+those of `engine.Generation` alone. A step drafts every member's tree, each in its own greenlet, and
 runs their drafter forwards together (`Gate`: when every member still drafting is waiting on a
 forward, one forward serves them all); then one target forward verifies every tree (one mask whose
-rows see only their own sequence). Sequences join and leave between steps.
+rows see only their own sequence). Sequences join and leave between steps. Everything runs on the
+caller's thread: the thread that loaded the models (`ygg serve` steps the batch on its main thread).
+A member's drafter is lazy (`proposers.Drafter`): it feeds the prompt at the member's first drafting
+step, so a request that decodes plainly under load (see CAST below) never runs the drafter at all.
 
 Why a member's greedy output is what it gets alone: the target's kernels compute every row from
 its own query and visible keys only (`ygg_runtime.kernels`), regions need no alignment, and a
@@ -21,11 +24,13 @@ per modelled millisecond of the whole step — so trees shrink as the batch grow
 
 from __future__ import annotations
 
-import threading
+import functools
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
+
+from greenlet import greenlet
+from torch import Tensor
 
 from ygg_runtime import engine, prune
 from ygg_runtime.accept import Verdict
@@ -86,52 +91,45 @@ class Member:
 
 
 class Gate:
-    """Runs the member threads' drafter forwards together. A thread's forward waits until every
-    member still drafting is waiting on one; the coordinator (`serve`) then runs them all, in as
-    few forwards as MAX_ROWS allows, and wakes the threads with their logits."""
+    """Runs the members' drafter forwards together. Each member drafts in a greenlet of the
+    engine's own thread; a drafter forward (`ModelRunner.forward` while this gate is set) hands its
+    call to the coordinator and waits. Once every member still drafting waits on one, the
+    coordinator runs them all, in as few forwards as MAX_ROWS allows, and resumes each member with
+    its logits (or raises the forward's error in it).
 
-    def __init__(self, busy: int):
-        self.cond = threading.Condition()
-        self.pending: list[tuple[Call, int, list]] = []
-        self.busy = busy  # members still drafting
+    Greenlets rather than threads, so that every torch op of a batch runs on one OS thread: with a
+    second thread running parallel regions beside the first, each with its own OpenMP team, the
+    1.5B target's forward measured 1.5x slower on 2 cores (61 -> 96 ms)."""
 
-    def run(self, call: Call, width: int):
-        box: list = []
-        with self.cond:
-            self.pending.append((call, width, box))
-            self.cond.notify_all()
-            while not box:
-                self.cond.wait()
-        if isinstance(box[0], BaseException):
-            raise box[0]
-        return box[0]
+    def run(self, call: Call, width: int) -> Tensor:
+        """In a member: wait for the coordinator to run this forward with the others."""
+        return greenlet.getcurrent().parent.switch((call, width))
 
-    def leave(self) -> None:
-        """A member's drafting is over (done or failed)."""
-        with self.cond:
-            self.busy -= 1
-            self.cond.notify_all()
-
-    def serve(self) -> int:
-        """Run waiting forwards until no member drafts any more; returns the forwards run."""
+    @staticmethod
+    def drive(tasks: list[Callable[[], object]]) -> int:
+        """Run every task to its end, each in its own greenlet, their forwards together; returns
+        the forwards run."""
+        waiting = []
+        for task in tasks:
+            g = greenlet(task)
+            request = g.switch()
+            if not g.dead:
+                waiting.append((g, request))
         forwards = 0
-        with self.cond:
-            while True:
-                while self.busy and len(self.pending) < self.busy:
-                    self.cond.wait()
-                if not self.busy:
-                    return forwards
-                work, self.pending = self.pending, []
-                for group in _groups(work, lambda item: len(item[0].tokens)):
-                    width = group[0][1] if len(group) == 1 else 0
-                    try:
-                        outs = forward_many([c for c, _, _ in group], width)
-                    except BaseException as e:  # every waiting thread learns it
-                        outs = [e] * len(group)
-                    forwards += 1
-                    for (_, _, box), out in zip(group, outs):
-                        box.append(out)
-                self.cond.notify_all()
+        while waiting:
+            work, waiting = waiting, []
+            for group in _groups(work, lambda item: len(item[1][0].tokens)):
+                width = group[0][1][1] if len(group) == 1 else 0
+                try:
+                    outs = forward_many([call for _, (call, _) in group], width)
+                except Exception as e:  # every waiting member learns it
+                    outs = [e] * len(group)
+                forwards += 1
+                for (g, _), out in zip(group, outs):
+                    request = g.throw(out) if isinstance(out, BaseException) else g.switch(out)
+                    if not g.dead:
+                        waiting.append((g, request))
+        return forwards
 
 
 def _drafts(member: Member) -> bool:
@@ -164,14 +162,10 @@ class Batch:
         self.max_batch = max_batch
         self.regions = Regions(target.max_len if drafter is None else min(target.max_len, drafter.max_len))
         self.members: list[Member] = []
-        self._pool = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="ygg-draft")
         self.steps = 0
         # Per number of sequences verified together: [steps, tree nodes verified in them] — how
         # the trees' size follows the load (`ygg serve`'s /metrics shows it).
         self.load: dict[int, list[int]] = {}
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
 
     @property
     def free_rows(self) -> int:
@@ -204,7 +198,7 @@ class Batch:
             target = self.target.region(base, length)
             drafter = None
             if self.drafter is not None:
-                drafter = Drafter(self.drafter.region(base, length), self.target.vocab_size)
+                drafter = Drafter(self.drafter.region(base, length), self.target.vocab_size, lazy=True)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, seed=seed, eos_ids=eos_ids, on_step=on_step)
         except BaseException:
@@ -260,22 +254,12 @@ class Batch:
         if len(live) == 1:
             self._guard(live[0], live[0].generation.propose)
             return
-        gate = Gate(len(live))
+        gate = Gate()
         runners = [m.generation.proposer.drafter.runner for m in live if _drafts(m)]
         for r in runners:
             r.gate = gate
-
-        def draft(member: Member) -> None:
-            try:
-                self._guard(member, member.generation.propose)
-            finally:
-                gate.leave()
-
         try:
-            futures = [self._pool.submit(draft, m) for m in live]
-            gate.serve()
-            for f in futures:
-                f.result()
+            gate.drive([functools.partial(self._guard, m, m.generation.propose) for m in live])
         finally:
             for r in runners:
                 r.gate = None

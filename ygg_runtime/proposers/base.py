@@ -156,19 +156,32 @@ class Drafter:
     Its vocabulary may be smaller than the target's (Qwen2.5-7B pads its embedding to 152 064 rows,
     Qwen2.5-0.5B to 151 936, over one tokenizer): a token it has no row for is fed as STAND_IN.
     Its guesses after one are worse, never wrong: the target verifies every token.
+
+    A lazy drafter (a batch's: `ygg_runtime.batch`) feeds the prompt at the first step that drafts,
+    not at prefill: under load a batch may decode plainly for a request's whole life, and then its
+    drafter never runs at all. The prompt counts as fed for pricing (`behind`): like an eager
+    prefill, it is paid once whatever the step, not by the step that happens to draft first.
     """
 
     STAND_IN = 0
 
-    def __init__(self, runner: ModelRunner, target_vocab: int):
+    def __init__(self, runner: ModelRunner, target_vocab: int, lazy: bool = False):
         self.runner = runner
         self.target_vocab = target_vocab
+        self.lazy = lazy
+        self.prompt = 0  # the prompt's tokens (all but the first root), fed or owed
         self.fed: set[int] = set()
         self.ready: Tensor | None = None  # the next root's logits, when a head draft ran ahead
 
     def reset(self) -> None:
         self.runner.reset()
         self.ready = None
+        self.prompt = 0
+
+    def behind(self, seq: list[int]) -> int:
+        """Tokens of `seq` past the prompt the drafter has not fed: what its next step's first
+        forward must catch up on (1, the root, after a drafting step)."""
+        return len(seq) - max(self.runner.committed, self.prompt)
 
     def known(self, tokens: list[int]) -> list[int]:
         """The tokens as the drafter can embed them (see STAND_IN)."""
@@ -176,12 +189,16 @@ class Drafter:
         return tokens if all(t < v for t in tokens) else [t if t < v else self.STAND_IN for t in tokens]
 
     def prefill(self, tokens: list[int]) -> None:
-        self.runner.prefill(self.known(tokens))
+        self.prompt = len(tokens)
+        if not self.lazy:
+            self.runner.prefill(self.known(tokens))
 
     def begin(self, seq: list[int]) -> Tensor:
         """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0.
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in
         chunks of the widest compiled width, so every forward keeps a compiled width."""
+        if self.runner.committed < self.prompt:  # a lazy drafter's first drafting step
+            self.runner.prefill(self.known(seq[self.runner.committed : self.prompt]))
         pending = self.known(seq[self.runner.committed :])
         ready, self.ready = self.ready, None
         if ready is not None and len(pending) == 1:  # the root was fed ahead, at tree slot 0

@@ -183,7 +183,7 @@ class EGT(DraftProposer):
             alone_value = sum(retrieved[1].path_values)  # its E[A]
         # After steps that skipped the drafter, its next step first feeds what it missed: a cost
         # the depth choice and the width choice both count.
-        behind = len(seq) - self.drafter.runner.committed if self.max_depth else 0
+        behind = self.drafter.behind(seq) if self.max_depth else 0
         if self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
             plain = None if retrieved is None else (alone_value, retrieved[1].verify_width)
