@@ -302,9 +302,12 @@ def test_bench_serve_loads_the_server_at_each_level_and_writes_its_results(artif
     for r in report["summary"]:
         assert r["requests"] == 4 and r["tokens_per_s"] > 0 and r["outputs_equal_ar"] == "4/4"
         assert r["tpot_ms_p50"] > 0 and r["nodes_per_sequence"] >= 1
+        # the server's /metrics account of the level is the clients' own
+        assert r["metrics_agree"] and r["metrics"]["generation_tokens"] == r["tokens"]
     ar = [r for r in report["summary"] if r["method"] == "ar"]
     assert all(r["nodes_per_sequence"] == 1 for r in ar)  # plain decoding verifies only the root
-    assert (out / "serve.png").stat().st_size > 0 and "| egt | 2 |" in (out / "summary.md").read_text()
+    assert (out / "serve.png").stat().st_size > 0 and (out / "metrics.png").stat().st_size > 0
+    assert "| egt | 2 |" in (out / "summary.md").read_text()
 
 
 def test_bench_serve_refuses_a_bad_concurrency_in_one_line(artifact):

@@ -111,6 +111,41 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
+# The /metrics samples a load run's timeline keeps, every SCRAPE_S seconds while it runs.
+TIMELINE = {"generation_tokens": "vllm:generation_tokens_total", "drafts": "vllm:spec_decode_num_drafts_total",
+            "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+            "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+            "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
+SCRAPE_S = 2.0
+
+
+class Scraper:
+    """Reads the server's /metrics every SCRAPE_S seconds while a load level runs, as a monitoring
+    system would: the timeline shows the counters moving under load."""
+
+    def __init__(self, port: int):
+        self.port, self.samples, self.start = port, [], time.perf_counter()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Scraper":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(SCRAPE_S):
+            try:
+                now = scrape(self.port)
+            except OSError:  # a scrape that fails is a gap in the timeline, not a failed benchmark
+                continue
+            self.samples.append({"t_s": round(time.perf_counter() - self.start, 2),
+                                 **{k: now.get(name, 0.0) for k, name in TIMELINE.items()}})
+
+
 def load_level(client: Client, prompts: list[tuple[str, list[int]]], method: str, concurrency: int,
                max_tokens: int) -> tuple[list[dict], float]:
     """Every prompt once, `concurrency` clients in a closed loop; (rows, wall seconds)."""
@@ -175,11 +210,21 @@ def percentile(xs: list[float], q: float) -> float | None:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
-def level_summary(rows: list[dict], wall: float, before: dict, after: dict) -> dict:
+def level_summary(rows: list[dict], wall: float, before: dict, after: dict, timeline: list[dict] | None = None) -> dict:
+    """A level's figures from its requests as the clients saw them and from the server's /metrics
+    read before and after it; `metrics_agree` checks the two accounts against each other (tokens
+    generated, requests finished, accepted tokens per position summing to accepted tokens)."""
     def delta(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
     tokens = sum(r["generated"] for r in rows)
+    per_pos = sum(v - before.get(k, 0.0) for k, v in after.items()
+                  if k.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total"))
+    finished = sum(v - before.get(k, 0.0) for k, v in after.items() if k.startswith("vllm:request_success_total"))
+    accepted_total = delta("vllm:spec_decode_num_accepted_tokens_total")
+    agree = (delta("vllm:generation_tokens_total") == tokens and finished == len(rows) and per_pos == accepted_total
+             and all(b["generation_tokens"] <= a["generation_tokens"] for a, b in zip(timeline[1:], timeline))
+             if timeline is not None else None)
     by_size = {}
     for key in after:
         if key.startswith("ygg:batch_steps_total{sequences="):
@@ -201,6 +246,12 @@ def level_summary(rows: list[dict], wall: float, before: dict, after: dict) -> d
                                / sum(v["steps"] * b for b, v in by_size.items())) if steps else None,
         "by_batch_size": {str(b): v for b, v in sorted(by_size.items())},
         "acceptance_rate": accepted / drafted if drafted else None,
+        "metrics": {"generation_tokens": delta("vllm:generation_tokens_total"), "requests_finished": finished,
+                    "drafts": delta("vllm:spec_decode_num_drafts_total"), "draft_tokens": drafted,
+                    "accepted_tokens": accepted, "accepted_per_position_sum": per_pos,
+                    "scrapes_during_run": len(timeline or [])},
+        "metrics_agree": agree,
+        "timeline": timeline or [],
     }
 
 
@@ -241,9 +292,11 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                 order = opts.methods if i % 2 == 0 else opts.methods[::-1]
                 for m in order:
                     before = scrape(port)
-                    rows, wall = load_level(client, encoded, m, c, opts.max_new_tokens)
+                    with Scraper(port) as scraper:
+                        rows, wall = load_level(client, encoded, m, c, opts.max_new_tokens)
                     after = scrape(port)
-                    results.append({"method": m, "concurrency": c, **level_summary(rows, wall, before, after)})
+                    results.append({"method": m, "concurrency": c,
+                                    **level_summary(rows, wall, before, after, scraper.samples)})
                     runs += [{"method": m, "concurrency": c, **r} for r in rows]
                     done += len(rows)
                     ui.progress(label, done, total, unit="requests")
@@ -272,6 +325,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     write_atomic(out / "results.json", json.dumps(report, indent=1).encode())
     write_atomic(out / "summary.md", summary_markdown(report).encode())
     write_atomic(out / "serve.png", plots.serve_curves(results))
+    write_atomic(out / "metrics.png", plots.metrics_timeline(results))
     return report
 
 
@@ -297,5 +351,19 @@ def summary_markdown(report: dict) -> str:
                      f"| {f(r['nodes_per_sequence'], '.2f')} | {f(r['acceptance_rate'], '.2f')} "
                      f"| {r['outputs_equal_ar'] or '–'} |")
     lines += ["", "nodes/sequence: tree nodes verified per sequence per step (root included; 1 = plain decoding), "
-              "from the server's ygg:batch_verified_nodes and ygg:batch_steps counters.", ""]
-    return "\n".join(lines)
+              "from the server's ygg:batch_verified_nodes and ygg:batch_steps counters.", "",
+              "## /metrics during the load", "",
+              f"Scraped every {SCRAPE_S:g} s while each level ran, and before and after it: the server's own account "
+              "against the clients' (generated tokens, finished requests; accepted tokens per position summing to "
+              "accepted tokens; generated tokens never falling between scrapes).", "",
+              "| method | concurrency | scrapes | generated (server / clients) | requests (server / clients) | drafts "
+              "| draft tokens | accepted | agree |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(report["summary"], key=lambda r: (r["method"], r["concurrency"])):
+        m = r.get("metrics")
+        if not m:
+            continue
+        lines.append(f"| {r['method']} | {r['concurrency']} | {m['scrapes_during_run']} | {m['generation_tokens']:.0f} / "
+                     f"{r['tokens']} | {m['requests_finished']:.0f} / {r['requests']} | {m['drafts']:.0f} | "
+                     f"{m['draft_tokens']:.0f} | {m['accepted_tokens']:.0f} | "
+                     f"{'yes' if r['metrics_agree'] else 'NO'} |")
+    return "\n".join(lines + [""])

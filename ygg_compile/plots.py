@@ -92,6 +92,27 @@ def serve_curves(summary: list[dict]) -> bytes:
     return _png(fig)
 
 
+def metrics_timeline(summary: list[dict]) -> bytes:
+    """`ygg bench-serve`: the server's /metrics as scraped while each load level ran — tokens
+    generated (vllm:generation_tokens) and requests running — against the level's own clock."""
+    fig, axes = _figure(ncols=2, figsize=(11, 3.8))
+    for i, r in enumerate(sorted(summary, key=lambda r: (r["method"], r["concurrency"]))):
+        tl = r.get("timeline") or []
+        if not tl:
+            continue
+        t = [s["t_s"] for s in tl]
+        style = "-" if r["method"] == "egt" else "--"
+        label = f"{r['method']} c={r['concurrency']}"
+        axes[0].plot(t, [s["generation_tokens"] - tl[0]["generation_tokens"] for s in tl], style, label=label)
+        axes[1].plot(t, [s["running"] for s in tl], style, label=label)
+    for ax, title in zip(axes, ("tokens generated since the first scrape", "requests running")):
+        ax.set_xlabel("seconds into the level")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    return _png(fig)
+
+
 def tw_curves(profile: dict, title: str = "Forward latency T(W)") -> bytes:
     """Measured ms per forward against the number of new tokens W, per model and context length."""
     fig, ax = _figure(figsize=(6, 4))
