@@ -124,6 +124,29 @@ def test_a_members_drafter_feeds_the_prompt_only_when_it_first_drafts(int8_pair)
     assert plain.generation.proposer.drafter.runner.forwards == 0
 
 
+def test_requests_sharing_a_prompt_prefix_reuse_its_rows_and_decode_as_alone(int8_pair):
+    """A chat template's system turn is computed once: every member whose prompt starts with it
+    gets its rows copied into its region (target and drafter), and decodes as the request alone
+    without any prefix cache."""
+    from ygg_runtime.runner import PrefixCache
+
+    target, draft, tok = int8_pair
+    head = tok("<|system|>You are a careful assistant.<|end|>\n<|user|>").input_ids
+    prompts = [head + tok(p).input_ids for p in PROMPTS[:4]]
+    alone = [decode(target, None, "ar", {}, p, 16)[0] for p in prompts]
+    target.prefix, draft.prefix = PrefixCache(head), PrefixCache(head)
+    try:
+        batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 3}, d), max_batch=4)
+        outs = run_batch(batch, [(p, "chain", {"max_new_tokens": 16}) for p in prompts], joins_at=[0, 0, 2, 3])
+    finally:
+        hits = target.prefix.hits, draft.prefix.hits
+        target.prefix = draft.prefix = None
+    assert outs == alone
+    # the first member computed the target's rows and the other three copied them; the two members
+    # whose drafters first drafted together both computed the drafter's
+    assert hits == (3, 2)
+
+
 def test_a_full_batch_admits_a_request_when_a_member_leaves(int8_pair):
     target, draft, tok = int8_pair
     batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 3}, d), max_batch=2)

@@ -108,6 +108,33 @@ def test_metrics_count_only_the_tokens_that_reach_the_output():
     assert m.accepted_lengths == [at + 1] and m.accepted_tokens == at + 1 and m.generated_tokens == at + 1
 
 
+def test_prompts_sharing_a_cached_prefix_decode_as_plain_decoding_in_bfloat16():
+    """The chat template's system turn is prefilled once and its KV rows copied into later prompts
+    (`runner.PrefixCache`). In bfloat16, where a row's bits may depend on the forward's width, the
+    copy is still exact because every prompt is prefilled on one schedule: the first prompt (which
+    computes the rows) and every later one (which copies them) decode as plain decoding does, and
+    the copied rows are the computed ones bit for bit."""
+    from ygg_runtime.runner import PrefixCache
+
+    hf = tiny.hf_model("llama", seed=10)
+    target = runner(to_runtime(hf, torch.bfloat16))
+    draft = runner(noised_runtime(to_runtime(hf, torch.bfloat16), 0.05, seed=1))
+    head = prompts(1, seed=15)[0] + list(range(40, 60))  # a "system turn" of 20+ tokens
+    chats = [head + p for p in prompts(4, seed=16)]
+    target.prefix, draft.prefix = PrefixCache(head), PrefixCache(head)
+    target.prefill(chats[0][:-1])  # computes the prefix's rows
+    rows = [c.k[:, :, : len(head)].clone() for c in target.model.caches()]
+    target.reset()
+    target.prefill(chats[1][:-1])  # copies them
+    assert target.prefix.hits == 1 and all(torch.equal(c.k[:, :, : len(head)], r) for c, r in zip(target.model.caches(), rows))
+    for chat in chats:
+        ref, _ = decode(target, None, "ar", {}, chat, 24)
+        for method, params in METHODS[1:]:
+            out, _ = decode(target, draft, method, params, chat, 24)
+            assert out == ref, f"{method} left plain decoding after a copied prefix"
+    assert target.prefix.hits > 20 and draft.prefix.hits > 20
+
+
 PROSE_AND_CODE = [
     "The history of the printing press begins", "def quicksort(items):\n", "Once upon a time, in a small village",
     "import numpy as np\n\ndef softmax(x):\n", "The three laws of thermodynamics are", "SELECT name, COUNT(*) FROM",

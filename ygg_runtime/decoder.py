@@ -14,7 +14,7 @@ from ygg_runtime.objective import Curves
 from ygg_runtime.plan import ExactnessRecord, Plan
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.retrieval import AdjacencyTable
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.runner import ModelRunner, PrefixCache
 from ygg_runtime.text import StreamDecoder, TextCodec
 
 
@@ -82,6 +82,11 @@ class Decoder:
         # The compile-time row-invariance records by forward kind ("compiled", "eager").
         self.exactness: dict[str, ExactnessRecord] = plan.exactness if plan else {}
         target.min_width = exactness.min_width(self.exactness.get(self.forward_kind()))
+        # Chat prompts share the template's system turn: its KV rows are computed once per model.
+        shared = codec.prefix_ids() if codec is not None else []
+        for r in (target, drafter):
+            if r is not None and shared:
+                r.prefix = PrefixCache(shared)
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
         self._proposers: dict[tuple, proposers.Proposer] = {}
 

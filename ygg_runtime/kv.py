@@ -40,3 +40,16 @@ def compact(caches: list[KVCache], src_slots: list[int], dst_start: int) -> None
     dst = torch.arange(dst_start, dst_start + n, device=device)
     for cache in caches:
         cache.compact(src, dst)
+
+
+def snapshot(caches: list[KVCache], start: int, n: int) -> list[tuple[Tensor, Tensor]]:
+    """A copy of every layer's K and V rows at slots [start, start + n)."""
+    return [(c.k[:, :, start : start + n].clone(), c.v[:, :, start : start + n].clone()) for c in caches]
+
+
+def restore(caches: list[KVCache], rows: list[tuple[Tensor, Tensor]], start: int) -> None:
+    """Write rows taken by `snapshot` back at slots [start, start + n) of every layer's cache."""
+    for c, (k, v) in zip(caches, rows):
+        n = k.shape[2]
+        c.k[:, :, start : start + n] = k
+        c.v[:, :, start : start + n] = v

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ygg_runtime.kv import compact
+from ygg_runtime.kv import compact, restore, snapshot
 from ygg_runtime.model import Transformer
 
 # The attention span is rounded up to a multiple of this, so that most steps reuse one shape.
@@ -35,6 +35,26 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64)
 def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
     """The smallest compiled width that holds n tokens (n itself when none is wide enough)."""
     return next((w for w in sorted(widths) if w >= n), n)
+
+
+class PrefixCache:
+    """The KV rows of a prompt prefix most prompts share — the chat template's system turn, frozen
+    at compile time — computed once per process and copied into every later prompt's cache.
+
+    Every prompt that starts with the prefix is prefilled on one schedule, alone or in a batch,
+    first use or not: the prefix in a forward of its own at positions 0..n-1, then the rest. The
+    copied rows are therefore the bits that forward gives, whatever the kernels' row invariance,
+    and greedy output stays that of plain decoding. Rows are kept per kind of forward (compiled or
+    eager), which can differ in their last bits."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = list(tokens)
+        self.rows: dict[bool, list[tuple[Tensor, Tensor]]] = {}  # compiled? -> every layer's (K, V)
+        self.hits = 0  # prompts that reused the rows (tests and stats read it)
+
+    def covers(self, tokens: list[int]) -> bool:
+        n = len(self.tokens)
+        return n > 0 and len(tokens) >= n and tokens[:n] == self.tokens
 
 
 @dataclass
@@ -82,12 +102,14 @@ class ModelRunner:
         # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for every
         # forward they hold; any other (wider than their widest) runs eager.
         self.compiled = None
+        # The shared prompt prefix whose KV rows a prefill copies instead of computing (None: none).
+        self.prefix: PrefixCache | None = None
 
     def region(self, base: int, length: int) -> "ModelRunner":
         """A runner for slots [base, base + length) of this model's cache, with this runner's
-        widths, exactness floor and compiled forwards (the cache is shared, so they fit it)."""
+        widths, exactness floor, compiled forwards and prefix cache (the cache is shared, so they fit it)."""
         r = ModelRunner(self.model, length, base, setup=False)
-        r.widths, r.min_width, r.compiled = self.widths, self.min_width, self.compiled
+        r.widths, r.min_width, r.compiled, r.prefix = self.widths, self.min_width, self.compiled, self.prefix
         return r
 
     @contextlib.contextmanager
@@ -143,7 +165,22 @@ class ModelRunner:
         self.committed += len(offsets)
 
     def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> None:
-        for i in range(0, len(tokens), chunk):
+        """Commit `tokens` after the committed prefix, in forwards of at most `chunk` tokens; a
+        prompt that starts with the prefix cache's tokens gets those rows copied (`PrefixCache`)."""
+        start = 0
+        p = self.prefix
+        if p is not None and self.committed == 0 and p.covers(tokens):
+            start = len(p.tokens)
+            kind = self.compiled is not None
+            if kind in p.rows:
+                restore(self.model.caches(), p.rows[kind], self.base)
+                self.committed = start
+                p.hits += 1
+            else:
+                self.forward_chain(p.tokens)
+                self.commit(list(range(start)))
+                p.rows[kind] = snapshot(self.model.caches(), self.base, start)
+        for i in range(start, len(tokens), chunk):
             part = tokens[i : i + chunk]
             self.forward_chain(part)
             self.commit(list(range(len(part))))

@@ -17,6 +17,13 @@ class TextCodec:
     def has_chat_template(self) -> bool:
         return self.chat_prefix is not None
 
+    def prefix_ids(self) -> list[int]:
+        """The chat template's tokens before the user's text (its system turn): the prefix every
+        chat prompt shares, whose KV rows a decoder computes once (`runner.PrefixCache`)."""
+        if not self.has_chat_template or not self.chat_prefix:
+            return []
+        return self.tokenizer.encode(self.chat_prefix, add_special_tokens=False).ids
+
     def encode(self, prompt: str, raw: bool = False) -> list[int]:
         """Token ids of a user prompt, wrapped in the model's chat template unless raw. The
         template already holds any special tokens, so the tokenizer adds none of its own."""
