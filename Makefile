@@ -67,10 +67,10 @@ bench: install-qwen install-llama
 		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
 
 # `ygg serve` under load: egt against batched plain decoding at each concurrency level, through the
-# real server on loopback (4 Spec-Bench prompts per category, 128 new tokens); results under
+# real server on loopback (8 Spec-Bench prompts per category, 128 new tokens); results under
 # benchmarks/results/<device>-serve/. Run it alone on the machine.
 SERVE_CONCURRENCY ?= 1,2,4,8
-SERVE_LIMIT ?= 4
+SERVE_LIMIT ?= 8
 bench-serve: install-qwen
 	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)

@@ -198,13 +198,17 @@ def running(server: Served) -> float:
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_sequence(server):
-    before = server.metrics().get("vllm:request_success_total{finished_reason=cancelled}", 0.0)
+    start = server.metrics()
+    before = start.get("vllm:request_success_total{finished_reason=cancelled}", 0.0)
     body = {"model": server.model, "prompt": PROMPTS[5], "max_tokens": 200, "temperature": 0, "stream": True,
             "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=TIMEOUT) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         assert next(line for line in lines if line.startswith("data: "))  # one event, then hang up
+        mid = server.metrics()  # tokens are counted as they are made, not when the request ends
+        assert mid["vllm:num_requests_running"] == 1
+        assert mid["vllm:generation_tokens_total"] > start.get("vllm:generation_tokens_total", 0.0)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and running(server) > 0:
         time.sleep(0.1)

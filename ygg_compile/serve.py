@@ -240,7 +240,7 @@ class Engine:
                 member = self.batch.join(job.prompt, job.method, max_new_tokens=job.max_tokens,
                                          temperature=job.temperature, top_p=job.top_p, seed=job.seed,
                                          eos_ids=frozenset() if job.ignore_eos else self.decoder.eos_ids,
-                                         on_tokens=lambda new, job=job: job.send("tokens", new),
+                                         on_tokens=lambda new, job=job: self._emit(job, new),
                                          on_step=self.metrics.record_step)
             except YggError as e:  # checked before queueing; only a race with nothing left could land here
                 self.queue.popleft()
@@ -254,6 +254,11 @@ class Engine:
             self.metrics.prompt_tokens.inc(len(job.prompt))
         self.metrics.waiting.set(len(self.queue))
         self.metrics.running.set(len(self.jobs))
+
+    def _emit(self, job: Job, new: list[int]) -> None:
+        """A step's accepted tokens: counted as they are made (a scrape mid-request sees them), then sent."""
+        self.metrics.generation_tokens.inc(len(new))
+        job.send("tokens", new)
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self.jobs if j.cancelled]:
@@ -289,7 +294,6 @@ class Engine:
         self.jobs.remove(job)
         self.metrics.running.set(len(self.jobs))
         m = job.member.generation.metrics
-        self.metrics.generation_tokens.inc(m.generated_tokens)
         self.metrics.success.labels(reason).inc()
         self.metrics.latency.observe(time.perf_counter() - job.arrived)
         if m.generated_tokens > 1:
