@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import shutil
 import signal
 import statistics
@@ -230,6 +231,7 @@ def _staging(out: Path) -> Iterator[Path]:
         raise YggError(f"cannot write to {out.parent}: {e.strerror or e}") from e
     try:
         yield tmp
+        _honour_umask(tmp)
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old-{int(time.time())}")
@@ -239,6 +241,28 @@ def _staging(out: Path) -> Iterator[Path]:
             shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it; else set, read, restore."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status") as f:
+            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _honour_umask(root: Path) -> None:
+    """Give the artifact the modes the user's umask asks for: mkdtemp and the temporary files some
+    writers use are created 0700/0600, which would leave an artifact built by one account (or a CI
+    job) unreadable to another."""
+    mask = _umask()
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        full = 0o777 if p.is_dir() or p.stat().st_mode & 0o111 else 0o666
+        p.chmod(full & ~mask)
 
 
 def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):

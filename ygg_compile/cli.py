@@ -25,7 +25,7 @@ from ygg_compile.peers import HF_PEERS
 from ygg_compile.report import fmt, render_table
 from ygg_compile.serve import serve
 from ygg_compile.ui import RichReporter, err, stats_table
-from ygg_runtime.artifact import DEFAULT_DIR
+from ygg_runtime.artifact import DEFAULT_DIR, plan_sha256
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.exactness import verdict
 from ygg_runtime.plan import Plan
@@ -100,6 +100,8 @@ def compile_cmd(
     )
     err.print(plan_summary(plan))
     err.print(phase_table(plan))
+    err.print(f"plan sha256 {plan_sha256(output)} — an artifact is executable code: to run only this one, "
+              f"`ygg run --expect-plan {plan_sha256(output)}`")
 
 
 def phase_table(plan: Plan):
@@ -201,32 +203,38 @@ def run_cmd(
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default and only choice: the artifact's)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="must be the artifact's (default: the artifact's)"),
+    expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
 ) -> None:
     """Generate from a prompt with a compiled artifact: exactly the target's own output, faster."""
     prompt = _read_prompt(prompt_file)
-    decoder = ygg_runtime.load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype)
+    decoder = ygg_runtime.load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype,
+                               expect_plan=expect_plan)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    result = decoder.generate(
-        prompt,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        method=method,
-        graft=not no_graft,
-        raw=raw,
-        ignore_eos=ignore_eos,
-        on_text=None if as_json else stream,
-    )
-    if as_json:
-        print(json.dumps(result.to_json(), ensure_ascii=False))
-    else:
-        sys.stdout.write("\n")
+    try:
+        result = decoder.generate(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            method=method,
+            graft=not no_graft,
+            raw=raw,
+            ignore_eos=ignore_eos,
+            on_text=None if as_json else stream,
+        )
+        if as_json:
+            print(json.dumps(result.to_json(), ensure_ascii=False))
+        else:
+            sys.stdout.write("\n")
         sys.stdout.flush()
+    except BrokenPipeError:  # `ygg run ... | head -1`: the reader has what it wanted; stop, quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        raise typer.Exit(0) from None
     if stats:
         err.print(stats_table(result.metrics, f"{result.method} · {artifact}", decoder.forwards))
         err.print(f"exactness: {result.exactness}")
@@ -249,6 +257,7 @@ def serve_cmd(
     model_name: Optional[str] = typer.Option(None, "--model-name", help="the model name clients send (default: the target's)"),
     no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="keep every request's own tree under load (no CAST allocation)"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
+    expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
     import socket
@@ -264,7 +273,7 @@ def serve_cmd(
             pass
     except OSError as e:
         raise YggError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    decoder = ygg_runtime.load(artifact, eager=eager)
+    decoder = ygg_runtime.load(artifact, eager=eager, expect_plan=expect_plan)
     target = decoder.plan.models["target"].spec if decoder.plan else "model"
     name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
     err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{host}:{port}/v1 · batch "
@@ -363,6 +372,7 @@ def inspect_cmd(
     info.add_row("context", f"{plan.max_context} tokens")
     info.add_row("default method", f"{plan.method}  (ygg run --method picks another)")
     info.add_row("compiled", f"{plan.created} in {plan.compile_seconds} s")
+    info.add_row("plan sha256", f"{plan_sha256(artifact)}  (ygg run --expect-plan pins it)")
     aot = plan.aot
     info.add_row("forwards", "eager (compiled with --no-aot)" if not aot else
                  f"AOTInductor {aot.package} per model, widths 1..{aot.max_width}, built for {aot.isa or plan.device} "
@@ -468,15 +478,26 @@ def _short_params(name: str, params: dict) -> str:
 
 def _read_prompt(spec: str) -> str:
     if spec == "-":
-        text = sys.stdin.read()
+        if sys.stdin is None or sys.stdin.closed:
+            raise YggError("no standard input to read the prompt from (it is closed); give a prompt file")
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError:
+            raise YggError("the prompt on standard input is not UTF-8 text") from None
     else:
         path = Path(spec)
-        if not path.is_file():
+        if path.is_dir():
+            raise YggError(f"prompt file {spec} is a directory; give a text file (or - for stdin)")
+        if not path.exists():
             raise YggError(f"prompt file {spec} does not exist")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise YggError(f"prompt file {spec} is not UTF-8 text") from None
+        except OSError as e:
+            raise YggError(f"cannot read prompt file {spec}: {e.strerror or e}") from None
+    if "\x00" in text:
+        raise YggError(f"the prompt in {spec} holds NUL bytes: it looks binary, not text")
     if not text.strip():
         raise YggError(f"the prompt in {spec} is empty")
     return text.rstrip("\n")
@@ -496,13 +517,15 @@ def main() -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort, click.exceptions.Abort):
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
-    except click.exceptions.ClickException as e:
-        e.show()
+    except (typer.Exit, click.exceptions.Exit) as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
+    except (typer.TyperException, click.exceptions.ClickException) as e:  # a usage error: one line, not click's box
+        ctx = getattr(e, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        print(f"error: {e.format_message()}{where}", file=sys.stderr)
         sys.exit(e.exit_code)
     except Exception as e:
         if debug:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 from ygg_runtime.compiled import CompiledForward
@@ -20,9 +22,17 @@ PLAN_FILE = "plan.yaml"
 DEFAULT_DIR = Path("artifacts/default")
 
 
-def read_plan(directory: Path) -> Plan:
+def plan_sha256(directory: str | Path) -> str:
+    """The hash that identifies an artifact: plan.yaml's sha256. The plan lists every other file's
+    sha256, so pinning it (`ygg run --expect-plan`) pins the compiled code and weights too."""
+    return hashlib.sha256((Path(directory) / PLAN_FILE).read_bytes()).hexdigest()
+
+
+def read_plan(directory: Path, expect_plan: str | None = None) -> Plan:
     """The plan of an artifact, refusing anything that is not a complete, unchanged artifact of
-    this format."""
+    this format. With expect_plan (a plan sha256), refuse any other plan before parsing it, and
+    hash every file afresh: the size-and-mtime shortcut of verify_files trusts the file's mtime,
+    which whoever can write the artifact can also set."""
     directory = Path(directory)
     if not directory.is_dir():
         raise YggError(f"artifact directory {directory} does not exist (run `ygg compile` first)")
@@ -30,21 +40,35 @@ def read_plan(directory: Path) -> Plan:
     if not path.is_file():
         raise YggError(f"{directory} is not a Yggdrasil artifact: it has no {PLAN_FILE}")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise YggError(f"cannot read {path}: {e.strerror or e}") from e
+    if expect_plan is not None:
+        expected = expect_plan.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", expected):
+            raise YggError(f"--expect-plan takes a 64-digit hex sha256 (as `ygg compile` prints it), not {expect_plan!r}")
+        found = hashlib.sha256(raw).hexdigest()
+        if found != expected:
+            raise YggError(f"{path} has sha256 {found}, not the expected {expected}: this is not the artifact "
+                           "you pinned; refusing to load it")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise YggError(f"{path} is corrupt: {first_line(e)}") from e
     plan = Plan.from_yaml(text, str(path))
-    verify_files(directory, plan.files)
+    verify_files(directory, plan.files, rehash=expect_plan is not None)
     return plan
 
 
 def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predictor: bool = True,
-         eager: bool = False, dtype: str | None = None) -> Decoder:
+         eager: bool = False, dtype: str | None = None, expect_plan: str | None = None) -> Decoder:
     """Load an artifact written by `ygg compile` into a ready Decoder. Its compiled forwards are
     used unless eager=True; predictor=False leaves egt's depth predictor out (egt then keeps its
-    planned fixed depth); device and dtype, when given, must be the artifact's."""
+    planned fixed depth); device and dtype, when given, must be the artifact's. expect_plan, a
+    plan sha256, refuses any other artifact before any of its code is loaded (a deployment pins
+    the artifact it tested)."""
     directory = Path(directory)
-    plan = read_plan(directory)
+    plan = read_plan(directory, expect_plan)
     device = device or plan.device
     aot = None if eager else plan.aot
     check_machine(plan, device, dtype, compiled=aot is not None)

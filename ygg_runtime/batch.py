@@ -178,7 +178,7 @@ class Batch:
         # A proposer over a one-slot drafter region sizes the request before a region is taken.
         probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
         proposer = self.make_proposer(method, probe)
-        engine.check(self.target, proposer, prompt, max_new_tokens, temperature, top_p)
+        engine.check(self.target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
         return len(prompt) + max_new_tokens + step_room(self.target, proposer)
 
     def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,

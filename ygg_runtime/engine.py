@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -33,7 +34,7 @@ class Generation:
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  eos_ids: frozenset[int] = frozenset(),
                  on_step: Callable[[TokenTree, Verdict], None] | None = None):
-        check(target, proposer, prompt, max_new_tokens, temperature, top_p)
+        check(target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
         self.target, self.proposer, self.prompt = target, proposer, prompt
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.eos_ids, self.on_step = eos_ids, on_step
@@ -120,15 +121,19 @@ class Generation:
 
 
 def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_tokens: int, temperature: float,
-          top_p: float) -> None:
+          top_p: float, seed: int | None = None) -> None:
     """Refuse a request in one line before any work: empty prompt, no budget, bad sampling
     settings, or more tokens than the runner's cache holds."""
     if not prompt:
         raise YggError("the prompt is empty")
     if max_new_tokens < 1:
-        raise YggError("--max-new-tokens must be at least 1")
-    if not temperature >= 0 or not 0 < top_p <= 1:  # `not >=` also refuses NaN
-        raise YggError("temperature must be >= 0 and top-p in (0, 1]")
+        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
+    if not 0 <= temperature < math.inf:  # the comparison also refuses NaN
+        raise YggError(f"--temperature must be a finite number >= 0 (0 = greedy), not {temperature}")
+    if not 0 < top_p <= 1:
+        raise YggError(f"--top-p must be in (0, 1], not {top_p}")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise YggError(f"--seed must be in [0, 2^63), not {seed}")
     room = step_room(target, proposer)
     if len(prompt) + max_new_tokens + room > target.max_len:
         raise YggError(

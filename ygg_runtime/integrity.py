@@ -30,8 +30,9 @@ def file_entry(path: Path) -> FileEntry:
     return FileEntry(sha256_of([path]), path.stat().st_size)
 
 
-def verify_files(directory: Path, files: dict[str, FileEntry]) -> None:
-    """Refuse an artifact with a missing or changed file (one line naming it)."""
+def verify_files(directory: Path, files: dict[str, FileEntry], rehash: bool = False) -> None:
+    """Refuse an artifact with a missing or changed file (one line naming it); rehash=True hashes
+    every file even when its size and mtime match the last successful check."""
     record_path = cache_dir() / "verified.json"
     try:
         record = json.loads(record_path.read_text())
@@ -46,7 +47,7 @@ def verify_files(directory: Path, files: dict[str, FileEntry]) -> None:
         if st.st_size != meta.bytes:
             raise YggError(f"artifact file {rel} has changed since compile (size differs): recompile")
         key, stamp = str(f.resolve()), [st.st_size, st.st_mtime_ns, meta.sha256]
-        if record.get(key) == stamp:
+        if record.get(key) == stamp and not rehash:
             continue
         if sha256_of([f]) != meta.sha256:
             raise YggError(f"artifact file {rel} has changed since compile (sha256 differs): recompile")
