@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -174,3 +176,126 @@ def test_the_artifact_is_readable_as_the_umask_says(artifact):
         mode = stat.S_IMODE(p.stat().st_mode)
         full = 0o777 if p.is_dir() or mode & 0o100 else 0o666
         assert mode == full & ~mask, (p, oct(mode))
+
+
+# ------------------------------------------------------------------ compile
+
+
+def _compile_args(pair, out: Path, target: Path | None = None) -> list:
+    return ["compile", "--draft", pair["draft"], "--target", target or pair["target"], "-o", out,
+            "--dtype", "float32", "--max-context", 256, "--no-aot", "--quick"]
+
+
+def _tree(d: Path) -> list:
+    """What a directory holds: every file's path and sha256 (an artifact's state, for 'untouched')."""
+    return sorted((str(p.relative_to(d)), _sha256(p)) for p in d.rglob("*") if p.is_file())
+
+
+def _beside(out: Path) -> list[str]:
+    """What a compile left beside its output (its temporary directory, its lock): nothing, once it ended."""
+    return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
+
+
+@pytest.fixture(scope="module")
+def previous(pair, tmp_path_factory) -> Path:
+    """An artifact a failed compile must leave as it was (a quick, eager one)."""
+    out = tmp_path_factory.mktemp("previous") / "art"
+    proc = ygg(*_compile_args(pair, out))
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _with_previous(previous: Path, tmp: Path) -> Path:
+    out = tmp / "art"
+    shutil.copytree(previous, out)
+    return out
+
+
+def _limit_file_size() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # a disk that fills after ~200 kB per file
+
+
+def test_a_compile_that_runs_out_of_disk_says_so_and_keeps_the_previous_artifact(pair, previous, tmp_path):
+    out = _with_previous(previous, tmp_path)
+    before = _tree(out)
+    proc = subprocess.run([YGG, *map(str, _compile_args(pair, out))], capture_output=True, text=True, timeout=600,
+                          preexec_fn=_limit_file_size)
+    assert_one_line_error(proc, "out of disk space writing", "File too large")
+    assert _tree(out) == before and _beside(out) == []
+
+
+def test_a_compile_into_a_file_is_refused(pair, tmp_path):
+    out = tmp_path / "notes.txt"
+    out.write_text("mine")
+    assert_one_line_error(ygg(*_compile_args(pair, out)), "refusing to overwrite", "not a Yggdrasil artifact")
+    assert out.read_text() == "mine" and _beside(out) == []
+
+
+def test_a_target_of_an_unsupported_architecture_is_refused(pair, previous, tmp_path):
+    weird = tmp_path / "weird"
+    shutil.copytree(pair["target"], weird)
+    config = weird / "config.json"
+    config.write_text(config.read_text().replace('"model_type": "llama"', '"model_type": "mamba"'))
+    out = _with_previous(previous, tmp_path)
+    before = _tree(out)
+    assert_one_line_error(ygg(*_compile_args(pair, out, weird)), "model type 'mamba' is not supported")
+    assert _tree(out) == before and _beside(out) == []
+
+
+def test_a_second_compile_into_the_same_output_is_refused_while_the_first_runs(pair, previous, tmp_path):
+    from ygg_runtime.files import locked
+
+    out = _with_previous(previous, tmp_path)
+    before = _tree(out)
+    with locked(out, wait=False, remove=True) as mine:  # what a running compile holds
+        assert mine
+        assert_one_line_error(ygg(*_compile_args(pair, out)), "another `ygg compile` is writing")
+    assert _tree(out) == before and _beside(out) == []
+
+
+def _staging_appears(proc: subprocess.Popen, out: Path) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if any(".tmp-" in name for name in _beside(out)):
+            time.sleep(0.5)  # into the work, past the directory's creation
+            return
+        time.sleep(0.05)
+    raise AssertionError("the compile never started writing")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_compile_stopped_by_a_signal_leaves_nothing_and_keeps_the_previous_artifact(sig, pair, previous, tmp_path):
+    out = _with_previous(previous, tmp_path)
+    before = _tree(out)
+    proc = subprocess.Popen([YGG, *map(str, _compile_args(pair, out))], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    _staging_appears(proc, out)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in err
+    assert _tree(out) == before and _beside(out) == []
+
+
+def test_the_next_compile_removes_what_a_killed_one_left(pair, previous, tmp_path):
+    out = _with_previous(previous, tmp_path)
+    proc = subprocess.Popen([YGG, *map(str, _compile_args(pair, out))], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _staging_appears(proc, out)
+    proc.kill()  # SIGKILL: no handler runs, the temporary directory stays
+    proc.wait(timeout=60)
+    stale = _beside(out)
+    assert len(stale) == 2 and stale[0] == ".art.lock" and stale[1].startswith(".art.tmp-")  # its lock file too
+    unrelated = tmp_path / ".art.tmp-notours"  # not the shape of our temporary directories: left alone
+    unrelated.mkdir()
+    again = ygg(*_compile_args(pair, out))
+    assert again.returncode == 0, again.stderr
+    assert _beside(out) == [".art.tmp-notours"]
+
+
+def test_a_draft_larger_than_the_target_is_a_warning_not_an_error(pair, tmp_path):
+    proc = ygg("compile", "--draft", pair["target"], "--target", pair["draft"], "-o", tmp_path / "swapped",
+               "--dtype", "float32", "--max-context", 256, "--no-aot", "--quick")
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: the draft" in proc.stderr and "swapped --draft and --target?" in proc.stderr.replace("\n", " ")

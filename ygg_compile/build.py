@@ -7,8 +7,10 @@ an interrupted or failed compile leaves nothing half-written at the output path.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -33,6 +35,7 @@ from ygg_runtime import exactness, kernels, objective, proposers
 from ygg_runtime.artifact import DEFAULT_DIR, PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.files import locked
 from ygg_runtime.integrity import file_entry
 from ygg_runtime.model import load_model
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, ExactnessRecord, KernelInfo, ModelInfo, Plan,
@@ -118,6 +121,10 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             with phase("convert", f"converting {role} ({src.spec}) to {held}"):
                 models[role] = _convert(src, role, dtype, tmp / role, weights, ui)
         _check_vocab(len(tokenizer), models, ui)
+        big, small = models["draft"].parameters, models["target"].parameters
+        if big >= small:  # allowed (an ablation may want it), but almost surely swapped flags
+            ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is not smaller than the target "
+                    f"({small / 1e6:.1f}M): speculation will not beat plain decoding; swapped --draft and --target?")
         max_context = min(opts.max_context, *(m.max_position for m in models.values()))
         # Room past max_context for the calibration probe's wide trees (slots, not positions);
         # `ygg run` sets up the same cache, which the compiled graphs are built around.
@@ -197,23 +204,26 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
 
 @contextlib.contextmanager
 def _interrupts() -> Iterator[threading.Event]:
-    """Remember a Ctrl-C even if a library catches the KeyboardInterrupt it raises (AOTInductor's
-    compile can), so the compile still stops at the next phase and leaves nothing behind."""
+    """Remember a Ctrl-C (or a SIGTERM: `kill`, a CI timeout) even if a library catches the
+    KeyboardInterrupt it raises (AOTInductor's compile can), so the compile still stops at the next
+    phase and leaves nothing behind."""
     seen = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield seen
         return
-    previous = signal.getsignal(signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def handler(signum, frame):
         seen.set()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, handler)
+    for sig in previous:
+        signal.signal(sig, handler)
     try:
         yield seen
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def _check_output(out: Path) -> None:
@@ -223,24 +233,58 @@ def _check_output(out: Path) -> None:
 
 @contextlib.contextmanager
 def _staging(out: Path) -> Iterator[Path]:
-    """A temporary directory beside `out`, renamed to `out` only when the body succeeds."""
+    """A temporary directory beside `out`, renamed to `out` only when the body succeeds. One
+    compile per `out` at a time (a lock beside it); holding the lock, the temporary directories of
+    compiles that died (SIGKILL, power loss) are provably stale and removed."""
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        with locked(out, wait=False, remove=True) as mine:
+            if not mine:
+                raise YggError(f"another `ygg compile` is writing {out} right now: wait for it to finish, "
+                               "or compile to another -o")
+            _remove_stale(out)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+            try:
+                yield tmp
+                _honour_umask(tmp)
+                old = None
+                if out.exists():
+                    old = out.with_name(f".{out.name}.old-{int(time.time())}")
+                    out.rename(old)
+                tmp.rename(out)
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise _no_space(out, e.strerror) from e
+        if e.filename is None or not Path(e.filename).is_relative_to(out.parent):
+            raise
         raise YggError(f"cannot write to {out.parent}: {e.strerror or e}") from e
-    try:
-        yield tmp
-        _honour_umask(tmp)
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{int(time.time())}")
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as e:  # libraries that write (safetensors, the C++ compiler) say "disk full" in their own words
+        said = str(e)
+        if any(m in said for m in ("No space left on device", "File too large", "Disk quota exceeded",
+                                   "os error 28", "os error 27", "os error 122")):
+            raise _no_space(out, first_line(e)) from e
+        raise
+
+
+def _no_space(out: Path, detail: str) -> YggError:
+    return YggError(f"out of disk space writing {out} ({detail}); nothing was written there — free space "
+                    "(`du -sh` the output's disk and the cache, $YGG_CACHE) and compile again")
+
+
+def _remove_stale(out: Path) -> None:
+    """Leftovers of killed compiles into `out` (the caller holds its lock, so none is running):
+    our temporary directories, and a previous artifact set aside just before a kill."""
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.(tmp-[a-z0-9_]{{8}}|old-\d+)")
+    for p in out.parent.iterdir():
+        if p.is_dir() and pattern.fullmatch(p.name):
+            if p.name.startswith(f".{out.name}.old-") and not out.exists():
+                p.rename(out)  # killed between setting the old artifact aside and renaming the new one in
+            else:
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def _umask() -> int:

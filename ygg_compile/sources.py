@@ -8,7 +8,6 @@ safetensors under the user's cache directory, so later compiles skip the slow co
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import importlib.util
 import re
 import shutil
@@ -21,7 +20,7 @@ import torch
 import yaml
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.files import sha256_of
+from ygg_runtime.files import locked, sha256_of
 from ygg_runtime.integrity import cache_dir
 
 REGISTRY = yaml.safe_load((Path(__file__).parent / "registry.yaml").read_text())
@@ -124,7 +123,7 @@ def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tup
     else:
         gguf = cache_dir() / "packages" / entry["filename"]
         marker = gguf.with_suffix(".sha256")
-        with cache_lock(gguf):  # another process assembling the same file: wait, then take its result
+        with locked(gguf):  # another process assembling the same file: wait, then take its result
             if gguf.exists() and marker.exists() and marker.read_text().strip() == entry["sha256"]:
                 return gguf, entry["sha256"]
             tmp = gguf.with_suffix(".partial")
@@ -144,26 +143,12 @@ def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tup
     return gguf, sha
 
 
-@contextlib.contextmanager
-def cache_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock beside `path` (a cache entry) while filling it: two processes
-    converting the same model (two compiles, parallel test workers) take turns, and the second
-    finds the first's result instead of writing over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _gguf_to_dir(gguf: Path, sha: str, progress: Progress | None) -> Path:
     """Dequantize a GGUF file once into a cached transformers directory (float32 safetensors)."""
     out = cache_dir() / "gguf" / sha[:32]
     if (out / "config.json").exists():
         return out
-    with cache_lock(out):
+    with locked(out):
         if (out / "config.json").exists():
             return out
         return _dequantize(gguf, out, progress)

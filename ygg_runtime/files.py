@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -56,3 +58,33 @@ def output_dir(out: Path, what: str) -> Path:
     except OSError as e:
         raise YggError(f"cannot write {what} to {out}: {e.strerror or e}") from e
     return out
+
+
+@contextlib.contextmanager
+def locked(path: Path, wait: bool = True, remove: bool = False) -> Iterator[bool]:
+    """Hold an exclusive lock on the hidden file `.NAME.lock` beside `path` while the body fills
+    `path`: processes writing the same place take turns (wait=True) or learn that another one is
+    at it (wait=False yields False without the lock). The kernel drops the lock when its holder
+    dies, even by SIGKILL, so holding it proves no live writer is there. remove=True deletes the
+    lock file on the way out (still holding it); a process that locked the deleted file meanwhile
+    sees that its file is no longer the one at the path, and tries again."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.parent / f".{path.name}.lock"
+    while True:
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                if not lock.exists() or os.stat(lock).st_ino != os.fstat(f.fileno()).st_ino:
+                    continue  # the holder before us removed it: lock the file now at the path
+                try:
+                    yield True
+                finally:
+                    if remove:
+                        lock.unlink(missing_ok=True)
+                return
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
