@@ -196,8 +196,17 @@ def _beside(out: Path) -> list[str]:
     return sorted(p.name for p in out.parent.iterdir() if p.name.startswith(f".{out.name}."))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_profiles(tmp_path_factory):
+    """These compiles store their latency profiles apart: test_cli edits the suite's stored profile
+    of this pair on purpose, and a parallel worker's compile here must not meet it."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("YGG_PROFILES", str(tmp_path_factory.mktemp("profiles")))
+        yield
+
+
 @pytest.fixture(scope="module")
-def previous(pair, tmp_path_factory) -> Path:
+def previous(pair, tmp_path_factory, own_profiles) -> Path:
     """An artifact a failed compile must leave as it was (a quick, eager one)."""
     out = tmp_path_factory.mktemp("previous") / "art"
     proc = ygg(*_compile_args(pair, out))

@@ -172,7 +172,7 @@ class Batch:
         return self.max_batch - len(self.members)
 
     def admissible(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
-                   top_p: float = 1.0) -> int:
+                   top_p: float = 1.0, seed: int | None = None) -> int:
         """The cache slots the request needs; YggError, in one line, when it can never be served
         (bad settings, an unknown method, or more than the cache holds)."""
         # A proposer over a one-slot drafter region sizes the request before a region is taken.
@@ -190,7 +190,8 @@ class Batch:
         hears each step's new tokens, on_step each verified tree and its verdict."""
         if len(self.members) >= self.max_batch:
             return None
-        length = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+        length = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                 seed=seed)
         base = self.regions.alloc(length)
         if base is None:
             return None
