@@ -10,7 +10,7 @@ from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.decoder import Decoder
 from ygg_runtime import kernels
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.integrity import check_machine, verify_files
+from ygg_runtime.integrity import check_machine, check_memory, verify_files
 from ygg_runtime.model import load_model
 from ygg_runtime.plan import Plan
 from ygg_runtime.predictor import DepthPredictor
@@ -28,11 +28,21 @@ def plan_sha256(directory: str | Path) -> str:
     return hashlib.sha256((Path(directory) / PLAN_FILE).read_bytes()).hexdigest()
 
 
-def read_plan(directory: Path, expect_plan: str | None = None) -> Plan:
+def native_files(plan: Plan) -> set[str]:
+    """The artifact's files that are native code a process executes: the compiled forwards and
+    the kernels' library (what `--eager` runs without)."""
+    files = {plan.kernel.file} if plan.kernel else set()
+    if plan.aot:
+        files |= {f"{role}/{plan.aot.package}" for role in plan.models}
+    return files
+
+
+def read_plan(directory: Path, expect_plan: str | None = None, eager: bool = False) -> Plan:
     """The plan of an artifact, refusing anything that is not a complete, unchanged artifact of
     this format. With expect_plan (a plan sha256), refuse any other plan before parsing it, and
     hash every file afresh: the size-and-mtime shortcut of verify_files trusts the file's mtime,
-    which whoever can write the artifact can also set."""
+    which whoever can write the artifact can also set. eager=True leaves the native code out of
+    the check: it will not be loaded."""
     directory = Path(directory)
     if not directory.is_dir():
         raise YggError(f"artifact directory {directory} does not exist (run `ygg compile` first)")
@@ -56,24 +66,29 @@ def read_plan(directory: Path, expect_plan: str | None = None) -> Plan:
     except UnicodeDecodeError as e:
         raise YggError(f"{path} is corrupt: {first_line(e)}") from e
     plan = Plan.from_yaml(text, str(path))
-    verify_files(directory, plan.files, rehash=expect_plan is not None)
+    skip = native_files(plan) if eager else set()
+    verify_files(directory, {f: e for f, e in plan.files.items() if f not in skip}, rehash=expect_plan is not None)
     return plan
 
 
 def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predictor: bool = True,
          eager: bool = False, dtype: str | None = None, expect_plan: str | None = None) -> Decoder:
-    """Load an artifact written by `ygg compile` into a ready Decoder. Its compiled forwards are
-    used unless eager=True; predictor=False leaves egt's depth predictor out (egt then keeps its
-    planned fixed depth); device and dtype, when given, must be the artifact's. expect_plan, a
-    plan sha256, refuses any other artifact before any of its code is loaded (a deployment pins
-    the artifact it tested)."""
+    """Load an artifact written by `ygg compile` into a ready Decoder. Its native code (compiled
+    forwards, kernels' library) runs unless eager=True, which runs the models eager and builds the
+    kernels from this package's sources (cached; needs a C++ compiler) instead of loading the
+    artifact's copy: no code the artifact carries is executed. predictor=False leaves egt's depth
+    predictor out (egt then keeps its planned fixed depth); device and dtype, when given, must be
+    the artifact's. expect_plan, a plan sha256, refuses any other artifact before any of its code
+    is loaded (a deployment pins the artifact it tested)."""
     directory = Path(directory)
-    plan = read_plan(directory, expect_plan)
+    plan = read_plan(directory, expect_plan, eager=eager)
     device = device or plan.device
     aot = None if eager else plan.aot
-    check_machine(plan, device, dtype, compiled=aot is not None)
+    check_machine(plan, device, dtype, compiled=aot is not None, kernel=not eager)
+    if device.startswith("cpu"):
+        check_memory(directory, plan)
     if plan.kernel:
-        kernels.load(directory / plan.kernel.file)
+        kernels.load(kernels.build() if eager else directory / plan.kernel.file)
     runners = {}
     for role in ("target", "draft"):
         if not (directory / role).is_dir():
@@ -89,7 +104,7 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     tok = plan.tokenizer
     codec = TextCodec(directory / tok.file, tok.chat_prefix, tok.chat_suffix)
     forwards = ("compiled ahead of time" if aot is not None else
-                "eager (--eager)" if eager and plan.aot else "eager (the artifact has no compiled forwards)")
+                "eager (--eager: kernels built from source)" if eager else "eager (the artifact has no compiled forwards)")
     return Decoder(
         runners["target"],
         runners.get("draft"),

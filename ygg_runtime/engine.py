@@ -126,6 +126,17 @@ def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_to
     settings, or more tokens than the runner's cache holds."""
     if not prompt:
         raise YggError("the prompt is empty")
+    check_settings(max_new_tokens, temperature, top_p, seed)
+    room = step_room(target, proposer)
+    if len(prompt) + max_new_tokens + room > target.max_len:
+        raise YggError(
+            f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
+            f"{target.max_len - room} tokens; shorten the prompt or lower --max-new-tokens"
+        )
+
+
+def check_settings(max_new_tokens: int, temperature: float, top_p: float, seed: int | None = None) -> None:
+    """The generation settings alone, in the CLI's words (a benchmark checks them before its runs)."""
     if max_new_tokens < 1:
         raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
     if not 0 <= temperature < math.inf:  # the comparison also refuses NaN
@@ -134,12 +145,6 @@ def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_to
         raise YggError(f"--top-p must be in (0, 1], not {top_p}")
     if seed is not None and not 0 <= seed < 2**63:
         raise YggError(f"--seed must be in [0, 2^63), not {seed}")
-    room = step_room(target, proposer)
-    if len(prompt) + max_new_tokens + room > target.max_len:
-        raise YggError(
-            f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
-            f"{target.max_len - room} tokens; shorten the prompt or lower --max-new-tokens"
-        )
 
 
 def generate(

@@ -15,6 +15,11 @@ from ygg_runtime.errors import YggError
 Progress = Callable[[str, int, int], None]
 
 
+def size(n: float) -> str:
+    """Bytes as a person reads them in a message: 4.61 GB, 507.7 MB, 12 kB."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"
+
+
 def sha256_of(paths: list[Path], progress: Progress | None = None, label: str = "hashing",
               copy_to: BinaryIO | None = None) -> str:
     """The sha256 of the files' concatenated bytes, read once in 16 MiB chunks; copy_to also
@@ -50,6 +55,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 def output_dir(out: Path, what: str) -> Path:
     """Create `out` and make sure files can be written there, before any long work starts."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise YggError(f"{out} is a file: {what} go in a directory (give another -o)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / f".write-test.{os.getpid()}"

@@ -3,7 +3,8 @@
 Every file's sha256 is in plan.yaml. Hashing a few GB of weights takes seconds, so a file whose
 size and modification time are those of its last successful check is not hashed again (the record
 lives in the user cache, keyed by the file's absolute path). The machine checks cover what the
-compiled code depends on: device, dtype, torch version and the CPU instructions it was built for.
+compiled code depends on: device, dtype, torch version and the CPU instructions it was built for,
+and whether its weights fit in the memory left.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.files import sha256_of, write_atomic
+from ygg_runtime.files import sha256_of, size, write_atomic
 from ygg_runtime.plan import FileEntry, Plan
 
 
@@ -72,11 +73,11 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool) -> None:
+def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool, kernel: bool = True) -> None:
     """Refuse, in one line, to run an artifact on a device, dtype, torch or CPU it was not built for.
-    compiled: whether its ahead-of-time graphs are about to be loaded. The torch and CPU checks
-    apply to native code only: the graphs, and the attention kernel, which runs eager too (an
-    artifact without the kernel runs `--eager` on any torch and CPU)."""
+    compiled / kernel: whether its ahead-of-time graphs / its kernels' library are about to be
+    loaded. The torch and CPU checks apply to that native code only (`--eager` loads neither, so
+    it runs on any torch and CPU)."""
     kind, built = device.split(":")[0], plan.device.split(":")[0]
     if kind != built:
         raise YggError(f"artifact was compiled for {plan.device}, not {device}: recompile with --device {device}")
@@ -84,10 +85,10 @@ def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool) ->
         raise YggError(f"artifact was compiled for {plan.device} but CUDA is not available here")
     if dtype is not None and dtype != plan.dtype:
         raise YggError(f"artifact holds {plan.dtype} weights, not {dtype}: recompile with --dtype {dtype}")
-    native = [part for part in ((plan.aot if compiled else None), plan.kernel) if part]
+    native = [part for part in ((plan.aot if compiled else None), (plan.kernel if kernel else None)) if part]
     if not native:
         return
-    hint = "" if plan.kernel else " (or run with --eager)"
+    hint = " (or run with --eager)"
     if plan.torch_version != str(torch.__version__):
         raise YggError(f"artifact was compiled with torch {plan.torch_version} but this is torch {torch.__version__}: "
                        f"recompile{hint}")
@@ -96,3 +97,34 @@ def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool) ->
     if lacking:
         raise YggError(f"this CPU lacks {', '.join(lacking)}, which the artifact's compiled code uses: "
                        f"recompile on this machine{hint}")
+
+
+def available_memory() -> int | None:
+    """Bytes a new allocation can still get: /proc/meminfo's MemAvailable plus free swap, capped by
+    the cgroup's limit (a container's memory.max); None where neither can be read."""
+    have = None
+    try:
+        info = {k: int(v.split()[0]) * 1024 for k, _, v in
+                (line.partition(":") for line in Path("/proc/meminfo").read_text().splitlines()) if v.strip()}
+        have = info["MemAvailable"] + info.get("SwapFree", 0)
+    except (OSError, KeyError, ValueError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            room = max(0, int(limit) - used)
+            have = room if have is None else min(have, room)
+    except (OSError, ValueError):
+        pass
+    return have
+
+
+def check_memory(directory: Path, plan: Plan) -> None:
+    """Refuse, before reading them, weights that cannot fit: the models' files are read whole into
+    memory (the kernel's OOM killer would otherwise end the run with no message)."""
+    need = sum(e.bytes for f, e in plan.files.items() if f.endswith(".safetensors"))
+    have = available_memory()
+    if have is not None and need > have:
+        raise YggError(f"artifact {directory} holds {size(need)} of weights and {size(have)} of memory is "
+                       "available: free memory, or compile smaller weights (--weights int8/int4)")

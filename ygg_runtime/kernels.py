@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ygg_runtime.errors import YggError
+from ygg_runtime.errors import YggError, out_of_space
 from ygg_runtime.integrity import cache_dir
 
 CSRC = Path(__file__).parent / "csrc"
@@ -108,6 +108,9 @@ def build(cache: Path | None = None, isa: list[str] | None = None) -> Path:
         cmd = [cxx, *flags, *(f"-I{p}" for p in include_paths()), *map(str, SOURCES), "-o", str(part),
                *(f"-L{p}" for p in libs), "-lc10", "-ltorch_cpu", *(f"-Wl,-rpath,{p}" for p in libs)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0 and (full := out_of_space(proc.stderr)):
+            raise YggError(f"out of disk space building the native kernels ({full}): {cxx} writes to {root} and "
+                           f"{tempfile.gettempdir()}; free space there (or set YGG_CACHE / TMPDIR elsewhere)")
         if proc.returncode != 0:
             first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
             raise YggError(f"cannot build the native kernels with {cxx}: {first}")

@@ -43,7 +43,8 @@ class WeightsInfo:
 class ModelInfo:
     spec: str  # what the user named: alias, directory, .gguf or Hub id
     source: str  # how it was found: package, local, gguf, hub
-    path: str  # the converted checkpoint it came from (peers in `ygg bench` load it)
+    path: str  # the checkpoint directory it came from; a GGUF model's cached conversion, which may
+    # be absent (`ygg bench` converts it again for its transformers peers)
     sha256: str
     arch: str
     parameters: int
