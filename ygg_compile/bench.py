@@ -35,7 +35,7 @@ from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.plan import Plan
 from ygg_runtime.files import output_dir
-from ygg_runtime.engine import step_room
+from ygg_runtime.engine import check_settings, step_room
 
 WARMUP_TOKENS = 8
 
@@ -163,15 +163,15 @@ def default_output(artifact: Path) -> Path:
 def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     """Run the benchmark and write its files into opts.output; returns results.json's content."""
     ui = ui or Reporter()
-    if opts.max_new_tokens < 1 or opts.rounds < 1:
-        raise YggError("--max-new-tokens and --rounds must be at least 1")
+    check_settings(opts.max_new_tokens, opts.temperature, opts.top_p, opts.seed)
+    if opts.rounds < 1:
+        raise YggError(f"--rounds must be at least 1, not {opts.rounds}")
     for peer in opts.peers:
         if peer not in PEERS:
             raise YggError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)}, or none)")
     if any(p in LLAMA_PEERS for p in opts.peers):
         _load_llama(read_plan(opts.artifact), check_only=True)  # refuse, before any work, a peer that cannot run
     prompts = read_jsonl(opts.prompts, opts.categories, opts.limit)
-    out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
     plan = decoder.plan
@@ -203,6 +203,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         ui.note(f"skipping {len(skipped)} prompt(s) longer than the artifact's context ({plan.max_context} tokens)")
     if not encoded:
         raise YggError("every prompt is longer than the artifact's context: compile with a larger --max-context")
+    out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")  # input checked: now write
 
     config = _config(opts, plan, [c.name for c in contestants], [p.key for p, _ in encoded])
     log = out / "runs.jsonl"
@@ -276,10 +277,12 @@ def _load_llama(plan: Plan, check_only: bool = False) -> LlamaCppPeers | None:
 
 def _load_peers(plan: Plan, peers: list[str]) -> HFPeers:
     def model_dir(role: str) -> Path:
-        path = Path(plan.models[role].path)
-        if (path / "config.json").exists():
-            return path
-        return sources.resolve(plan.models[role].spec).path  # the conversion left the cache: convert again
+        model = plan.models[role]
+        if (Path(model.path) / "config.json").exists():
+            return Path(model.path)
+        # a GGUF model whose conversion is not cached (the artifact held its weights, or the cache
+        # was cleared): dequantize it again, into the cache this time
+        return sources.resolve(model.gguf or model.spec, dtype=getattr(torch, plan.dtype)).path
 
     draft = model_dir("draft") if "hf-assisted" in peers else None
     return HFPeers(model_dir("target"), draft, getattr(torch, plan.dtype), plan.device, plan.tokenizer.eos_token_ids)

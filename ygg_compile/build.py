@@ -27,16 +27,16 @@ from safetensors.torch import save_file
 
 from tokenizers import Tokenizer
 
-from ygg_compile import aot, calibrate, hardware, invariance, predictor, prompts, quantize, sources, stages
+from ygg_compile import aot, calibrate, footprint, hardware, invariance, predictor, prompts, quantize, sources, stages
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.ui import Reporter
 from ygg_runtime import exactness, kernels, objective, proposers
 from ygg_runtime.artifact import DEFAULT_DIR, PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
-from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.errors import YggError, first_line, out_of_space
 from ygg_runtime.files import locked
-from ygg_runtime.integrity import file_entry
+from ygg_runtime.integrity import cache_dir, file_entry
 from ygg_runtime.model import load_model
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, ExactnessRecord, KernelInfo, ModelInfo, Plan,
                               TokenizerInfo, WeightsInfo)
@@ -108,22 +108,36 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             raise KeyboardInterrupt
 
     with _interrupts() as interrupted, _staging(out) as tmp:
-        with phase("resolve", "resolving draft model"):
-            draft = sources.resolve(opts.draft, ui.progress)
-        with phase("resolve", "resolving target model"):
-            target = sources.resolve(opts.target, ui.progress)
+        with phase("resolve", "finding draft model"):
+            draft = sources.locate(opts.draft, ui.progress)
+        with phase("resolve", "finding target model"):
+            target = sources.locate(opts.target, ui.progress)
+        held = {role: _weights(opts.draft_weights or opts.weights if role == "draft" else opts.weights, src, device, role)
+                for role, src in (("target", target), ("draft", draft))}
+        with phase("resolve", "estimating memory"):  # from the files' headers, before hashing them
+            footprint.check_memory(footprint.estimate({"target": target, "draft": draft}, held, dtype), dtype)
+        with phase("resolve", None):
+            target, draft = sources.identify(target, ui.progress), sources.identify(draft, ui.progress)
+        with phase("resolve", "estimating disk space"):  # now that it is known which conversions are cached
+            footprint.check_disk(footprint.estimate({"target": target, "draft": draft}, held, dtype), out)
+        # A GGUF model whose artifact holds integer codes is dequantized once and cached in the
+        # artifact's dtype (the next compile reuses it); one whose artifact holds the float weights
+        # is dequantized in memory as it is converted: the artifact is the only copy on disk
+        with phase("convert", None):  # dequantizing a GGUF model not cached yet shows its own bar
+            target, draft = (sources.materialize(src, dtype, ui.progress) if held[role] != "float" else
+                             sources.cached(src, dtype) for role, src in (("target", target), ("draft", draft)))
         with phase("convert", "comparing tokenizers"):
             tokenizer = _shared_tokenizer(draft, target)
         models = {}
         for role, src in (("target", target), ("draft", draft)):
-            weights = _weights(opts.draft_weights or opts.weights if role == "draft" else opts.weights, src, device, role)
-            held = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
-            with phase("convert", f"converting {role} ({src.spec}) to {held}"):
+            weights = held[role]
+            label = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
+            with phase("convert", f"converting {role} ({src.spec}) to {label}"):
                 models[role] = _convert(src, role, dtype, tmp / role, weights, ui)
         _check_vocab(len(tokenizer), models, ui)
         big, small = models["draft"].parameters, models["target"].parameters
-        if big >= small:  # allowed (an ablation may want it), but almost surely swapped flags
-            ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is not smaller than the target "
+        if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
+            ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
                     f"({small / 1e6:.1f}M): speculation will not beat plain decoding; swapped --draft and --target?")
         max_context = min(opts.max_context, *(m.max_position for m in models.values()))
         # Room past max_context for the calibration probe's wide trees (slots, not positions);
@@ -256,23 +270,29 @@ def _staging(out: Path) -> Iterator[Path]:
                     shutil.rmtree(old, ignore_errors=True)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+    except YggError:
+        raise
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise _no_space(out, e.strerror) from e
+            raise _no_space(out, e.strerror, e.filename) from e
         if e.filename is None or not Path(e.filename).is_relative_to(out.parent):
             raise
         raise YggError(f"cannot write to {out.parent}: {e.strerror or e}") from e
-    except Exception as e:  # libraries that write (safetensors, the C++ compiler) say "disk full" in their own words
-        said = str(e)
-        if any(m in said for m in ("No space left on device", "File too large", "Disk quota exceeded",
-                                   "os error 28", "os error 27", "os error 122")):
-            raise _no_space(out, first_line(e)) from e
+    except Exception as e:  # libraries that write (safetensors, AOTInductor's C++ compiler) say it their own way
+        if full := out_of_space(e):
+            raise _no_space(out, full, None) from e
         raise
 
 
-def _no_space(out: Path, detail: str) -> YggError:
-    return YggError(f"out of disk space writing {out} ({detail}); nothing was written there — free space "
-                    "(`du -sh` the output's disk and the cache, $YGG_CACHE) and compile again")
+def _no_space(out: Path, why: str, filename: str | None) -> YggError:
+    """A full disk (or file-size limit) anywhere a compile writes, named as such: AOTInductor's
+    C++ compiler reported it as a bare "C++ compile error"."""
+    if filename:
+        return YggError(f"out of disk space ({why}) writing {filename}: nothing was written to {out} — free space "
+                        "and compile again")
+    return YggError(f"out of disk space ({why}): nothing was written to {out} — free space where a compile writes "
+                    f"(beside it, the cache {cache_dir()}, and {tempfile.gettempdir()} for the C++ compiler) and "
+                    "compile again")
 
 
 def _remove_stale(out: Path) -> None:
@@ -310,12 +330,10 @@ def _honour_umask(root: Path) -> None:
 
 
 def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):
-    from transformers import AutoTokenizer
-
     toks = []
     for src in (draft, target):
         try:
-            toks.append(AutoTokenizer.from_pretrained(src.path))
+            toks.append(sources.load_tokenizer(src))
         except Exception as e:
             raise YggError(f"cannot load the tokenizer of {src.spec}: {first_line(e)}") from e
     vd, vt = toks[0].get_vocab(), toks[1].get_vocab()
@@ -359,10 +377,8 @@ def _weights(asked: str, src: sources.ModelSource, device: str, role: str = "tar
 
 def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path, weights: str = "float",
              ui: Reporter | None = None) -> ModelInfo:
-    from transformers import AutoModelForCausalLM
-
     try:
-        hf = AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype)
+        hf = sources.load_model(src, dtype, ui.progress if ui else None)
     except Exception as e:
         raise YggError(f"cannot load the {role} model {src.spec}: {first_line(e)}") from e
     args, state = convert_state(hf, dtype)
@@ -384,7 +400,7 @@ def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path,
     return ModelInfo(
         spec=src.spec,
         source=src.kind,
-        path=str(src.path.resolve()),
+        path=str((src.converted(dtype) or src.path).resolve()),  # a GGUF model's: where its conversion is cached
         sha256=src.sha256,
         arch=args.arch,
         parameters=n_params,

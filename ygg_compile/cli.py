@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 import ygg_runtime
-from ygg_compile import quantize
+from ygg_compile import cache, quantize
 from ygg_compile.bench import BenchOptions, default_output, run_bench
 from ygg_compile.bench_serve import ServeBenchOptions, run_bench_serve, summary_markdown
 from ygg_compile.build import CompileOptions, compile_artifact
@@ -27,7 +27,9 @@ from ygg_compile.serve import serve
 from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR, plan_sha256
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.files import size
 from ygg_runtime.exactness import verdict
+from ygg_runtime.integrity import cache_dir
 from ygg_runtime.plan import Plan
 from ygg_runtime.proposers.chain import ChainParams
 from ygg_runtime.proposers import DEFAULT_PARAMS
@@ -240,11 +242,15 @@ def run_cmd(
         err.print(f"exactness: {result.exactness}")
 
 
-def _split(values: Optional[list[str]]) -> Optional[list[str]]:
-    """`--methods ar,chain --methods egt` -> [ar, chain, egt]."""
+def _split(values: Optional[list[str]], option: str | None = None) -> Optional[list[str]]:
+    """`--methods ar,chain --methods egt` -> [ar, chain, egt]; None when the option was not given
+    (an option given with nothing in it, `--categories ""`, is refused: it would mean "all")."""
     if not values:
         return None
-    return [v.strip() for item in values for v in item.split(",") if v.strip()]
+    items = [v.strip() for item in values for v in item.split(",") if v.strip()]
+    if not items and option:
+        raise YggError(f"{option} is empty: name at least one, or leave the option out for all")
+    return items
 
 
 @app.command("serve")
@@ -301,7 +307,7 @@ def bench_cmd(
     peer_list = [p for p in _split(peers) or [] if p != "none"]
     output = output or default_output(artifact)
     opts = BenchOptions(
-        artifact=artifact, prompts=prompts, categories=_split(categories), limit=limit, methods=_split(methods),
+        artifact=artifact, prompts=prompts, categories=_split(categories, "--categories"), limit=limit, methods=_split(methods, "--methods"),
         peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, rounds=rounds, output=output,
         resume=resume, command=shlex.join(["ygg", *[a for a in sys.argv[1:] if a != "--debug"]]),
     )
@@ -328,12 +334,48 @@ def bench_serve_cmd(
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
     except ValueError:
         raise YggError(f"--concurrency takes integers, e.g. 1,2,4,8 (not {concurrency})") from None
-    opts = ServeBenchOptions(artifact, prompts, _split(categories), limit, levels,
+    opts = ServeBenchOptions(artifact, prompts, _split(categories, "--categories"), limit, levels,
                              [m.strip() for m in methods.split(",") if m.strip()], max_new_tokens, output,
                              not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]))
     with RichReporter() as ui:
         report = run_bench_serve(opts, ui)
     print(summary_markdown(report))
+
+
+cache_app = typer.Typer(no_args_is_help=True, help="List or clear what Yggdrasil keeps in the user cache "
+                        "($YGG_CACHE, else ~/.cache/yggdrasil): all of it is rebuilt when next needed.")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("ls")
+def cache_ls() -> None:
+    """Every entry of the cache: its kind, what it is, its size and when it was last used."""
+    import time
+
+    found = cache.entries()
+    table = Table(title=f"{cache_dir()}", title_justify="left")
+    for col in ("kind", "what", "size", "last used"):
+        table.add_column(col, justify="right" if col == "size" else "left")
+    for e in found:
+        table.add_row(e.kind, e.what, size(e.bytes), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.used)))
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    print(f"{len(found)} entries, {size(sum(e.bytes for e in found))} in all"
+          f" (kinds: {', '.join(cache.KINDS)}; `ygg cache clear [KIND]...` removes them)")
+
+
+@cache_app.command("clear")
+def cache_clear(
+    kinds: Optional[list[str]] = typer.Argument(None, metavar="[KIND]...", help=f"only these kinds ({', '.join(cache.KINDS)}); default: all"),
+) -> None:
+    """Remove cache entries (all, or those of the kinds given); entries being written are left."""
+    removed, busy = cache.clear(kinds or None)
+    for e in busy:
+        err.print(f"left {e.kind} {e.path.name}: a running process is writing it")
+    by_kind = {}
+    for e in removed:
+        by_kind[e.kind] = by_kind.get(e.kind, 0) + 1
+    kinds_removed = f" ({', '.join(f'{k} {n}' for k, n in by_kind.items())})" if removed else ""
+    print(f"removed {len(removed)} entries{kinds_removed} from {cache_dir()}: {size(sum(e.bytes for e in removed))} freed")
 
 
 @app.command("inspect")

@@ -1,17 +1,24 @@
 """Where a model comes from: an alias, a local HF directory, a .gguf file or a Hub id.
 
 Every source ends as a local transformers-readable directory. GGUF files (and the packaged models,
-which are GGUF files assembled from pinned PyPI packages) are dequantized once and cached as
-safetensors under the user's cache directory, so later compiles skip the slow conversion.
+which are GGUF files assembled from pinned PyPI packages) are dequantized once per dtype and cached
+as safetensors under the user's cache directory (`ygg cache ls|clear`), so later compiles skip the
+slow conversion. `resolve` finds and checks a model; `materialize` converts it: a compile estimates
+what the conversion needs between the two (`ygg_compile.footprint`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import importlib.util
+import json
 import re
 import shutil
+import struct
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -20,7 +27,7 @@ import torch
 import yaml
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.files import locked, sha256_of
+from ygg_runtime.files import locked, sha256_of, size
 from ygg_runtime.integrity import cache_dir
 
 REGISTRY = yaml.safe_load((Path(__file__).parent / "registry.yaml").read_text())
@@ -32,9 +39,14 @@ Progress = Callable[[str, int, int], None]  # (description, done, total)
 class ModelSource:
     spec: str  # what the user typed
     kind: str  # "local", "gguf", "hub" or "package"
-    path: Path  # a directory transformers can read (after resolve)
-    sha256: str  # of the checkpoint file(s) it was made from
-    gguf: Path | None = None  # the GGUF file it was dequantized from (its blocks give quantized weights)
+    path: Path | None  # a directory transformers can read (None: a GGUF file not materialized yet)
+    sha256: str | None  # of the checkpoint file(s) it was made from (None: not identified yet)
+    gguf: Path | None = None  # the GGUF file it is dequantized from (its blocks give quantized weights)
+    files: tuple[Path, ...] = ()  # the checkpoint file(s) `identify` hashes
+
+    def converted(self, dtype: torch.dtype) -> Path | None:
+        """Where this GGUF model's conversion to dtype is cached (None: not a GGUF model)."""
+        return conversion_dir(self.sha256, dtype) if self.gguf is not None else None
 
 
 def expand(pattern: str) -> list[str]:
@@ -60,14 +72,67 @@ def quiet_transformers() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def resolve(spec: str, progress: Progress | None = None) -> ModelSource:
-    """Turn what the user typed into a local directory, converting and caching GGUF on the way."""
+def resolve(spec: str, progress: Progress | None = None, dtype: torch.dtype = torch.float32) -> ModelSource:
+    """Turn what the user typed into a local transformers directory, converting a GGUF file to
+    dtype on the way: `locate`, `identify` and `materialize` in one (a compile checks memory and
+    disk between them)."""
+    return materialize(identify(locate(spec, progress), progress), dtype, progress)
+
+
+def identify(src: ModelSource, progress: Progress | None = None) -> ModelSource:
+    """The source with its checkpoint's sha256, hashing its files (seconds per GB)."""
+    if src.sha256 is not None:
+        return src
+    name = src.gguf.name if src.gguf is not None else Path(src.spec).name
+    return dataclasses.replace(src, sha256=sha256_of(list(src.files), progress, f"hashing {name}"))
+
+
+def materialize(src: ModelSource, dtype: torch.dtype, progress: Progress | None = None) -> ModelSource:
+    """The source with a transformers directory: a GGUF model dequantized to dtype, once, cached."""
+    if src.path is not None:
+        return src
+    src = identify(src, progress)
+    return dataclasses.replace(src, path=_gguf_to_dir(src.gguf, src.sha256, dtype, progress))
+
+
+def cached(src: ModelSource, dtype: torch.dtype) -> ModelSource:
+    """The source with its cached conversion to dtype where there is one (nothing is converted)."""
+    where = src.converted(dtype) if src.path is None and src.sha256 is not None else None
+    return dataclasses.replace(src, path=where) if where is not None and (where / "config.json").exists() else src
+
+
+def load_model(src: ModelSource, dtype: torch.dtype, progress: Progress | None = None):
+    """The transformers model in dtype: from its directory, or dequantized from its GGUF file in
+    memory (a compile whose artifact will hold the float weights caches no copy of them)."""
+    from transformers import AutoModelForCausalLM
+
+    if src.path is not None:
+        return AutoModelForCausalLM.from_pretrained(src.path, dtype=dtype)
+    label = f"dequantizing {src.gguf.name} to {str(dtype).removeprefix('torch.')} (in memory, not cached)"
+    with _gguf_progress(label, progress):
+        return AutoModelForCausalLM.from_pretrained(src.gguf.parent, gguf_file=src.gguf.name, dtype=dtype)
+
+
+def load_tokenizer(src: ModelSource):
+    """The transformers tokenizer: from the model's directory, or from its GGUF file's metadata."""
+    from transformers import AutoTokenizer
+
+    if src.path is not None:
+        return AutoTokenizer.from_pretrained(src.path)
+    return AutoTokenizer.from_pretrained(src.gguf.parent, gguf_file=src.gguf.name)
+
+
+def locate(spec: str, progress: Progress | None = None) -> ModelSource:
+    """Find the model the user named and refuse what cannot be used, reading only headers: a local
+    checkpoint is not hashed yet (`identify`), so a model too large for this machine is refused
+    before minutes of hashing (a packaged model is assembled and checked here)."""
     if spec in REGISTRY:
         entry = REGISTRY[spec]
         if "hub" in entry:
             return _from_hub(entry["hub"], spec, progress)
         gguf, sha = _assemble_package(spec, entry, progress)
-        return ModelSource(spec, "package", _gguf_to_dir(gguf, sha, progress), sha, gguf)
+        gguf_tensors(gguf)
+        return ModelSource(spec, "package", None, sha, gguf, files=(gguf,))
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -75,18 +140,120 @@ def resolve(spec: str, progress: Progress | None = None) -> ModelSource:
         files = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin"))
         if not files:
             raise YggError(f"model directory {path} has no weights (*.safetensors or *.bin)")
-        return ModelSource(spec, "local", path, sha256_of(files, progress, f"hashing {path.name}"))
+        return ModelSource(spec, "local", path, None, files=tuple(files))
     if path.suffix == ".gguf":
         if not path.is_file():
             raise YggError(f"GGUF file {path} does not exist")
-        sha = sha256_of([path], progress, f"hashing {path.name}")
-        return ModelSource(spec, "gguf", _gguf_to_dir(path, sha, progress), sha, path)
+        gguf_tensors(path)  # refuse, before hashing and dequantizing it, a file we cannot use
+        return ModelSource(spec, "gguf", None, None, path, files=(path,))
     if HUB_ID.match(spec) and not path.exists():
         return _from_hub(spec, spec, progress)
     raise YggError(
         f"unknown model '{spec}': not a packaged alias ({', '.join(REGISTRY)}), "
         "a local model directory, a .gguf file or a Hugging Face Hub id"
     )
+
+
+# GGUF's `general.architecture` of the model types convert.py supports (Mistral's files say llama)
+GGUF_ARCHITECTURES = ("llama", "qwen2")
+
+
+def gguf_tensors(path: Path) -> dict[str, int]:
+    """A GGUF file's tensors and their element counts, from its header (no tensor is read);
+    refuses a file that is not GGUF, holds an architecture we do not run, or a tensor type the
+    gguf library cannot decode. (gguf's GGUFReader takes seconds here: it builds an array for
+    every tokenizer string; this walks past them.)"""
+    from gguf import GGMLQuantizationType
+
+    try:
+        with open(path, "rb") as f:
+            arch, tensors = _gguf_header(f, GGMLQuantizationType)
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as e:
+        raise YggError(f"could not read GGUF file {path}: {first_line(e)}") from None
+    if arch not in GGUF_ARCHITECTURES:
+        raise YggError(f"GGUF file {path} holds a '{arch}' model, which is not supported "
+                       f"(supported: {', '.join(GGUF_ARCHITECTURES)}, which covers Mistral's)")
+    return tensors
+
+
+@functools.cache
+def _decodable(kind: int) -> bool:
+    """Whether gguf's dequantize (which transformers loads GGUF files with) decodes this tensor type:
+    asked of the library itself, on one zero block, so a newer gguf that decodes more is believed."""
+    import numpy as np
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, dequantize
+
+    try:
+        qtype = GGMLQuantizationType(kind)
+        dequantize(np.zeros(GGML_QUANT_SIZES[qtype][1], dtype=np.uint8), qtype)
+        return True
+    except (ValueError, KeyError, NotImplementedError):
+        return False
+
+
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _gguf_header(f, types) -> tuple[str, dict[str, int]]:
+    """GGUF v2/v3: magic, version, tensor and key-value counts, the key-values, the tensor infos."""
+    def read(fmt: str):
+        size = struct.calcsize("<" + fmt)
+        data = f.read(size)
+        if len(data) < size:
+            raise ValueError("the file ends inside its header")
+        return struct.unpack("<" + fmt, data)[0]
+
+    def string() -> str:
+        n = read("Q")
+        if n > 1 << 24:
+            raise ValueError(f"a header string of {n} bytes")
+        data = f.read(n)
+        if len(data) < n:
+            raise ValueError("the file ends inside its header")
+        return data.decode("utf-8")
+
+    def value(kind: int):
+        if kind == 8:
+            return string()
+        if kind == 9:
+            inner, count = read("I"), read("Q")
+            if inner in _SCALAR:
+                f.seek(count * struct.calcsize(_SCALAR[inner]), 1)
+            else:
+                for _ in range(count):
+                    value(inner)
+            return None
+        if kind not in _SCALAR:
+            raise ValueError(f"unknown metadata value type {kind}")
+        return read(_SCALAR[kind])
+
+    if f.read(4) != b"GGUF":
+        raise ValueError("not a GGUF file (its first bytes are not GGUF)")
+    version = read("I")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF version {version} (this reads versions 2 and 3)")
+    n_tensors, n_kv = read("Q"), read("Q")
+    arch = "unknown"
+    for _ in range(n_kv):
+        key, kind = string(), read("I")
+        v = value(kind)
+        if key == "general.architecture":
+            arch = v
+    tensors = {}
+    for _ in range(n_tensors):
+        name, dims = string(), read("I")
+        shape = [read("Q") for _ in range(dims)]
+        kind = read("I")
+        read("Q")  # offset
+        if not _decodable(kind):
+            name_of = types(kind).name if kind in types._value2member_map_ else f"number {kind}"
+            raise ValueError(f"tensor {name} is of type {name_of}, which the gguf library cannot dequantize "
+                             "(convert the model with llama.cpp's tools to a Q4/Q5/Q6/Q8_0 or F16 file)")
+        n = 1
+        for d in shape:
+            n *= d
+        tensors[name] = n
+    return arch, tensors
 
 
 def _from_hub(repo: str, spec: str, progress: Progress | None) -> ModelSource:
@@ -100,8 +267,7 @@ def _from_hub(repo: str, spec: str, progress: Progress | None) -> ModelSource:
             f"could not download '{repo}' from the Hugging Face Hub ({reason}); pass a local model "
             f"directory or .gguf file instead, or a packaged alias ({', '.join(k for k in REGISTRY if 'packages' in REGISTRY[k])})"
         ) from e
-    src = resolve(str(path), progress)
-    return ModelSource(spec, "hub", src.path, src.sha256)
+    return dataclasses.replace(locate(str(path), progress), spec=spec, kind="hub")
 
 
 def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tuple[Path, str]:
@@ -126,6 +292,10 @@ def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tup
         with locked(gguf):  # another process assembling the same file: wait, then take its result
             if gguf.exists() and marker.exists() and marker.read_text().strip() == entry["sha256"]:
                 return gguf, entry["sha256"]
+            need, free = sum(f.stat().st_size for f in files), shutil.disk_usage(gguf.parent).free
+            if need > free:
+                raise YggError(f"not enough disk space to assemble '{alias}' in {gguf.parent}: it takes "
+                               f"{size(need)} and {size(free)} is free: free space, or point YGG_CACHE elsewhere")
             tmp = gguf.with_suffix(".partial")
             try:
                 with open(tmp, "wb") as out:
@@ -143,35 +313,50 @@ def _assemble_package(alias: str, entry: dict, progress: Progress | None) -> tup
     return gguf, sha
 
 
-def _gguf_to_dir(gguf: Path, sha: str, progress: Progress | None) -> Path:
-    """Dequantize a GGUF file once into a cached transformers directory (float32 safetensors)."""
-    out = cache_dir() / "gguf" / sha[:32]
-    if (out / "config.json").exists():
-        return out
-    with locked(out):
-        if (out / "config.json").exists():
-            return out
-        return _dequantize(gguf, out, progress)
+CONVERSIONS = "gguf"  # the cache's subdirectory of dequantized GGUF models
+SOURCE_FILE = "source.json"  # what a conversion was made from (`ygg cache ls` shows it)
 
 
-def _dequantize(gguf: Path, out: Path, progress: Progress | None) -> Path:
+def conversion_dir(sha: str, dtype: torch.dtype) -> Path:
+    return cache_dir() / CONVERSIONS / f"{sha[:32]}-{str(dtype).removeprefix('torch.')}"
+
+
+def _gguf_to_dir(gguf: Path, sha: str, dtype: torch.dtype, progress: Progress | None) -> Path:
+    """Dequantize a GGUF file once into a cached transformers directory of safetensors in dtype
+    (the dtype the artifact holds: a float32 copy of a bfloat16 artifact's model doubled the cache)."""
+    out = conversion_dir(sha, dtype)
+    if not (out / "config.json").exists():
+        with locked(out):
+            if not (out / "config.json").exists():
+                _dequantize(gguf, sha, dtype, out, progress)
+    try:
+        (out / SOURCE_FILE).touch()  # last used, for `ygg cache ls`
+    except OSError:
+        pass
+    return out
+
+
+def _dequantize(gguf: Path, sha: str, dtype: torch.dtype, out: Path, progress: Progress | None) -> Path:
     quiet_transformers()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        with _gguf_progress(f"dequantizing {gguf.name} (once, then cached)", progress):
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with _gguf_progress(f"dequantizing {gguf.name} to {str(dtype).removeprefix('torch.')} (once, then cached)", progress):
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     except Exception as e:
         raise YggError(f"could not read GGUF file {gguf}: {first_line(e)}") from e
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{out.name}-", dir=out.parent))  # its name says whose lock covers it
     try:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
+        (tmp / SOURCE_FILE).write_text(json.dumps({"gguf": str(gguf.resolve()), "sha256": sha,
+                                                   "dtype": str(dtype).removeprefix("torch."),
+                                                   "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
         tmp.replace(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
