@@ -5,11 +5,15 @@ Also the artifact's trust model: a plan hash a deployment pins, YAML read safely
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import shutil
 import signal
 import stat
+import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -18,6 +22,14 @@ import pytest
 from helpers import YGG, assert_one_line_error, ygg
 
 N = ["--max-new-tokens", "4"]
+TABLE = os.environ.get("YGG_FAULT_TABLE")  # a JSONL file each table case appends its outcome to (for the docs)
+
+
+def _record(command: str, case: str, proc: subprocess.CompletedProcess) -> None:
+    if TABLE:
+        with open(TABLE, "a") as f:
+            f.write(json.dumps({"command": command, "case": case, "line": proc.stderr.strip(),
+                                "code": proc.returncode}) + "\n")
 
 
 def _damaged(change: Callable[[Path], None]) -> Callable[[Path, Path], list]:
@@ -80,6 +92,8 @@ RUN_CASES = {
     "seed -1": (_args(*N, "-t", "1", "--seed", "-1"), "--seed must be in [0, 2^63), not -1", 1),
     "unknown method": (_args(*N, "--method", "medusa"), "method 'medusa' is not in this artifact", 1),
     "device cuda for a cpu artifact": (_args(*N, "--device", "cuda"), "compiled for cpu, not cuda", 1),
+    "a cuda artifact on a machine without one": (_damaged(lambda a: _plan_line(a, "device: cpu", "device: cuda")),
+                                                 "compiled for cuda but CUDA is not available here", 1),
     "dtype other than the artifact's": (_args(*N, "--dtype", "bfloat16"), "float32", 1),
     "unknown option": (_args("--temprature", "1"), "No such option: --temprature", 2),
     "artifact missing": (lambda art, tmp: ["p.txt", "-a", tmp / "none", *N], "does not exist (run `ygg compile` first)", 1),
@@ -105,13 +119,22 @@ RUN_CASES = {
 }
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @pytest.mark.parametrize("case", RUN_CASES)
 def test_run_refuses_in_one_line_and_changes_nothing(case, artifact, tmp_path):
     setup, needle, code = RUN_CASES[case]
+    if "without one" in case and _has_cuda():
+        pytest.skip("this machine has CUDA")
     (tmp_path / "p.txt").write_text("Once upon a time\n")
     args = setup(artifact, tmp_path)
     before = sorted((p.relative_to(tmp_path), p.stat().st_size) for p in tmp_path.rglob("*"))
     proc = subprocess.run([YGG, "run", *map(str, args)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    _record("run", case, proc)
     assert_one_line_error(proc, needle)
     assert proc.returncode == code and proc.stdout == ""
     assert sorted((p.relative_to(tmp_path), p.stat().st_size) for p in tmp_path.rglob("*")) == before
@@ -167,6 +190,77 @@ def test_the_python_api_pins_a_plan_hash_too(artifact):
         ygg_runtime.load(artifact, expect_plan="f" * 64)
 
 
+def test_run_refuses_weights_that_do_not_fit_in_the_memory_left(artifact, monkeypatch):
+    """Before reading them (the OOM killer would end the run with no word); the memory reading
+    itself is the machine's: MemAvailable + free swap, capped by a cgroup's limit."""
+    import ygg_runtime
+    from ygg_runtime import integrity
+
+    assert 0 < integrity.available_memory() < 1 << 50
+    monkeypatch.setattr(integrity, "available_memory", lambda: 50_000)
+    with pytest.raises(ygg_runtime.YggError, match=r"holds 0\.\d MB of weights and 50 kB of memory is available"):
+        ygg_runtime.load(artifact)
+
+
+def test_eager_executes_none_of_the_artifacts_native_code(artifact, tmp_path):
+    """--eager loads neither the compiled forwards nor the artifact's kernels.so (the kernels are
+    built from the installed package's sources): with both replaced by garbage it still runs, and
+    gives the same tokens as on the intact artifact."""
+    copy = tmp_path / "art"
+    shutil.copytree(artifact, copy)
+    native = [copy / "kernels.so", *copy.glob("*/model.pt2")]
+    assert len(native) == 3
+    for f in native:
+        f.write_bytes(b"#!/bin/sh\ntouch PWNED\n")
+    args = ["run", "p.txt", "-n", 12, "--ignore-eos", "--json", "--eager"]
+    (tmp_path / "p.txt").write_text("Once upon a time\n")
+    want = subprocess.run([YGG, *map(str, args), "-a", str(artifact)], capture_output=True, text=True, cwd=tmp_path)
+    got = subprocess.run([YGG, *map(str, args), "-a", str(copy)], capture_output=True, text=True, cwd=tmp_path)
+    assert want.returncode == 0 and got.returncode == 0, want.stderr + got.stderr
+    assert json.loads(got.stdout)["token_ids"] == json.loads(want.stdout)["token_ids"]
+    assert json.loads(got.stdout)["metrics"]["forward"] == "eager"
+    assert_one_line_error(ygg("run", "-", "-a", copy, *N, stdin="Once"), "has changed since compile")  # not eager
+    assert not (tmp_path / "PWNED").exists()
+
+
+SAFE_LOADING = """
+import pickle, sys, yaml
+import torch
+import ygg_runtime
+
+def refuse(*a, **k):
+    raise AssertionError("something was unpickled")
+
+def audit(event, args):  # every unpickler, C or Python, subclass or not, looks globals up through this
+    if event == "pickle.find_class":
+        raise AssertionError(f"unpickling looked up {args}")
+
+sys.addaudithook(audit)
+pickle.load = pickle.loads = torch.load = refuse
+class NoUnpickler(pickle.Unpickler):
+    def __init__(self, *a, **k):
+        refuse()
+pickle.Unpickler = NoUnpickler
+safe = (yaml.SafeLoader, getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+real_load = yaml.load
+def load(stream, Loader):
+    assert issubclass(Loader, safe), f"YAML read with {Loader.__name__}"
+    return real_load(stream, Loader)
+yaml.load = load
+decoder = ygg_runtime.load(sys.argv[1])
+res = decoder.generate("Once upon a time", max_new_tokens=8, method="egt")
+assert res.token_ids
+print("ok", decoder.forwards)
+"""
+
+
+def test_loading_an_artifact_unpickles_nothing_and_reads_yaml_safely(artifact):
+    proc = subprocess.run([sys.executable, "-c", SAFE_LOADING, str(artifact)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("ok compiled ahead of time")
+
+
 def test_the_artifact_is_readable_as_the_umask_says(artifact):
     """Compile builds in a temporary directory (mode 0700, some files 0600); the artifact it leaves
     has the modes the user's umask gives new files (the suite's compile ran under this umask)."""
@@ -220,48 +314,192 @@ def _with_previous(previous: Path, tmp: Path) -> Path:
     return out
 
 
-def _limit_file_size() -> None:
-    import resource
-
-    resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # a disk that fills after ~200 kB per file
-
-
-def test_a_compile_that_runs_out_of_disk_says_so_and_keeps_the_previous_artifact(pair, previous, tmp_path):
-    out = _with_previous(previous, tmp_path)
-    before = _tree(out)
-    proc = subprocess.run([YGG, *map(str, _compile_args(pair, out))], capture_output=True, text=True, timeout=600,
-                          preexec_fn=_limit_file_size)
-    assert_one_line_error(proc, "out of disk space writing", "File too large")
-    assert _tree(out) == before and _beside(out) == []
+def _state(root: Path) -> list:
+    """Everything under root, hidden entries included: each file's path and sha256, each directory's
+    path (for "nothing written, nothing changed")."""
+    return sorted((str(p.relative_to(root)), _sha256(p) if p.is_file() else "dir") for p in root.rglob("*"))
 
 
-def test_a_compile_into_a_file_is_refused(pair, tmp_path):
-    out = tmp_path / "notes.txt"
-    out.write_text("mine")
-    assert_one_line_error(ygg(*_compile_args(pair, out)), "refusing to overwrite", "not a Yggdrasil artifact")
-    assert out.read_text() == "mine" and _beside(out) == []
+def _gguf(path: Path, arch: str = "llama", tensor_type: int = 0, shape: tuple = (8, 4)) -> Path:
+    """A small GGUF v3 file, written from the format's spec by hand (not by our reader's author's
+    library): one key, general.architecture, and one tensor of tensor_type."""
+    def text(s: str) -> bytes:
+        return struct.pack("<Q", len(s.encode())) + s.encode()
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + text("general.architecture") + struct.pack("<I", 8) + text(arch)
+    head += text("token_embd.weight") + struct.pack(f"<I{len(shape)}Q", len(shape), *shape)
+    head += struct.pack("<IQ", tensor_type, 0)
+    head += bytes(-len(head) % 32)
+    path.write_bytes(head + bytes(4 * math.prod(shape)))
+    return path
 
 
-def test_a_target_of_an_unsupported_architecture_is_refused(pair, previous, tmp_path):
-    weird = tmp_path / "weird"
+def _huge_checkpoint(pair, tmp: Path) -> Path:
+    """The tiny target's directory with a safetensors header declaring 100 billion float32
+    parameters (400 GB) and no data: compile must refuse it from the header, reading nothing else."""
+    d = tmp / "huge"
+    shutil.copytree(pair["target"], d)
+    half = 4 * 50_000 * 1_000_000
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "F32", "shape": [1_000_000, 50_000], "data_offsets": [0, half]},
+                         "lm_head.weight": {"dtype": "F32", "shape": [1_000_000, 50_000], "data_offsets": [half, 2 * half]}})
+    header = header.encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    return d
+
+
+def _with_target(make: Callable[[dict, Path], Path], *extra) -> Callable[[dict, Path, Path], list]:
+    return lambda pair, out, tmp: [*_compile_args(pair, out, make(pair, tmp)), *extra]
+
+
+def _mamba(pair, tmp: Path) -> Path:
+    weird = tmp / "weird"
     shutil.copytree(pair["target"], weird)
     config = weird / "config.json"
     config.write_text(config.read_text().replace('"model_type": "llama"', '"model_type": "mamba"'))
+    return weird
+
+
+def _into(make: Callable[[Path], Path]) -> Callable[[dict, Path, Path], list]:
+    """A case whose -o is something other than the previous artifact."""
+    return lambda pair, out, tmp: _compile_args(pair, make(tmp))
+
+
+def _file(tmp: Path) -> Path:
+    (tmp / "notes.txt").write_text("mine")
+    return tmp / "notes.txt"
+
+
+def _other_dir(tmp: Path) -> Path:
+    (tmp / "mine").mkdir()
+    (tmp / "mine" / "thesis.tex").write_text("mine")
+    return tmp / "mine"
+
+
+def _bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _aot(args: list) -> list:
+    return [a for a in args if a != "--no-aot"]
+
+
+# case: (setup(pair, out, tmp) -> the arguments of `ygg`, words the line must hold, file-size limit in bytes).
+# `out` holds a copy of a previous artifact; nothing under tmp may change. The file-size limit
+# (RLIMIT_FSIZE) is a disk that fills: 200 kB stops the weights, 600 kB lets them and the kernels'
+# library through and stops AOTInductor's C++ compiler (or, failing that, the package it writes).
+COMPILE_CASES = {
+    "-o is a file": (_into(_file), ["refusing to overwrite", "not a Yggdrasil artifact"], None),
+    "-o is a directory of other files": (_into(_other_dir), ["refusing to overwrite", "not a Yggdrasil artifact"], None),
+    "unknown model": (lambda pair, out, tmp: _compile_args(pair, out, "gpt-17"), ["unknown model 'gpt-17'"], None),
+    "GGUF file missing": (lambda pair, out, tmp: _compile_args(pair, out, tmp / "gone.gguf"), ["gone.gguf does not exist"], None),
+    "model directory without config.json": (_with_target(lambda pair, tmp: (tmp / "empty").mkdir() or tmp / "empty"),
+                                            ["has no config.json"], None),
+    "target of an unsupported architecture": (_with_target(_mamba), ["model type 'mamba' is not supported"], None),
+    "GGUF of an unsupported architecture": (_with_target(lambda pair, tmp: _gguf(tmp / "m.gguf", arch="mamba")),
+                                            ["holds a 'mamba' model, which is not supported", "llama, qwen2"], None),
+    "GGUF tensor type gguf cannot decode": (_with_target(lambda pair, tmp: _gguf(tmp / "q.gguf", tensor_type=15)),
+                                            ["token_embd.weight is of type Q8_K", "cannot dequantize"], None),
+    "GGUF tensor type newer than gguf": (_with_target(lambda pair, tmp: _gguf(tmp / "n.gguf", tensor_type=99)),
+                                         ["is of type number 99"], None),
+    "GGUF file that is not GGUF": (_with_target(lambda pair, tmp: _bytes(tmp / "x.gguf", b"<html>404</html>")),
+                                   ["could not read GGUF file", "not a GGUF file"], None),
+    "GGUF file cut short": (_with_target(lambda pair, tmp: _bytes(tmp / "c.gguf", _gguf(tmp / "f.gguf").read_bytes()[:30])),
+                            ["the file ends inside its header"], None),
+    "weights that do not fit in memory": (_with_target(_huge_checkpoint),
+                                          ["do not fit in memory", "converting the target needs about 800.00 GB",
+                                           "(target 100.0B, draft 0.1M parameters in float32)", "--dtype bfloat16 halves it"], None),
+    "--weights unknown": (lambda pair, out, tmp: [*_compile_args(pair, out), "--weights", "int3"], ["--weights must be"], None),
+    "--device cuda without one": (lambda pair, out, tmp: [*_compile_args(pair, out), "--device", "cuda"],
+                                  ["--device cuda was asked for but CUDA is not available"], None),
+    "--dtype unknown": (lambda pair, out, tmp: [*_compile_args(pair, out), "--dtype", "fp8"], ["unknown dtype 'fp8'"], None),
+    "--calib missing": (lambda pair, out, tmp: [*_compile_args(pair, out), "--calib", tmp / "no.txt"],
+                        ["calibration path", "does not exist"], None),
+    "disk full writing the weights": (lambda pair, out, tmp: _compile_args(pair, out),
+                                      ["out of disk space (File too large)", "nothing was written to"], 200_000),
+    "disk full in the C++ compiler": (lambda pair, out, tmp: _aot(_compile_args(pair, out)),
+                                      ["out of disk space", "nothing was written to"], 600_000),
+}
+
+
+def _file_size_limit(limit: int | None):
+    if limit is None:
+        return None
+
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+@pytest.mark.parametrize("case", COMPILE_CASES)
+def test_compile_refuses_in_one_line_and_changes_nothing(case, pair, previous, tmp_path):
+    setup, needles, limit = COMPILE_CASES[case]
+    if "without one" in case and _has_cuda():
+        pytest.skip("this machine has CUDA")
+    out = _with_previous(previous, tmp_path)
+    args = setup(pair, out, tmp_path)
+    before = _state(tmp_path)
+    proc = subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          preexec_fn=_file_size_limit(limit))
+    _record("compile", case, proc)
+    assert_one_line_error(proc, *needles)
+    assert "C++ compile error" not in proc.stderr  # a full disk is named as such, not as the compiler's failure
+    assert _state(tmp_path) == before
+
+
+def test_disk_full_is_recognised_in_every_writer_s_words():
+    """What the compile's writers said when the disk filled here: Python, safetensors (Rust),
+    and AOTInductor's C++ compiler under a file-size limit (a CppCompileError's text)."""
+    from ygg_runtime.errors import out_of_space
+
+    said = {
+        OSError(28, "No space left on device"): "No space left on device",
+        Exception('Error while serializing: IoError(Os { code: 27, kind: FileTooLarge, message: "File too large" })'): "File too large",
+        Exception("C++ compile error\nCommand:\ng++ header.hpp -o x.gch\nOutput:\ng++: internal compiler error: "
+                  "File size limit exceeded signal terminated program cc1plus"): "File size limit exceeded",
+        Exception("OSError: [Errno 122] Disk quota exceeded"): "Disk quota exceeded",
+    }
+    for e, words in said.items():
+        assert out_of_space(e) == words
+    assert out_of_space(Exception("C++ compile error\nOutput:\nerror: 'foo' was not declared")) is None
+
+
+def test_a_compile_the_disk_cannot_hold_is_refused_before_it_starts(pair, previous, tmp_path, monkeypatch, capsys):
+    """The estimate against the free space the filesystem reports (made small here: no test can fill
+    a real disk), through the real CLI in this process."""
+    from ygg_compile import cli
+
+    out = _with_previous(previous, tmp_path)
+    before = _state(tmp_path)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=5_000_000))
+    monkeypatch.setattr(sys, "argv", ["ygg", *map(str, _compile_args(pair, out))])
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    assert stop.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: not enough disk space: this compile writes about"), lines
+    assert "5.0 MB is free" in lines[0] and "the artifact" in lines[0]
+    assert _state(tmp_path) == before
+
+
+def test_two_compiles_racing_for_one_output_one_wins_and_the_other_says_so(pair, previous, tmp_path):
     out = _with_previous(previous, tmp_path)
     before = _tree(out)
-    assert_one_line_error(ygg(*_compile_args(pair, out, weird)), "model type 'mamba' is not supported")
-    assert _tree(out) == before and _beside(out) == []
-
-
-def test_a_second_compile_into_the_same_output_is_refused_while_the_first_runs(pair, previous, tmp_path):
-    from ygg_runtime.files import locked
-
-    out = _with_previous(previous, tmp_path)
-    before = _tree(out)
-    with locked(out, wait=False, remove=True) as mine:  # what a running compile holds
-        assert mine
-        assert_one_line_error(ygg(*_compile_args(pair, out)), "another `ygg compile` is writing")
-    assert _tree(out) == before and _beside(out) == []
+    first = subprocess.Popen([YGG, *map(str, _compile_args(pair, out))], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _staging_appears(first, out)
+        second = ygg(*_compile_args(pair, out))
+        assert_one_line_error(second, "another `ygg compile` is writing", "wait for it to finish, or compile to another -o")
+        assert _tree(out) == before  # the loser touched nothing; the winner has not renamed yet
+    finally:
+        _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err
+    assert _tree(out) != before and (out / "plan.yaml").exists() and _beside(out) == []
 
 
 def _staging_appears(proc: subprocess.Popen, out: Path) -> None:
@@ -304,7 +542,124 @@ def test_the_next_compile_removes_what_a_killed_one_left(pair, previous, tmp_pat
 
 
 def test_a_draft_larger_than_the_target_is_a_warning_not_an_error(pair, tmp_path):
-    proc = ygg("compile", "--draft", pair["target"], "--target", pair["draft"], "-o", tmp_path / "swapped",
+    import tiny
+
+    bigger = tiny.save_pair_dir(tmp_path / "bigger", tiny.hf_model("llama", seed=7, num_hidden_layers=4), pair["tokenizer"])
+    proc = ygg("compile", "--draft", bigger, "--target", pair["target"], "-o", tmp_path / "swapped",
                "--dtype", "float32", "--max-context", 256, "--no-aot", "--quick")
     assert proc.returncode == 0, proc.stderr
-    assert "warning: the draft" in proc.stderr and "swapped --draft and --target?" in proc.stderr.replace("\n", " ")
+    said = " ".join(proc.stderr.split())
+    assert "warning: the draft (0.2M parameters) is larger than the target (0.1M)" in said
+    assert "swapped --draft and --target?" in said
+
+
+# ------------------------------------------------------------------ bench, inspect
+
+
+@pytest.fixture(scope="module")
+def earlier_bench(artifact, tmp_path_factory) -> Path:
+    """A finished quick benchmark (ar alone, one built-in prompt, 4 tokens) to --resume."""
+    out = tmp_path_factory.mktemp("bench") / "results"
+    proc = ygg("bench", "-a", artifact, "--peers", "none", "--methods", "ar", "--categories", "qa", "-n", 4, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _prompts(data: bytes) -> Callable[[Path, Path, Path], list]:
+    def setup(art: Path, tmp: Path, earlier: Path) -> list:
+        (tmp / "p.jsonl").write_bytes(data)
+        return ["bench", "-a", art, "--peers", "none", "--prompts", "p.jsonl", "-o", tmp / "res"]
+
+    return setup
+
+
+def _bench(*extra) -> Callable[[Path, Path, Path], list]:
+    return lambda art, tmp, earlier: ["bench", "-a", art, "--peers", "none", "-o", tmp / "res", *extra]
+
+
+def _resume(change: Callable[[Path], None] | None, *extra) -> Callable[[Path, Path, Path], list]:
+    """--resume in a copy of the earlier run's directory, changed by `change` first."""
+    def setup(art: Path, tmp: Path, earlier: Path) -> list:
+        shutil.copytree(earlier, tmp / "res")
+        if change:
+            change(tmp / "res" / "runs.jsonl")
+        return ["bench", "-a", art, "--peers", "none", "--methods", "ar", "--categories", "qa", "-n", 4,
+                "-o", tmp / "res", "--resume", *extra]
+
+    return setup
+
+
+def _cut_in_the_middle(log: Path) -> None:
+    """A run's line cut short with a whole line after it: not an interrupt's trace (only a last line
+    can be cut by one), so no line can be trusted."""
+    config, run, *rest = log.read_text().splitlines()
+    log.write_text("\n".join([config, run[:20], run, *rest]) + "\n")
+
+
+GOOD = b'{"question_id": 1, "category": "qa", "turns": ["What is a tree?"]}\n'
+
+# case: (setup(artifact, tmp, earlier run) -> the arguments of `ygg`, words the line must hold)
+BENCH_CASES = {
+    "prompts file missing": (_bench("--prompts", "nope.jsonl"), ["nope.jsonl does not exist"]),
+    "prompts file is a directory": (lambda art, tmp, e: [*_bench("--prompts", tmp)(art, tmp, e)], ["is a directory"]),
+    "prompts file empty": (_prompts(b"\n\n"), ["p.jsonl is empty"]),
+    "prompts line not JSON": (_prompts(GOOD + b'{"turns": ["unclosed"\n' + GOOD), ["p.jsonl:2 is not a prompt record"]),
+    "prompts line without a prompt": (_prompts(GOOD + GOOD + b'{"category": "qa", "turns": []}\n'),
+                                      ["p.jsonl:3 is not a prompt record"]),
+    "prompts line not UTF-8": (_prompts(GOOD + '{"turns": ["café"]}\n'.encode("latin-1")), ["p.jsonl:2 is not UTF-8 text"]),
+    "category with no prompts": (_bench("--categories", "poetry"), ["no prompts in", "for categories poetry", "it has: coding"]),
+    "--categories empty": (_bench("--categories", ","), ["--categories is empty"]),
+    "--limit 0": (_bench("--limit", "0"), ["--limit must be at least 1, not 0"]),
+    "--rounds 0": (_bench("--rounds", "0"), ["--rounds must be at least 1, not 0"]),
+    "--max-new-tokens 0": (_bench("-n", "0"), ["--max-new-tokens must be at least 1, not 0"]),
+    "--temperature -1": (_bench("-t", "-1"), ["--temperature must be a finite number >= 0"]),
+    "unknown peer": (_bench("--peers", "vllm"), ["unknown peer 'vllm'"]),
+    "unknown method": (_bench("--methods", "medusa"), ["method 'medusa' is not in this artifact"]),
+    "artifact missing": (lambda art, tmp, e: _bench()(tmp / "none", tmp, e), ["does not exist (run `ygg compile` first)"]),
+    "-o is a file": (lambda art, tmp, e: ["bench", "-a", art, "--peers", "none", "--methods", "ar", "--categories", "qa", "-n", 4, "-o", _file(tmp)],
+                     ["notes.txt is a file: benchmark results go in a directory"]),
+    "--resume with other settings": (_resume(None, "-n", "5"), ["cannot resume", "different max_new_tokens"]),
+    "--resume of a log corrupt mid-way": (_resume(_cut_in_the_middle), ["runs.jsonl is corrupt at line 2", "drop --resume"]),
+    "--resume of another file": (_resume(lambda log: log.write_text('{"hello": 1}\n')),
+                                 ["runs.jsonl is not a benchmark log"]),
+}
+
+
+@pytest.mark.parametrize("case", BENCH_CASES)
+def test_bench_refuses_in_one_line_and_changes_nothing(case, artifact, earlier_bench, tmp_path):
+    setup, needles = BENCH_CASES[case]
+    args = setup(artifact, tmp_path, earlier_bench)
+    before = _state(tmp_path)
+    proc = subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    _record("bench", case, proc)
+    assert_one_line_error(proc, *needles)
+    assert proc.stdout == "" and _state(tmp_path) == before
+
+
+def _inspect(*extra) -> Callable[[Path, Path], list]:
+    return lambda art, tmp: ["inspect", art, "-o", tmp / "figures", *extra]
+
+
+INSPECT_CASES = {
+    "artifact missing": (lambda art, tmp: _inspect()(tmp / "none", tmp), ["does not exist (run `ygg compile` first)"]),
+    "--step 0": (_inspect("--prompt", "Hi", "--step", "0"), ["--step must be at least 1"]),
+    "--step beyond the generation": (_inspect("--prompt", "Hi", "-n", "2", "--step", "50"),
+                                     ["the generation took only", "earlier --step"]),
+    "--prompt empty": (_inspect("--prompt", "  "), ["the prompt is empty"]),
+    "--prompt file not UTF-8": (lambda art, tmp: _inspect("--prompt", _bytes(tmp / "p.txt", "café".encode("latin-1")))(art, tmp),
+                                ["p.txt is not UTF-8 text"]),
+    "--method unknown": (_inspect("--prompt", "Hi", "--method", "medusa"), ["method 'medusa' is not in this artifact"]),
+    "--max-new-tokens 0": (_inspect("--prompt", "Hi", "-n", "0"), ["--max-new-tokens must be at least 1, not 0"]),
+    "-o is a file": (lambda art, tmp: ["inspect", art, "-o", _file(tmp)], ["notes.txt is a file: inspect's figures go in a directory"]),
+}
+
+
+@pytest.mark.parametrize("case", INSPECT_CASES)
+def test_inspect_refuses_in_one_line_and_changes_nothing(case, artifact, tmp_path):
+    setup, needles = INSPECT_CASES[case]
+    args = setup(artifact, tmp_path)
+    before = _state(tmp_path)
+    proc = subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    _record("inspect", case, proc)
+    assert_one_line_error(proc, *needles)
+    assert proc.stdout == "" and _state(tmp_path) == before

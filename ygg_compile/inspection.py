@@ -44,7 +44,14 @@ class Inspection:
 
 def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, method: str | None = None,
                      step: int = 1, max_new_tokens: int = 64) -> Inspection:
+    """Everything `ygg inspect` shows; its figures are written into `out` only once all of them are
+    made (a refused --step or --method leaves `out` as it was)."""
     plan = read_plan(directory)
+    method = method or plan.method
+    if prompt is not None and method not in plan.methods:
+        raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan.methods)})")
+    if max_new_tokens < 1:
+        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
     curves = objective.Curves(plan.profile, context=plan.planning["context"])
     reports = []
     for name, params in plan.methods.items():
@@ -54,17 +61,25 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
         reports.append(r)
     result = Inspection(plan, reports)
 
-    output_dir(out, "inspect's figures")
-    _write(out / "tw_curves.png", plots.tw_curves(plan.profile, "T(W) measured at compile time"), result)
+    created = not out.exists()
+    output_dir(out, "inspect's figures")  # writable, before the minutes of work below
+    figures = {"tw_curves.png": plots.tw_curves(plan.profile, "T(W) measured at compile time")}
     if prompt is not None:
-        _run_prompt(directory, plan, prompt, method or plan.method, step, max_new_tokens, curves, result, out)
+        try:
+            figures["tree.png"] = _run_prompt(directory, plan, prompt, method, step, max_new_tokens, curves, result)
+        except BaseException:
+            if created:
+                out.rmdir()  # made for figures that will not come
+            raise
+    for name, png in figures.items():
+        _write(out / name, png, result)
     return result
 
 
 def _run_prompt(directory: Path, plan: Plan, prompt: str, method: str, step: int, max_new_tokens: int,
-                curves, result: Inspection, out: Path) -> None:
-    if method not in plan.methods:
-        raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan.methods)})")
+                curves, result: Inspection) -> bytes:
+    """Run every method on the prompt (measured accepted lengths and speed-ups into `result`); the
+    figure of `method`'s tree at `step`."""
     decoder = ygg_runtime.load(directory)
     ids = decoder.encode(prompt)
     decoder.generate(ids, max_new_tokens=4, method=method)  # warm-up
@@ -91,10 +106,9 @@ def _run_prompt(directory: Path, plan: Plan, prompt: str, method: str, step: int
     retrieved = sum(s != DRAFT for s in tree.sources)
     caption = (f"{method} · step {step}: {len(tree) - 1 - retrieved} drafted and {retrieved} retrieved nodes, "
                f"{verdict.accepted} accepted + bonus '{label(verdict.bonus)}'")
-    png = plots.token_tree([label(t) for t in tree.tokens], tree.parents, tree.draft_probs, verdict.path,
-                           label(verdict.bonus), caption, tree.sources)
-    _write(out / "tree.png", png, result)
     result.tree_caption = caption
+    return plots.token_tree([label(t) for t in tree.tokens], tree.parents, tree.draft_probs, verdict.path,
+                            label(verdict.bonus), caption, tree.sources)
 
 
 def _visible(text: str) -> str:

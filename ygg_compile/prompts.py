@@ -25,19 +25,33 @@ def read_jsonl(path: Path | None, categories: list[str] | None = None, limit: in
     `prompt` field is read too), in file order, at most `limit` per category; default: the
     benchmark's built-in set."""
     path = Path(path) if path is not None else BENCH_PROMPTS
+    if path.is_dir():
+        raise YggError(f"prompt file {path} is a directory: give a JSONL file")
     if not path.is_file():
         raise YggError(f"prompt file {path} does not exist")
+    if limit is not None and limit < 1:
+        raise YggError(f"--limit must be at least 1, not {limit}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise YggError(f"{path}:{line} is not UTF-8 text") from None
+    if not any(line.strip() for line in lines):
+        raise YggError(f"prompt file {path} is empty")
     out: list[Prompt] = []
     seen: dict[str, int] = {}
     found: set[str] = set()
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
             text = row["turns"][0] if "turns" in row else row["prompt"]
+            if not isinstance(text, str) or not text.strip():
+                raise TypeError
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
-            raise YggError(f"{path}:{n} is not a prompt record (JSON with `turns` or `prompt`)") from None
+            raise YggError(f"{path}:{n} is not a prompt record (a JSON object with a non-empty `turns` or "
+                           "`prompt`)") from None
         cat = str(row.get("category", "default"))
         found.add(cat)
         if categories and cat not in categories:
