@@ -181,6 +181,11 @@ def test_a_pinned_plan_hash_runs_that_artifact_and_refuses_a_tampered_one(artifa
                           "target/model.safetensors has changed since compile (sha256 differs)")
 
 
+def test_serve_pins_a_plan_hash_too_before_it_listens(artifact):
+    proc = ygg("serve", "-a", artifact, "--port", 0, "--expect-plan", "e" * 64)
+    assert_one_line_error(proc, "not the expected " + "e" * 64)
+
+
 def test_the_python_api_pins_a_plan_hash_too(artifact):
     import ygg_runtime
     from ygg_runtime.artifact import plan_sha256
@@ -500,6 +505,8 @@ def test_two_compiles_racing_for_one_output_one_wins_and_the_other_says_so(pair,
         _, err = first.communicate(timeout=600)
     assert first.returncode == 0, err
     assert _tree(out) != before and (out / "plan.yaml").exists() and _beside(out) == []
+    pin = _sha256(out / "plan.yaml")  # what the winner printed is the value that pins what it wrote
+    assert f"plan sha256 {pin}" in " ".join(err.split()) and f"ygg run --expect-plan {pin}" in " ".join(err.split())
 
 
 def _staging_appears(proc: subprocess.Popen, out: Path) -> None:
