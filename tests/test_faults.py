@@ -25,11 +25,12 @@ N = ["--max-new-tokens", "4"]
 TABLE = os.environ.get("YGG_FAULT_TABLE")  # a JSONL file each table case appends its outcome to (for the docs)
 
 
-def _record(command: str, case: str, proc: subprocess.CompletedProcess) -> None:
+def _record(command: str, case: str, said: str, code: int) -> None:
+    """The last line a case printed on stderr and its exit code, into the YGG_FAULT_TABLE file."""
     if TABLE:
+        lines = said.strip().splitlines() or ["(nothing)"]
         with open(TABLE, "a") as f:
-            f.write(json.dumps({"command": command, "case": case, "line": proc.stderr.strip(),
-                                "code": proc.returncode}) + "\n")
+            f.write(json.dumps({"command": command, "case": case, "line": lines[-1], "code": code}) + "\n")
 
 
 def _damaged(change: Callable[[Path], None]) -> Callable[[Path, Path], list]:
@@ -134,7 +135,7 @@ def test_run_refuses_in_one_line_and_changes_nothing(case, artifact, tmp_path):
     args = setup(artifact, tmp_path)
     before = sorted((p.relative_to(tmp_path), p.stat().st_size) for p in tmp_path.rglob("*"))
     proc = subprocess.run([YGG, "run", *map(str, args)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    _record("run", case, proc)
+    _record("run", case, proc.stderr, proc.returncode)
     assert_one_line_error(proc, needle)
     assert proc.returncode == code and proc.stdout == ""
     assert sorted((p.relative_to(tmp_path), p.stat().st_size) for p in tmp_path.rglob("*")) == before
@@ -145,6 +146,7 @@ def test_run_with_closed_stdin_says_so(artifact):
     proc = subprocess.run([YGG, "run", "-", "-a", str(artifact), *N], capture_output=True, text=True, timeout=300,
                           stdin=subprocess.DEVNULL, preexec_fn=lambda: os.close(0))
     assert_one_line_error(proc, "no standard input")
+    _record("run", "closed stdin", proc.stderr, proc.returncode)
 
 
 def test_run_into_a_reader_that_closes_early_exits_quietly(artifact, tmp_path):
@@ -156,6 +158,7 @@ def test_run_into_a_reader_that_closes_early_exits_quietly(artifact, tmp_path):
     run.stdout.close()
     _, err = run.communicate(timeout=300)
     assert run.returncode == 0 and b"Traceback" not in err and b"error" not in err
+    _record("run", "output read by `| head -c 1`", "(nothing: it stops quietly)", run.returncode)
 
 
 def _sha256(path: Path) -> str:
@@ -184,6 +187,7 @@ def test_a_pinned_plan_hash_runs_that_artifact_and_refuses_a_tampered_one(artifa
 def test_serve_pins_a_plan_hash_too_before_it_listens(artifact):
     proc = ygg("serve", "-a", artifact, "--port", 0, "--expect-plan", "e" * 64)
     assert_one_line_error(proc, "not the expected " + "e" * 64)
+    _record("serve", "expect-plan of another artifact", proc.stderr, proc.returncode)
 
 
 def test_the_python_api_pins_a_plan_hash_too(artifact):
@@ -449,7 +453,7 @@ def test_compile_refuses_in_one_line_and_changes_nothing(case, pair, previous, t
     before = _state(tmp_path)
     proc = subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
                           preexec_fn=_file_size_limit(limit))
-    _record("compile", case, proc)
+    _record("compile", case, proc.stderr, proc.returncode)
     assert_one_line_error(proc, *needles)
     assert "C++ compile error" not in proc.stderr  # a full disk is named as such, not as the compiler's failure
     assert _state(tmp_path) == before
@@ -488,6 +492,7 @@ def test_a_compile_the_disk_cannot_hold_is_refused_before_it_starts(pair, previo
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: not enough disk space: this compile writes about"), lines
     assert "5.0 MB is free" in lines[0] and "the artifact" in lines[0]
+    _record("compile", "disk too small for the estimate", lines[0], stop.value.code)
     assert _state(tmp_path) == before
 
 
@@ -500,6 +505,7 @@ def test_two_compiles_racing_for_one_output_one_wins_and_the_other_says_so(pair,
         _staging_appears(first, out)
         second = ygg(*_compile_args(pair, out))
         assert_one_line_error(second, "another `ygg compile` is writing", "wait for it to finish, or compile to another -o")
+        _record("compile", "a second compile into the -o another is writing", second.stderr, second.returncode)
         assert _tree(out) == before  # the loser touched nothing; the winner has not renamed yet
     finally:
         _, err = first.communicate(timeout=600)
@@ -529,6 +535,7 @@ def test_a_compile_stopped_by_a_signal_leaves_nothing_and_keeps_the_previous_art
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted" and "Traceback" not in err
+    _record("compile", f"{sig.name} mid-compile", err, proc.returncode)
     assert _tree(out) == before and _beside(out) == []
 
 
@@ -546,6 +553,8 @@ def test_the_next_compile_removes_what_a_killed_one_left(pair, previous, tmp_pat
     again = ygg(*_compile_args(pair, out))
     assert again.returncode == 0, again.stderr
     assert _beside(out) == [".art.tmp-notours"]
+    _record("compile", "the compile after a SIGKILL mid-compile", "(compiles; the killed compile's temporary directory"
+            " and lock are gone, an unrelated .art.tmp-notours is not)", again.returncode)
 
 
 def test_a_draft_larger_than_the_target_is_a_warning_not_an_error(pair, tmp_path):
@@ -558,6 +567,8 @@ def test_a_draft_larger_than_the_target_is_a_warning_not_an_error(pair, tmp_path
     said = " ".join(proc.stderr.split())
     assert "warning: the draft (0.2M parameters) is larger than the target (0.1M)" in said
     assert "swapped --draft and --target?" in said
+    warning = said[said.index("warning:"):said.index("--target?") + len("--target?")]  # rich wraps it at 80
+    _record("compile", "draft larger than the target (a warning)", warning, proc.returncode)
 
 
 # ------------------------------------------------------------------ bench, inspect
@@ -638,7 +649,7 @@ def test_bench_refuses_in_one_line_and_changes_nothing(case, artifact, earlier_b
     args = setup(artifact, tmp_path, earlier_bench)
     before = _state(tmp_path)
     proc = subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    _record("bench", case, proc)
+    _record("bench", case, proc.stderr, proc.returncode)
     assert_one_line_error(proc, *needles)
     assert proc.stdout == "" and _state(tmp_path) == before
 
@@ -667,6 +678,6 @@ def test_inspect_refuses_in_one_line_and_changes_nothing(case, artifact, tmp_pat
     args = setup(artifact, tmp_path)
     before = _state(tmp_path)
     proc = subprocess.run([YGG, *map(str, args)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    _record("inspect", case, proc)
+    _record("inspect", case, proc.stderr, proc.returncode)
     assert_one_line_error(proc, *needles)
     assert proc.stdout == "" and _state(tmp_path) == before
