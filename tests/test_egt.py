@@ -194,7 +194,7 @@ def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path
     calib.write_text("Write a haiku about autumn.\n---\nWhat is the capital of France?\n---\ndef is_even(n):\n")
     out = tmp_path / "art"
     proc = ygg("compile", "--draft", draft, "--target", "smollm2-135m", "-o", out, "--max-context", 1024,
-               "--calib", calib, "--calib-tokens", 24, "--no-aot")
+               "--calib", calib, "--calib-tokens", 24, "--no-aot", "--quick")
     assert proc.returncode == 0, proc.stderr
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     egt = plan["methods"]["egt"]
