@@ -180,7 +180,8 @@ def test_a_useless_drafter_plans_depth_zero(models):
 def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path, smollm2_dir, smollm2_tokenizer):
     """SmolLM2-135M drafted by its own first layer (embeddings and head included, so a third of
     the target's cost for little agreement): the objective keeps egt at depth 0 or 1, and at depth
-    0 `ygg run --method egt` is plain decoding, token for token."""
+    0 `ygg run --method egt` is plain decoding, token for token. --quick leaves the depth predictor
+    out, so the planned depth is every step's (a predictor would pick each step's depth)."""
     import json
 
     import yaml
