@@ -181,12 +181,16 @@ def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path
     """SmolLM2-135M drafted by its own first layer (embeddings and head included, so a third of
     the target's cost for little agreement): the objective keeps egt at depth 0 or 1, and at depth
     0 `ygg run --method egt` is plain decoding, token for token. --quick leaves the depth predictor
-    out, so the planned depth is every step's (a predictor would pick each step's depth)."""
+    out, so the planned depth is every step's (a predictor would pick each step's depth). The
+    target comes from its GGUF package into an artifact that holds its float weights: the compile
+    caches no dequantized copy of them (a cache of its own, to see that)."""
     import json
 
     import yaml
     from helpers import ygg
     from transformers import AutoModelForCausalLM
+
+    from ygg_compile.cache import entries
 
     draft = tmp_path / "smollm2-1-layer"
     AutoModelForCausalLM.from_pretrained(smollm2_dir, num_hidden_layers=1).save_pretrained(draft)
@@ -194,15 +198,17 @@ def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path
     calib = tmp_path / "calib.txt"
     calib.write_text("Write a haiku about autumn.\n---\nWhat is the capital of France?\n---\ndef is_even(n):\n")
     out = tmp_path / "art"
+    cache = {"YGG_CACHE": str(tmp_path / "cache")}
     proc = ygg("compile", "--draft", draft, "--target", "smollm2-135m", "-o", out, "--max-context", 1024,
-               "--calib", calib, "--calib-tokens", 24, "--no-aot", "--quick")
+               "--calib", calib, "--calib-tokens", 24, "--no-aot", "--quick", env=cache)
     assert proc.returncode == 0, proc.stderr
+    assert [e.kind for e in entries(tmp_path / "cache") if e.kind == "conversions"] == []
     plan = yaml.safe_load((out / "plan.yaml").read_text())
     egt = plan["methods"]["egt"]
     assert egt["depth"] <= 1, plan["planning"]["egt"]
     if egt["depth"] == 0:
         def run(*a):
-            return json.loads(ygg("run", calib, "-a", out, "-n", 16, "--json", "--ignore-eos", *a).stdout)
+            return json.loads(ygg("run", calib, "-a", out, "-n", 16, "--json", "--ignore-eos", *a, env=cache).stdout)
 
         ar, grafted, plain = run("-m", "ar"), run("-m", "egt"), run("-m", "egt", "--no-graft")
         # depth 0: no drafter forward; with grafting a step may verify retrieved tokens alone

@@ -211,6 +211,18 @@ def smollm2_artifact(tmp_path_factory, calib):
 
 
 @pytest.mark.real
+def test_an_artifact_holding_a_gguf_files_codes_has_its_conversion_cached_in_the_artifacts_dtype(smollm2_artifact):
+    """The file dequantized once for compile (the next compile reuses it) is cached in the dtype the
+    artifact runs in, not float32. (An artifact holding the floats caches none: see test_egt.)"""
+    from ygg_compile.sources import conversion_dir
+
+    plan = yaml.safe_load((smollm2_artifact / "plan.yaml").read_text())
+    target = plan["models"]["target"]
+    assert target["weights"]["kind"] == "int8" and target["gguf"]
+    assert (conversion_dir(target["sha256"], getattr(torch, plan["dtype"])) / "config.json").is_file()
+
+
+@pytest.mark.real
 def test_bench_times_llama_cpp_on_the_targets_own_gguf_file(smollm2_artifact, tmp_path):
     """llama.cpp plain and with prompt lookup, on the same prompt ids, in the same interleaved run."""
     prompts = tmp_path / "q.jsonl"
