@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -371,9 +372,7 @@ def cache_clear(
     removed, busy = cache.clear(kinds or None)
     for e in busy:
         err.print(f"left {e.kind} {e.path.name}: a running process is writing it")
-    by_kind = {}
-    for e in removed:
-        by_kind[e.kind] = by_kind.get(e.kind, 0) + 1
+    by_kind = Counter(e.kind for e in removed)
     kinds_removed = f" ({', '.join(f'{k} {n}' for k, n in by_kind.items())})" if removed else ""
     print(f"removed {len(removed)} entries{kinds_removed} from {cache_dir()}: {size(sum(e.bytes for e in removed))} freed")
 

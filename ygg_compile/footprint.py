@@ -5,6 +5,7 @@ kernel's OOM killer or filling the disk an hour in."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -36,7 +37,7 @@ def parameters(src: ModelSource) -> int:
     for f in sorted(src.path.glob("*.safetensors")):
         tensors.update(_safetensors_shapes(f))
     if tensors:
-        n = {k: _numel(shape) for k, shape in tensors.items()}
+        n = {k: math.prod(shape) for k, shape in tensors.items()}
         tied = "lm_head.weight" not in n and any(k.endswith("embed_tokens.weight") for k in n)
         return sum(n.values()) + (max(v for k, v in n.items() if k.endswith("embed_tokens.weight")) if tied else 0)
     # pickled *.bin checkpoints are not opened here: their size over the config's dtype is the count
@@ -49,20 +50,13 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     """Tensor shapes from a safetensors header: 8 bytes of length, then that much JSON."""
     try:
         with open(path, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            if size > 100 << 20:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100 << 20:
                 raise ValueError("header larger than 100 MB")
-            header = json.loads(f.read(size))
+            header = json.loads(f.read(length))
         return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
     except (OSError, ValueError, KeyError, TypeError, struct.error) as e:
         raise YggError(f"{path} is not a readable safetensors file ({e})") from None
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
 
 
 @dataclass
@@ -115,9 +109,9 @@ def check_disk(fp: Footprint, out: Path) -> None:
     for where, bytes_, what in ((out.parent, fp.artifact, "the artifact"), (cache_dir(), fp.cache, "cached conversions")):
         if bytes_:
             root = _existing(where)
-            needs.setdefault(os.stat(root).st_dev, [root, 0, []])
-            needs[os.stat(root).st_dev][1] += bytes_
-            needs[os.stat(root).st_dev][2].append(f"{what} {size(bytes_)}")
+            need = needs.setdefault(os.stat(root).st_dev, [root, 0, []])
+            need[1] += bytes_
+            need[2].append(f"{what} {size(bytes_)}")
     for root, total, parts in needs.values():
         free = shutil.disk_usage(root).free
         if total > free:
