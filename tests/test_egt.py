@@ -183,7 +183,9 @@ def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path
     0 `ygg run --method egt` is plain decoding, token for token. --quick leaves the depth predictor
     out, so the planned depth is every step's (a predictor would pick each step's depth). The
     target comes from its GGUF package into an artifact that holds its float weights: the compile
-    caches no dequantized copy of them (a cache of its own, to see that)."""
+    caches no dequantized copy of them (a cache of its own, to see that). `--weights bf16` says so:
+    `auto` holds a GGUF target as integer codes on CPUs with AVX-512 VNNI, and then caches the
+    conversion it quantizes from."""
     import json
 
     import yaml
@@ -200,7 +202,7 @@ def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path
     out = tmp_path / "art"
     cache = {"YGG_CACHE": str(tmp_path / "cache")}
     proc = ygg("compile", "--draft", draft, "--target", "smollm2-135m", "-o", out, "--max-context", 1024,
-               "--calib", calib, "--calib-tokens", 24, "--no-aot", "--quick", env=cache)
+               "--calib", calib, "--calib-tokens", 24, "--no-aot", "--quick", "--weights", "bf16", env=cache)
     assert proc.returncode == 0, proc.stderr
     assert [e.kind for e in entries(tmp_path / "cache") if e.kind == "conversions"] == []
     plan = yaml.safe_load((out / "plan.yaml").read_text())
