@@ -38,14 +38,16 @@ Forward = Callable[[dict, int], list]  # ({K: x [M, K]}, layer) -> the layer's o
 
 
 def random_codes(n: int, k: int, bits: int, g: torch.Generator) -> Codes:
-    """Q4_K's format (4 bits), Q6_K's (6 bits: groups of 16, the offset multiplier is the scale)
-    or 8-bit codes in Q6_K's groups."""
+    """Q4_K's format (4 bits: groups of 32 with their own multipliers and mins), Q6_K's (6 bits:
+    groups of 16, codes offset by 32, folded) or 8-bit codes in Q6_K's groups (offset 128)."""
     group = 32 if bits == 4 else 16
     sc = torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g)
-    mn = sc if bits == 6 else torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g)
-    return Codes(torch.randint(0, 2 ** bits, (n, k), dtype=torch.uint8, generator=g),
-                 torch.rand(n, k // 256, generator=g) * 1e-3, -torch.rand(n, k // 256, generator=g) * 1e-3,
-                 sc, mn, bits, f"random{bits}")
+    D = (torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    if bits == 4:
+        mn, M = torch.randint(1, 63, (n, k // group), dtype=torch.int8, generator=g), -(torch.rand(n, k // 256, generator=g) * 1e-3).half().float()
+    else:
+        mn, M = sc, -(2 ** (bits - 1)) * D
+    return Codes(torch.randint(0, 2 ** bits, (n, k), dtype=torch.uint8, generator=g), D, M, sc, mn, bits, f"random{bits}")
 
 
 def build(name: str, g: torch.Generator) -> Forward:
@@ -81,8 +83,7 @@ def build(name: str, g: torch.Generator) -> Forward:
         return lambda x, i: [torch._weight_int4pack_mm_for_cpu(x[k], p, 32, sz)
                              for (p, sz), (_, k) in zip(layers[i], SHAPES)]
     if name.startswith("ygg-"):
-        return lambda x, i: [kernels.qlinear(x[p["codes"].shape[1] * 32], p["codes"], p["D"], p["M"], p["sc"], p["mn"], None)
-                             for p in layers[i]]
+        return lambda x, i: [kernels.qlinear(x[int(p["layout"][0, 1])], p["data"], p["layout"], None) for p in layers[i]]
     if name == "inductor-woq":
         return _inductor_woq(layers)
     return _torchao(name, layers)

@@ -49,7 +49,8 @@ def test_the_plan_says_how_each_models_weights_are_held(int4_artifact):
     plan = yaml.safe_load((int4_artifact / "plan.yaml").read_text())
     target, draft = plan["models"]["target"]["weights"], plan["models"]["draft"]["weights"]
     assert target["kind"] == "int4" and target["numbers"] == "quantized" and not target["fallbacks"]
-    assert target["formats"] == {"quantized 4-bit": 2 + 4 * 2} and target["bytes"] > 0  # embeddings, head, 4 per layer
+    # embeddings, head, 4 linears per layer (a float checkpoint's fused q/k/v and gate/up are one tensor each)
+    assert target["formats"] == {"quantized 4-bit": 2 + 4 * 2} and target["bytes"] > 0
     assert draft == {"kind": "float", "numbers": "checkpoint", "formats": {}, "fallbacks": [], "bytes": 0, "max_rel_error": 0.0}
     # every linear layer is row-invariant: no forward is padded, plain decoding included
     assert {kind: rec["min_width"] for kind, rec in plan["exactness"].items()} == {"compiled": 1, "eager": 1}
@@ -103,8 +104,8 @@ def test_inspect_says_the_weights_are_quantized_and_lossy(int4_artifact, tmp_pat
 
 def test_unknown_weights_kind_is_one_line_before_writing(pair, tmp_path):
     out = tmp_path / "out"
-    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--weights", "int3")
-    assert_one_line_error(proc, "--weights must be auto, bf16, int8, int4")
+    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--weights", "int5")
+    assert_one_line_error(proc, "--weights must be auto, bf16, int8, int4, int3, int2")
     assert not out.exists()
 
 
@@ -165,10 +166,10 @@ def test_a_gguf_files_own_blocks_are_kept_and_every_method_equals_plain_decoding
     float_args, float_state = convert_state(smollm2_hf, torch.bfloat16)
     args, state, info = quantize.quantize_state(float_state, float_args, "int8", smollm2_gguf)
     assert info.numbers == "gguf" and not info.fallbacks
-    assert info.formats == {"Q8_0 8-bit": 2, "Q4_1 4-bit": 4 * 30}  # embeddings and head from one tensor
+    assert info.formats == {"Q8_0 8-bit": 2, "Q4_1 4-bit": 7 * 30}  # embeddings and head from one tensor; 7 parts a layer
     assert info.max_rel_error < 1e-2  # against the bf16 checkpoint: its rounding, nothing more
     _, _, four = quantize.quantize_state(float_state, float_args, "int4", smollm2_gguf)  # at most 4 bits: said so
-    assert four.formats == {"requantized 4-bit": 2, "Q4_1 4-bit": 4 * 30}
+    assert four.formats == {"requantized 4-bit": 2, "Q4_1 4-bit": 7 * 30}
     assert four.fallbacks == ["tok_embeddings: Q8_0 -> int4 (requantized, lossy)", "output: Q8_0 -> int4 (requantized, lossy)"]
     assert quantize.fallbacks_line(four.fallbacks) == "2 not as in the file: Q8_0 -> int4 (requantized, lossy) ×2"
     target = runner(from_state(args, state))
@@ -252,6 +253,6 @@ def test_a_profile_measured_with_other_weight_codes_is_not_reused():
     from ygg_compile import profile
 
     eight = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 8-bit g16": 15})
-    six = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15})
+    six = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15})  # the same file, other codes
     assert eight != six and "qlinear" in eight
     assert "qlinear" not in profile.fingerprint("cpu", "aot")  # float weights: the kernel's source does not count

@@ -22,7 +22,7 @@ from ygg_runtime.integrity import available_memory, cache_dir
 # Bytes an artifact holds per parameter, by how its weights are held: integer codes plus their
 # group scales (measured on the default pair: 0.73 for the int8 target, 0.76 for the int4 drafter,
 # whose float32 embeddings weigh more; rounded up).
-QUANTIZED_BYTES = {"int8": 1.1, "int4": 0.8}
+QUANTIZED_BYTES = {"int8": 1.1, "int4": 0.8, "int3": 0.8, "int2": 0.8}  # at most int4's: narrower codes, same embeddings
 ARTIFACT_EXTRA = 64 << 20  # tokenizer, compiled packages, kernels, tables
 DEQUANTIZE_BYTES = 4  # transformers dequantizes a GGUF tensor to float32 before casting it
 

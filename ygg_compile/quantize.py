@@ -1,12 +1,13 @@
-"""Quantized weights for an artifact (`--weights int4|int8`): a GGUF file's own blocks read as codes
-(`ygg_runtime.quant.Codes`), or float weights quantized here.
+"""Quantized weights for an artifact (`--weights int8|int4|int3|int2`): a GGUF file's own blocks read
+as codes (`ygg_runtime.quant.Codes`), or float weights quantized here.
 
 `int8` means at most 8 bits per weight: from a GGUF file nothing is requantized, every block type
 below is decoded into codes and scales that give back exactly the values llama.cpp (and
-transformers' dequantizer) compute from it (4-bit types stay 4-bit), and the compile checks that
-against the dequantized checkpoint it converted. `int4` means at most 4 bits: the file's 4-bit
-tensors are kept as they are, wider ones requantized to 4 bits from their exact values (lossy: a
-drafter's weights may be, since the drafter only proposes). A tensor the kernel cannot hold as it is
+transformers' dequantizer) compute from it (4-bit types stay 4-bit, 5- and 6-bit ones 6-bit), and
+the compile checks that against the dequantized checkpoint it converted. `int4` (`int3`, `int2`)
+means at most that many bits: the file's narrower tensors are kept as they are, wider ones
+requantized from their exact values (lossy: a drafter's weights may be, since the drafter only
+proposes). A tensor the kernel cannot hold as it is
 (another block type, a float tensor) is quantized here from its dequantized values, a shape whose
 inputs are not a multiple of 32 stays in the float dtype; the plan lists every such tensor. From a
 float checkpoint every linear weight is quantized here: lossy against that checkpoint, which the
@@ -26,9 +27,9 @@ from torch import Tensor
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.model import ModelArgs
 from ygg_runtime.plan import WeightsInfo
-from ygg_runtime.quant import Codes, cat, fits_kernel, pack, pack_rows
+from ygg_runtime.quant import BITS, Codes, fits_kernel, pack, pack_rows, segment_kind
 
-WEIGHTS = ("bf16", "int8", "int4")  # what --weights takes besides "auto" (bf16: the artifact's dtype)
+WEIGHTS = ("bf16", "int8", "int4", "int3", "int2")  # what --weights takes besides "auto" (bf16: the artifact's dtype)
 QK = 256  # values per K-quant super-block
 
 
@@ -162,33 +163,57 @@ def read_gguf(path: Path) -> GGUFWeights:
 # ---------------------------------------------------------------- float weights -> codes
 
 
+def _half(t: Tensor) -> Tensor:
+    """Factors as float16 numbers (what the kernel stores), in float32."""
+    return t.half().float()
+
+
 def quantize(w: Tensor, bits: int) -> Codes:
-    """Float weights [N, K] (K a multiple of 32) -> codes. 8 bits: symmetric per 32 (llama.cpp's
-    Q8_0). 4 bits: per 32 with a scale and a minimum, both quantized to 6 bits per 256 (Q4_K's
-    format, without its iterative search; per 32 when K holds no whole 256)."""
+    """Float weights [N, K] (K a multiple of 32) -> codes (lossy). 8 bits: symmetric per 32
+    (llama.cpp's Q8_0). 4, 3 or 2 bits: per group (32 columns at 4 bits, 16 below) an affine range,
+    its scale and minimum quantized to 6 bits per super-block of 256 (Q4_K's format; with K holding
+    no whole 256, per 32 with float16 factors, Q4_1's), the codes then chosen against the
+    quantized range."""
     w = w.float()
     n, k = w.shape
     if bits == 8:
         g = w.reshape(n, k // 32, 32)
-        d = g.abs().amax(-1) / 127
+        d = _half(g.abs().amax(-1) / 127)
         inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
         q = (g * inv[..., None]).round().clamp(-127, 127)
         ones = torch.ones(n, k // 32, dtype=torch.int8)
         return Codes((q + 128).to(torch.uint8).reshape(n, k), d, -128 * d, ones, ones, 8, "int8")
-    sb = QK if k % QK == 0 else 32  # super-blocks of 256 where the rows hold whole ones
-    g = w.reshape(n, k // sb, sb // 32, 32)
+    top = 2 ** bits - 1
+    if k % QK:  # blocks of 32 with their own float16 scale and minimum
+        g = w.reshape(n, k // 32, 32)
+        lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
+        d, m = _half((hi - lo) / top), _half(lo)
+        q = torch.where(d[..., None] > 0, ((g - m[..., None]) / d.clamp(min=1e-30)[..., None]).round(), torch.zeros_like(g))
+        ones = torch.ones(n, k // 32, dtype=torch.int8)
+        return Codes(q.clamp(0, top).to(torch.uint8).reshape(n, k), d, m, ones, ones, bits, f"int{bits}")
+    group = 32 if bits == 4 else 16
+    g = w.reshape(n, k // QK, QK // group, group)
     lo = g.amin(-1).clamp(max=0)
     hi = g.amax(-1).clamp(min=0)
-    scale, low = (hi - lo) / 15, -lo  # per group: w ~= scale * q - low
-    d = scale.amax(-1) / 63
-    dmin = low.amax(-1) / 63
+    scale, low = (hi - lo) / top, -lo  # per group: w ~= scale * q - low
+    d = _half(scale.amax(-1) / 63)
+    dmin = _half(low.amax(-1) / 63)
     sc = torch.where(d[..., None] > 0, (scale / d.clamp(min=1e-30)[..., None]).round(), torch.zeros_like(scale)).clamp(0, 63)
     mn = torch.where(dmin[..., None] > 0, (low / dmin.clamp(min=1e-30)[..., None]).round(), torch.zeros_like(low)).clamp(0, 63)
     step = d[..., None] * sc
     q = torch.where(step[..., None] > 0, ((g + (dmin[..., None] * mn)[..., None]) / step.clamp(min=1e-30)[..., None]).round(),
-                    torch.zeros_like(g)).clamp(0, 15)
+                    torch.zeros_like(g)).clamp(0, top)
     return Codes(q.to(torch.uint8).reshape(n, k), d, -dmin, sc.to(torch.int8).reshape(n, -1), mn.to(torch.int8).reshape(n, -1),
-                 4, "int4")
+                 bits, f"int{bits}")
+
+
+def holdable(c: Codes) -> bool:
+    """Whether the kernel holds these codes exactly as they are (`ygg_runtime.quant.segment_kind`)."""
+    try:
+        segment_kind(c)
+    except ValueError:
+        return False
+    return c.bits in BITS
 
 
 # ---------------------------------------------------------------- a model's state, quantized
@@ -213,9 +238,10 @@ def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf
                    progress=None) -> tuple[ModelArgs, dict[str, Tensor], WeightsInfo]:
     """Replace the state's linear and embedding weights by codes (`ygg_runtime.quant` layouts).
     `state` holds the float weights the checkpoint was converted to: they are the reference every
-    decoded GGUF tensor is checked against, and what a fallback quantizes. The head becomes a
-    tensor of its own (a quantized model never ties it to the embeddings)."""
-    bits = 4 if weights == "int4" else 8
+    decoded GGUF tensor is checked against, and what a fallback quantizes. The parts of a fused
+    layer (q/k/v, gate/up) keep their own formats. The head becomes a tensor of its own (a
+    quantized model never ties it to the embeddings)."""
+    bits = int(weights.removeprefix("int"))
     source = read_gguf(gguf) if gguf is not None else None
     report = WeightsInfo(weights, "gguf" if source else "quantized")
     out = dict(state)
@@ -229,17 +255,13 @@ def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf
         reference = state.get(f"{ours}.weight")
         if reference is None:  # a tied head: the embeddings
             reference = out[f"{ours}.weight"] = state["tok_embeddings.weight"]
-        found = _from_file(source, names, args) if source else None
-        if found is not None:
-            report.max_rel_error = max(report.max_rel_error, _check(found, reference, ours))
-            if found.bits > bits:  # the file's 5- to 8-bit numbers, requantized to 4 bits from their exact values
-                report.fallbacks.append(f"{ours}: {found.kind} -> int4 (requantized, lossy)")
-                found = cat([part if part.bits <= bits else quantize(part.dequantize(), bits)
-                             for part in _from_file(source, names, args, fused=False)])
-            if found.bits == 6:  # 5-/6-bit blocks as 8-bit codes, exactly: unpacking 6-bit codes costs more
-                # than the bytes they save from 4 rows on (kernel table: 49.5 vs 38.8 ms at 4 rows, 88 vs 76 at
-                # 16; the target's T(8) 64 vs 57 ms), and trees verify 4 rows and more
-                found = found.promote(8, found.group, found.superblock)
+        parts = _from_file(source, names, args) if source else None
+        if parts is not None:
+            report.max_rel_error = max(report.max_rel_error, _check(parts, reference, ours))
+            for i, part in enumerate(parts):
+                if part.bits > bits or not (rows or holdable(part)):  # requantized from its exact values
+                    report.fallbacks.append(f"{ours}: {part.kind} -> int{bits} (requantized, lossy)")
+                    parts[i] = quantize(part.dequantize(), bits)
         elif not fits_kernel(tuple(reference.shape)):
             why = "+".join(source.types.get(n, "missing") for n in names) if source else "float"
             report.fallbacks.append(f"{ours}: {why}, {reference.shape[1]} inputs (not a multiple of 32) -> kept in {reference.dtype}")
@@ -248,22 +270,22 @@ def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf
             if source:
                 why = "+".join(source.types.get(n, "missing") for n in names)
                 report.fallbacks.append(f"{ours}: {why} -> int{bits} (requantized, lossy)")
-            found = quantize(reference, bits)
-        packed = pack_rows(found) if rows else pack(found)
+            parts = [quantize(reference, bits)]
+        packed = pack_rows(parts[0]) if rows else pack(parts)
         del out[f"{ours}.weight"]
         out.update({f"{ours}.{k}": v for k, v in packed.items()})
-        kind = found.kind if found.kind not in ("int4", "int8") else "requantized" if source else "quantized"
-        label = f"{kind} {found.bits}-bit" + (f" g{found.group}" if found.group != 32 else "")
-        report.formats[label] = report.formats.get(label, 0) + 1
+        for part in parts:
+            kind = "requantized" if part.kind.startswith("int") and source else "quantized" if part.kind.startswith("int") else part.kind
+            label = f"{kind} {part.bits}-bit" + (f" g{part.group}" if part.group != 32 else "")
+            report.formats[label] = report.formats.get(label, 0) + 1
         report.bytes += sum(v.numel() * v.element_size() for v in packed.values())
     if progress:
         progress(len(jobs), len(jobs))
     return replace(args, tie_embeddings=False), out, report
 
 
-def _from_file(source: GGUFWeights, names: list[str], args: ModelArgs, fused: bool = True) -> Codes | list[Codes] | None:
-    """The named GGUF tensors as one matrix of codes (fused=False: the list of parts), or None
-    when some part is not held as it is."""
+def _from_file(source: GGUFWeights, names: list[str], args: ModelArgs) -> list[Codes] | None:
+    """The named GGUF tensors as codes, one per part, or None when some part is not held as it is."""
     heads = {"attn_q": args.n_heads, "attn_k": args.n_kv_heads}
     parts = []
     for name in names:
@@ -274,21 +296,22 @@ def _from_file(source: GGUFWeights, names: list[str], args: ModelArgs, fused: bo
         if source.arch == "llama" and role in heads:
             c = _unpermute(c, heads[role])
         parts.append(c)
-    return cat(parts) if fused else parts
+    return parts
 
 
-def _check(c: Codes, reference: Tensor, name: str, rows: int = 4096) -> float:
-    """The decoded weights against the checkpoint's (in chunks of rows, to bound memory): the
-    largest difference relative to the largest weight. A decoding that does not give the file's
-    numbers is a bug, and never a silent one."""
+def _check(parts: list[Codes], reference: Tensor, name: str, rows: int = 4096) -> float:
+    """The decoded weights (the parts stacked) against the checkpoint's (in chunks of rows, to
+    bound memory): the largest difference relative to the largest weight. A decoding that does not
+    give the file's numbers is a bug, and never a silent one."""
     top = max(reference.float().abs().max().item(), 1e-30)
-    worst = 0.0
-    for r in range(0, c.shape[0], rows):
-        part = c.rows(slice(r, r + rows))
-        worst = max(worst, (part.dequantize() - reference[r:r + rows].float()).abs().max().item() / top)
+    worst, at = 0.0, 0
+    for c in parts:
+        for r in range(0, c.shape[0], rows):
+            part = c.rows(slice(r, r + rows))
+            ref = reference[at + r:at + r + part.shape[0]].float()
+            worst = max(worst, (part.dequantize() - ref).abs().max().item() / top)
+        at += c.shape[0]
     if worst > 1e-2:
         raise YggError(f"{name}: the GGUF codes decode to other weights than the checkpoint's (relative error "
                        f"{worst:.2g}): report this with the file")
     return worst
-
-

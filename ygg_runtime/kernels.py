@@ -22,8 +22,10 @@ Everything else in the eager forward (norms, RoPE, SiLU, the KV writes) is row b
 graph's fused kernels are for the check to judge.
 
 `ygg::qlinear` (csrc/qlinear.cpp): the linear layers of quantized weights (`ygg_runtime.quant`),
-int8 dot products over weight tiles read once and unpacked once per 4 rows; row-invariant by
-construction, so a quantized model needs no padding at all, plain decoding included.
+int8 dot products summed exactly in int32 per super-block, over weight tiles streamed once and
+unpacked once per 8 rows while the next tile is prefetched; row-invariant by construction, so a
+quantized model needs no padding at all, plain decoding included. csrc/roofline.cpp measures the
+machine's two roofs (int8 peak, read bandwidth) on the same threads.
 
 The library is built with the system C++ compiler against the installed torch (a few seconds, cached
 under the user cache keyed by sources, torch version and instruction set), for the same vector ISA
@@ -49,7 +51,7 @@ from ygg_runtime.errors import YggError, out_of_space
 from ygg_runtime.integrity import cache_dir
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "attention.cpp", CSRC / "qlinear.cpp")
+SOURCES = (CSRC / "attention.cpp", CSRC / "qlinear.cpp", CSRC / "roofline.cpp")
 LIBRARY = "kernels.so"  # its name inside an artifact
 _loaded: Path | None = None
 
@@ -141,21 +143,21 @@ def _shape(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
     return torch.empty_like(q)
 
 
-def _qlinear_shape(x: Tensor, codes: Tensor, D: Tensor, M: Tensor, sc: Tensor, mn: Tensor, bias: Tensor | None, n: int) -> Tensor:
+def _qlinear_shape(x: Tensor, data: Tensor, layout: Tensor, bias: Tensor | None, n: int) -> Tensor:
     return x.new_empty(*x.shape[:-1], n)
 
 
-def qlinear(x: Tensor, codes: Tensor, D: Tensor, M: Tensor, sc: Tensor, mn: Tensor, bias: Tensor | None,
-            n: int | None = None, reference: bool = False) -> Tensor:
-    """x [..., K] times quantized weights (`ygg_runtime.quant.pack`'s tensors) plus bias -> [..., n]
-    in x's dtype (n: the weight's rows without the tiles' padding; None: all of them);
-    reference=True runs the kernel's scalar definition (tests)."""
+def qlinear(x: Tensor, data: Tensor, layout: Tensor, bias: Tensor | None, n: int | None = None,
+            reference: bool = False) -> Tensor:
+    """x [..., K] times quantized weights (`ygg_runtime.quant.pack`'s data and layout) plus bias ->
+    [..., n] in x's dtype (n: the weight's rows; None: read from the layout); reference=True runs
+    the kernel's scalar definition (tests)."""
     if x.device.type != "cpu":
         raise YggError("quantized weights run on CPUs only (compile with --weights bf16 for this device)")
     if _loaded is None:
         load()
     op = torch.ops.ygg.qlinear_reference if reference else torch.ops.ygg.qlinear
-    return op(x, codes, D, M, sc, mn, bias, codes.shape[0] * 16 if n is None else n)
+    return op(x, data, layout, bias, int(layout[:, 0].sum()) if n is None else n)
 
 
 def qlinear_path() -> str:
@@ -163,6 +165,36 @@ def qlinear_path() -> str:
     if _loaded is None:
         load()
     return torch.ops.ygg.qlinear_path()
+
+
+def int8_peak(seconds: float = 0.2, repeats: int = 5) -> float:
+    """Int8 multiply-adds per second of a register-only loop of the instruction `ygg::qlinear`
+    multiplies with, on the torch threads: the compute roof of a quantized forward."""
+    if _loaded is None:
+        load()
+    return torch.ops.ygg.int8_peak(seconds, repeats)
+
+
+def read_bandwidth(nbytes: int = 2 << 30, repeats: int = 5) -> float:
+    """Bytes per second of a streaming read of `nbytes` (far larger than the caches) on the torch
+    threads, each reading its own share: the memory roof of a forward."""
+    if _loaded is None:
+        load()
+    return torch.ops.ygg.read_bandwidth(nbytes, repeats)
+
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_copy(t: Tensor) -> Tensor:
+    """`t` itself, or for a CPU tensor of at least a huge page a copy in memory Linux is asked to back
+    with 2 MiB pages (`ygg::huge_copy`): a forward streams its weights, and with huge pages the
+    stream misses the TLB 512 times less (the target's linears: 1-5 % faster per forward)."""
+    if t.device.type != "cpu" or t.numel() * t.element_size() < HUGE_PAGE:
+        return t
+    if _loaded is None:
+        load()
+    return torch.ops.ygg.huge_copy(t)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:

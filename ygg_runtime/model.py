@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
+from ygg_runtime import kernels
 from ygg_runtime.kernels import attention
 from ygg_runtime.kv import KVCache
 from ygg_runtime.quant import QEmbedding, QLinear
@@ -37,6 +38,9 @@ class ModelArgs:
     rope_attention_scaling: float = 1.0
     max_position: int = 4096
     arch: str = "llama"
+    # Rows of the output head: 0, the whole vocabulary; fewer, a drafter's head cut to the tokens
+    # it may propose (`head_ids` maps each row to its token id; `ygg_compile.draft_vocab`).
+    head_rows: int = 0
 
     @classmethod
     def load(cls, path: Path) -> "ModelArgs":
@@ -121,10 +125,15 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
         self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
         self.norm = RMSNorm(a.dim, a.norm_eps)
-        self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
-        if a.tie_embeddings:
+        self.output = nn.Linear(a.dim, a.head_rows or a.vocab_size, bias=False)
+        if a.tie_embeddings and not a.head_rows:
             self.output.weight = self.tok_embeddings.weight
         self.register_buffer("inv_freq", torch.zeros(a.head_dim // 2), persistent=True)
+        # the token id of each head row, when the head covers part of the vocabulary
+        if a.head_rows:
+            self.register_buffer("head_ids", torch.zeros(a.head_rows, dtype=torch.long))
+        else:
+            self.head_ids: Tensor | None = None
         self.max_len = 0
 
     @property
@@ -156,8 +165,9 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """tokens [1, W], positions [W], slots [W] (cache rows to write), mask [W, L] bool over the
-        first L cache slots (True = may attend). Returns float32 logits [1, W, vocab] and the final
-        (normed) hidden states [1, W, dim], which the depth predictor reads."""
+        first L cache slots (True = may attend). Returns float32 logits [1, W, head rows] (the
+        vocabulary, or the tokens of `head_ids`) and the final (normed) hidden states [1, W, dim],
+        which the depth predictor reads."""
         x = self.tok_embeddings(tokens)
         cos, sin = self.rope(positions, x.dtype)
         for layer in self.layers:
@@ -169,22 +179,21 @@ class Transformer(nn.Module):
 def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the state dict") -> Transformer:
     """A model whose parameters are `state`'s tensors themselves (built on the meta device, so no
     memory is allocated twice), the head tied to the embeddings where the model ties them. A layer
-    whose weights the state holds as codes ("<layer>.codes", `ygg_runtime.quant`) is built quantized."""
+    whose weights the state holds as codes (`ygg_runtime.quant`: "<layer>.data" tiles for a linear,
+    "<layer>.codes" rows for an embedding) is built quantized."""
     with torch.device("meta"):
         model = Transformer(args)
         dtype = state["norm.weight"].dtype if "norm.weight" in state else torch.float32
         for name, module in list(model.named_modules()):
-            if name + ".codes" not in state:
-                continue
-            if isinstance(module, nn.Embedding) and not args.tie_embeddings:
+            if name + ".codes" in state and isinstance(module, nn.Embedding) and not args.tie_embeddings:
                 model.set_submodule(name, QEmbedding.like(state, name + ".", args.dim, dtype))
-            elif isinstance(module, nn.Linear):
+            elif name + ".data" in state and isinstance(module, nn.Linear):
                 model.set_submodule(name, QLinear.like(state, name + "."))
-            else:
+            elif name + ".codes" in state or name + ".data" in state:
                 raise ValueError(f"{where} holds {name} as codes, which this model cannot take")
     missing = set(model.state_dict()) - set(state)
     model.load_state_dict(state, assign=True, strict=False)
-    if args.tie_embeddings:
+    if args.tie_embeddings and not args.head_rows:
         model.output.weight = model.tok_embeddings.weight
         missing.discard("output.weight")
     if missing or "inv_freq" not in state:
@@ -193,7 +202,12 @@ def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the stat
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu") -> Transformer:
-    """Load a converted model (config.json + model.safetensors) without unpickling anything."""
+    """Load a converted model (config.json + model.safetensors) without unpickling anything. On a
+    CPU whose process has the native kernels loaded, the large tensors go to memory backed by huge
+    pages (`kernels.huge_copy`: every forward streams them)."""
     directory = Path(directory)
     args = ModelArgs.load(directory / "config.json")
-    return from_state(args, load_file(str(directory / "model.safetensors"), device=str(device)), str(directory))
+    state = load_file(str(directory / "model.safetensors"), device=str(device))
+    if torch.device(device).type == "cpu" and kernels.loaded() is not None:
+        state = {name: kernels.huge_copy(t) for name, t in state.items()}
+    return from_state(args, state, str(directory))

@@ -23,8 +23,9 @@ from ygg_runtime.errors import YggError, first_line
 # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks;
 # 5: the row-invariant attention kernel and the exactness check; 6: retrieval (egt's graft, pld,
 # the seeded adjacency table); 7: quantized weights (`ModelInfo.weights`, ygg::qlinear), one native
-# library for every kernel
-FORMAT_VERSION = 7
+# library for every kernel; 8: qlinear's segmented tile records (each part of a fused layer in its
+# own format, float16 factors, activations per super-block), the roofline in the profile
+FORMAT_VERSION = 8
 
 
 @dataclass

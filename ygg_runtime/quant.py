@@ -4,13 +4,13 @@ One format holds every quantization the native kernel takes (csrc/qlinear.cpp):
 
     w[n, k] = D[n, s] * sc[n, j] * c[n, k] + M[n, s] * mn[n, j]
 
-codes c in [0, 2**bits) (bits 4, 6 or 8), groups j of G = 16 or 32 input columns with int8 multipliers
-(sc, mn), super-blocks s of S = G or 256 columns with float32 factors (D, M). A GGUF file's blocks
-are exactly this: Q4_K and Q5_K (S = 256, G = 32, 6-bit scales and mins), Q6_K (G = 16, signed
-scales, the -32 of its codes in M), and the legacy Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (a super-block of one
-group, sc = mn = 1). So an artifact keeps the file's own numbers (`ygg_compile.quantize` reads them),
-and a tensor whose parts differ (q, k and v fused into one matrix) is promoted to the finer format
-of its parts without changing a single weight.
+codes c in [0, 2**bits) (bits 2, 3, 4, 6 or 8), groups j of G = 16 or 32 input columns with int8
+multipliers (sc, mn), super-blocks s of S = 256 columns with float16 factors (D, M), or S = G = 32
+with sc = mn = 1. A GGUF file's blocks are exactly this: Q4_K and Q5_K (G = 32, 6-bit scales and
+mins), Q6_K (G = 16, signed scales, the -32 of its codes in M), and the legacy Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0 (blocks of 32). So an artifact keeps the file's own numbers (`ygg_compile.quantize` reads
+them), and the parts of a fused tensor (q, k and v in one matrix) keep their own formats, as row
+segments of one layer.
 
 `QLinear` computes with the tiled layout the kernel reads; `QEmbedding` looks rows up in a row-major
 copy and dequantizes only the rows it returns.
@@ -75,8 +75,9 @@ class Codes:
 
 
 def cat(parts: list[Codes]) -> Codes:
-    """Row blocks stacked into one matrix (fused q/k/v, gate/up), each promoted to the finest
-    format among them; kind lists the parts' kinds when they differ."""
+    """Row blocks stacked into one matrix, each promoted to the finest format among them; kind
+    lists the parts' kinds when they differ. (A fused layer keeps its parts apart instead: `pack`
+    takes the list.)"""
     bits = max(p.bits for p in parts)
     group = min(p.group for p in parts)
     superblock = min(p.superblock for p in parts)
@@ -93,99 +94,179 @@ def fits_kernel(shape: tuple[int, int]) -> bool:
 
 # ---------------------------------------------------------------- the kernel's tiled layout
 
+BITS = (2, 3, 4, 6, 8)  # the code widths the kernel reads (5-bit codes are held in 6)
+HAS_SC, GENERAL = 1, 2  # a segment's flags (csrc/qlinear.cpp)
+
 
 def bits_for(top: int) -> int:
     """The narrowest code width the kernel takes for codes up to `top`."""
-    return next(b for b in (4, 6, 8) if top < 2 ** b)
+    return next(b for b in BITS if top < 2 ** b)
 
 
-def pack(c: Codes) -> dict[str, Tensor]:
-    """The tensors `QLinear` holds (its state dict entries): codes [N/16, K/32, 512, 384 or 256]
-    bytes, each block 8 quads of 4 k x 16 columns (4-bit: quads 2i and 2i+1 in the low and high
-    nibbles of one 64-byte vector; 6-bit: those 4 low bits, then the top 2 bits of quads 4i..4i+3 in
-    one 64-byte vector each); D, M [N/16, K/S, 16]; sc, mn [N/16, K/G, 16] (mn empty when it equals
-    sc, as Q6_K's does: one load less per group); shape [N, K] (N before the last tile's padding
-    rows, which are zeros)."""
+def _exact_half(t: Tensor) -> bool:
+    return bool(torch.equal(t.float().half().float(), t.float()))
+
+
+def segment_kind(c: Codes) -> tuple[int, int]:
+    """(flags, off) of a segment holding `c`: with group multipliers (super-blocks of 256) or unit
+    ones (blocks of 32, a GGUF legacy block); "folded" (flags without GENERAL) when mn = sc and M =
+    -off * D for one integer off, as in Q6_K, Q8_0, Q4_0 and Q5_0. Raises ValueError for what the
+    kernel cannot hold exactly: factors that are not float16 numbers, multipliers in blocks of 32."""
+    if c.superblock == 256 and c.group in (16, 32):
+        flags = HAS_SC
+    elif c.superblock == c.group == BLOCK and bool((c.sc == 1).all()) and bool((c.mn == 1).all()):
+        flags = 0
+    else:
+        raise ValueError(f"groups of {c.group} in super-blocks of {c.superblock} "
+                         "(the kernel takes groups of 16 or 32 in super-blocks of 256, or blocks of 32 with unit multipliers)")
+    if not _exact_half(c.D) or not _exact_half(c.M):
+        raise ValueError("the super-blocks' factors are not float16 numbers")
+    if torch.equal(c.mn, c.sc):
+        nonzero = c.D != 0
+        ratio = torch.where(nonzero, -c.M / torch.where(nonzero, c.D, 1), 0)
+        off = int(ratio[nonzero][0].round()) if bool(nonzero.any()) else 0
+        if 0 <= off < 256 and torch.equal(c.M.float(), -off * c.D.float()):
+            return flags, off
+    return flags | GENERAL, 0
+
+
+def _tiled(t: Tensor, tiles: int, supers: int) -> Tensor:
+    """[n, X] (X per-row values, X / supers per super-block) -> [tiles, supers, bytes]: each
+    super-block's values of a tile, columns innermost, as bytes."""
+    per = t.reshape(tiles, TILE, supers, -1).permute(0, 2, 3, 1)  # [tile, super, value, column]
+    return per.contiguous().view(torch.uint8).reshape(tiles, supers, -1)
+
+
+def _planes(q: Tensor, bits: int) -> Tensor:
+    """Quad-vectors [tiles, K/32, 8, TILE, 4] -> their bit planes [tiles, K/32, 64 * bits] (csrc/qlinear.cpp)."""
+    tiles, blocks = q.shape[:2]
+    if bits == 8:
+        return q.reshape(tiles, blocks, -1)
+
+    def plane(v: Tensor, width: int) -> Tensor:  # quads i*per + j in bits width*j of vector i
+        per = 8 // width
+        out = torch.zeros_like(v[:, :, 0::per])
+        for j in range(per):
+            out |= v[:, :, j::per] << (width * j)
+        return out.reshape(tiles, blocks, -1)
+
+    parts = {6: [(0, 4), (4, 2)], 4: [(0, 4)], 3: [(0, 2), (2, 1)], 2: [(0, 2)]}[bits]
+    return torch.cat([plane((q >> shift) & ((1 << width) - 1), width) for shift, width in parts], dim=-1)
+
+
+def _unplanes(p: Tensor, bits: int) -> Tensor:
+    """`_planes`' inverse: -> [tiles, K/32, 8, TILE, 4]."""
+    tiles, blocks = p.shape[:2]
+    if bits == 8:
+        return p.reshape(tiles, blocks, 8, TILE, 4)
+    parts = {6: [(0, 4), (4, 2)], 4: [(0, 4)], 3: [(0, 2), (2, 1)], 2: [(0, 2)]}[bits]
+    out, at = torch.zeros(tiles, blocks, 8, TILE, 4, dtype=torch.uint8), 0
+    for shift, width in parts:
+        per = 8 // width
+        v = p[..., at * 64:(at + width) * 64].reshape(tiles, blocks, 8 // per, TILE, 4)
+        for j in range(per):
+            out[:, :, j::per] |= ((v >> (width * j)) & ((1 << width) - 1)) << shift
+        at += width
+    return out
+
+
+def _segment(c: Codes) -> tuple[Tensor, list[int]]:
+    """One segment's tiles as bytes [tiles * tile_bytes], and its layout row: per tile, one record
+    per super-block of codes (bit planes), sc, mn (group pairs), D and M (csrc/qlinear.cpp)."""
+    flags, off = segment_kind(c)
     rows, k = c.shape
     if not fits_kernel((rows, k)):
         raise ValueError(f"a [{rows}, {k}] weight does not come in blocks of {BLOCK} inputs")
-    n = -(-rows // TILE) * TILE
+    if c.bits not in BITS:
+        raise ValueError(f"{c.bits}-bit codes (the kernel reads {BITS})")
+    tiles, supers = -(-rows // TILE), k // c.superblock
+    n = tiles * TILE
     if n != rows:
         c = Codes(*(torch.cat([t, t.new_zeros(n - rows, t.shape[1])]) for t in (c.codes, c.D, c.M, c.sc, c.mn)), c.bits, c.kind)
     # [n, k] -> [tile, column, block, quad, 4] -> [tile, block, quad, column, 4]
-    q = c.codes.reshape(n // TILE, TILE, k // BLOCK, BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
-    if c.bits in (4, 6):
-        low = q & 15
-        parts = [low[:, :, 0::2] | (low[:, :, 1::2] << 4)]
-        if c.bits == 6:
-            top = q >> 4
-            parts.append(top[:, :, 0::4] | (top[:, :, 1::4] << 2) | (top[:, :, 2::4] << 4) | (top[:, :, 3::4] << 6))
-        q = torch.cat([p.reshape(n // TILE, k // BLOCK, -1) for p in parts], dim=-1)
-    codes = q.reshape(n // TILE, k // BLOCK, -1).contiguous()
-
-    def tiled(t: Tensor) -> Tensor:
-        return t.reshape(n // TILE, TILE, -1).transpose(1, 2).contiguous()
-
-    mn = tiled(c.mn) if not torch.equal(c.mn, c.sc) else torch.empty(n // TILE, 0, TILE, dtype=torch.int8)
-    return {"codes": codes, "D": tiled(c.D.float()), "M": tiled(c.M.float()), "sc": tiled(c.sc), "mn": mn,
-            "shape": torch.tensor([rows, k])}
+    q = c.codes.reshape(tiles, TILE, k // BLOCK, BLOCK // 4, 4).permute(0, 2, 3, 1, 4)
+    parts = [_planes(q, c.bits).reshape(tiles, supers, -1)]
+    if flags & HAS_SC:
+        parts.append(_tiled(c.sc, tiles, supers))
+        if flags & GENERAL:  # group pairs [pair][column][2]
+            mn = c.mn.reshape(tiles, TILE, supers, -1, 2).permute(0, 2, 3, 1, 4)
+            parts.append(mn.contiguous().view(torch.uint8).reshape(tiles, supers, -1))
+    parts.append(_tiled(c.D.half(), tiles, supers))
+    if flags & GENERAL:
+        parts.append(_tiled(c.M.half(), tiles, supers))
+    return torch.cat(parts, dim=2).reshape(-1), [rows, k, c.bits, c.group, c.superblock, flags, off]
 
 
-def unpack(state: dict[str, Tensor]) -> Codes:
-    """`pack`'s inverse (tests)."""
-    codes = state["codes"]
-    tiles, blocks, nbytes = codes.shape
-    bits = nbytes * 8 // (TILE * BLOCK)
-    if bits == 8:
-        q = codes.reshape(tiles, blocks, BLOCK // 4, TILE, 4)
-    else:
-        p = codes[..., : TILE * BLOCK // 2].reshape(tiles, blocks, -1, TILE, 4)
-        q = torch.stack((p & 15, p >> 4), dim=3).reshape(tiles, blocks, BLOCK // 4, TILE, 4)
-        if bits == 6:
-            h = codes[..., TILE * BLOCK // 2:].reshape(tiles, blocks, -1, TILE, 4)
-            top = torch.stack([(h >> (2 * j)) & 3 for j in range(4)], dim=3).reshape(tiles, blocks, BLOCK // 4, TILE, 4)
-            q = q | (top << 4)
-    flat = q.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, blocks * BLOCK)
+def pack(parts: Codes | list[Codes]) -> dict[str, Tensor]:
+    """What `QLinear` holds (its state dict entries) for a weight, or for the row blocks of a fused
+    one (q/k/v, gate/up), each kept in its own format: data, uint8, every tile's super-block records
+    (codes in bit planes, then sc, mn, D, M; csrc/qlinear.cpp), and layout, int64 [segments, 7]
+    (rows, inputs, bits, group, super-block, flags, off)."""
+    parts = [parts] if isinstance(parts, Codes) else list(parts)
+    segments = [_segment(p) for p in parts]
+    return {"data": torch.cat([d for d, _ in segments]), "layout": torch.tensor([row for _, row in segments])}
 
-    def rows(t: Tensor) -> Tensor:
-        return t.transpose(1, 2).reshape(tiles * TILE, -1)
 
-    n = int(state["shape"][0])
-    sc = rows(state["sc"])[:n]
-    mn = rows(state["mn"])[:n] if state["mn"].numel() else sc
-    return Codes(flat[:n], rows(state["D"])[:n], rows(state["M"])[:n], sc, mn, bits, kind="")
+def unpack(state: dict[str, Tensor]) -> list[Codes]:
+    """`pack`'s inverse (tests): the segments' codes."""
+    out, at = [], 0
+    for rows, k, bits, group, superblock, flags, off in state["layout"].tolist():
+        tiles, supers, per = -(-rows // TILE), k // superblock, superblock // group
+        sizes = [superblock // BLOCK * 64 * bits]
+        sizes += [per * TILE] * ((1 if flags & HAS_SC else 0) + (1 if flags & HAS_SC and flags & GENERAL else 0))
+        sizes += [TILE * 2] * (2 if flags & GENERAL else 1)
+        size = tiles * supers * sum(sizes)
+        rec = state["data"][at:at + size].reshape(tiles, supers, sum(sizes))
+        at += size
+        fields, pos = [], 0
+        for width in sizes:
+            fields.append(rec[..., pos:pos + width].contiguous())
+            pos += width
+        q = _unplanes(fields.pop(0).reshape(tiles, k // BLOCK, -1), bits)
+        codes = q.permute(0, 3, 1, 2, 4).reshape(tiles * TILE, k)[:rows]
+
+        def rows_of(t: Tensor, dtype: torch.dtype) -> Tensor:  # [tiles, supers, X * TILE] bytes -> [rows, supers * X]
+            v = t.view(dtype).reshape(tiles, supers, -1, TILE).permute(0, 3, 1, 2)
+            return v.reshape(tiles * TILE, -1)[:rows]
+
+        ones = torch.ones(rows, k // group, dtype=torch.int8)
+        sc = rows_of(fields.pop(0), torch.int8) if flags & HAS_SC else ones
+        if flags & HAS_SC and flags & GENERAL:
+            mn = fields.pop(0).view(torch.int8).reshape(tiles, supers, -1, TILE, 2).permute(0, 3, 1, 2, 4)
+            mn = mn.reshape(tiles * TILE, -1)[:rows]
+        else:
+            mn = sc
+        D = rows_of(fields.pop(0), torch.float16).float()
+        M = rows_of(fields.pop(0), torch.float16).float() if flags & GENERAL else -off * D
+        out.append(Codes(codes.contiguous(), D.contiguous(), M.contiguous(), sc.contiguous(), mn.contiguous(), bits, kind=""))
+    return out
 
 
 class QLinear(nn.Module):
     """y = x W^T + b with W in the tiled layout, through `ygg::qlinear` (row-invariant: a row's
     result never depends on the rows beside it)."""
 
-    def __init__(self, n: int, tiles: int, blocks: int, bits: int, groups: int, superblocks: int, bias: bool,
-                 bias_dtype: torch.dtype = torch.float32, own_mn: bool = True):
+    def __init__(self, n: int, k: int, nbytes: int, segments: int, bias: bool, bias_dtype: torch.dtype = torch.float32):
         super().__init__()
-        self.register_buffer("codes", torch.empty(tiles, blocks, TILE * BLOCK * bits // 8, dtype=torch.uint8))
-        self.register_buffer("shape", torch.empty(2, dtype=torch.long))
-        self.register_buffer("D", torch.empty(tiles, superblocks, TILE))
-        self.register_buffer("M", torch.empty(tiles, superblocks, TILE))
-        self.register_buffer("sc", torch.empty(tiles, groups, TILE, dtype=torch.int8))
-        self.register_buffer("mn", torch.empty(tiles, groups if own_mn else 0, TILE, dtype=torch.int8))
+        self.register_buffer("data", torch.empty(nbytes, dtype=torch.uint8))
+        self.register_buffer("layout", torch.empty(segments, 7, dtype=torch.long))
         self.bias = nn.Parameter(torch.empty(n, dtype=bias_dtype)) if bias else None
-        self.out_features, self.in_features, self.bits = n, blocks * BLOCK, bits
+        self.out_features, self.in_features = n, k
 
     @classmethod
     def like(cls, state: dict[str, Tensor], prefix: str) -> "QLinear":
         """An empty layer shaped for the state dict's entries under `prefix` ("layers.0.attention.wqkv.")."""
-        codes, D, sc = state[prefix + "codes"], state[prefix + "D"], state[prefix + "sc"]
+        data, layout = state[prefix + "data"], state[prefix + "layout"]
         bias = state.get(prefix + "bias")
-        return cls(int(state[prefix + "shape"][0]), codes.shape[0], codes.shape[1], codes.shape[2] * 8 // (TILE * BLOCK),
-                   sc.shape[1], D.shape[1], bias is not None, bias.dtype if bias is not None else torch.float32,
-                   own_mn=state[prefix + "mn"].numel() > 0)
+        return cls(int(layout[:, 0].sum()), int(layout[0, 1]), data.numel(), layout.shape[0], bias is not None,
+                   bias.dtype if bias is not None else torch.float32)
 
     def forward(self, x: Tensor) -> Tensor:
-        return qlinear(x, self.codes, self.D, self.M, self.sc, self.mn, self.bias, self.out_features)
+        return qlinear(x, self.data, self.layout, self.bias, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}"
+        bits = "+".join(str(int(b)) for b in self.layout[:, 2]) if self.layout.device.type != "meta" else "?"
+        return f"in_features={self.in_features}, out_features={self.out_features}, bits={bits}"
 
 
 # ---------------------------------------------------------------- row-major, for embeddings
@@ -197,7 +278,7 @@ def pack_rows(c: Codes) -> dict[str, Tensor]:
     nibble of byte i), D, M [V, K/S], sc, mn [V, K/G]."""
     codes = c.codes if c.bits > 4 else c.codes[:, 0::2] | (c.codes[:, 1::2] << 4)
     return {"codes": codes.contiguous(), "D": c.D.float().contiguous(), "M": c.M.float().contiguous(),
-            "sc": c.sc.contiguous(), "mn": c.mn.contiguous()}
+            "sc": c.sc.clone(), "mn": c.mn.clone()}  # copies: sc and mn may be one tensor, safetensors stores each once
 
 
 class QEmbedding(nn.Module):

@@ -1,30 +1,43 @@
-// ygg::qlinear — y = x W^T + b with W held as integer codes (4, 6 or 8 bits) and per-group scales, for
-// the 1..64 rows of a decode step or a tree verify, at nearly the cost of one row.
+// ygg::qlinear — y = x W^T + b with W held as integer codes (2 to 8 bits) and group scales, for the
+// 1..64 rows of a decode step or a tree verify, at the cost the machine's roofline allows.
 //
-// Why (measured on the 2-core AVX-512 CPU, Qwen2.5-Coder-1.5B's linears, benchmarks/qlinear_kernels.py):
-// a bf16 forward is bound by reading 3.1 GB of weights; torch's weight-only int4/int8 pack ops read
-// 3-4x less at one row but dequantize the weights again for every 4 rows, so by 8-16 rows they cost
-// more than bf16. Here each weight tile is read from memory once and unpacked once per block of 4
-// rows, and every row multiplies it with int8 dot products (AVX-512 VNNI: 64 multiply-adds per
-// instruction). One row is bound by memory (4-bit codes: ~4.5x faster than bf16); each further row
-// costs the dot products' throughput (~2.6 ms per row of the 1.5B's 1.3 G multiply-adds on 2 cores),
-// so a 16-row verify costs ~3x one row, still under bf16's.
+// The cost model (benchmarks/roofline.py measures it on the machine; figures from a 2-core AMD EPYC
+// with AVX-512 VNNI): one row is bound by reading the weights (~33 GB/s: ~4.5 bytes per cycle per
+// core), and each further row costs int8 dot products (vpdpbusd: 64 multiply-adds per instruction,
+// one per cycle per core). FMAs, float multiplies and vpmulld share that pipe; conversions, adds,
+// logic and shifts do not (a register-only loop: 8 vpdpbusd + 4 FMAs take 12 cycles, 8 vpdpbusd + 4
+// and/shifts take 8). So a kernel whose cost follows the roofline
+//   - spends as few multiply-pipe instructions per weight as it can: the products of a group are
+//     summed exactly in int32, scaled by the group's integer multiplier in int32 (one vpmulld per
+//     group), and converted to float once per 256-column super-block per row (a K-quant's own
+//     structure; llama.cpp's q4_K x q8_K does the same with activations quantized per 256);
+//   - unpacks a weight block once for up to 8 rows (the unpacking runs beside the dot products);
+//   - keeps the weight stream going while it computes: tiles are contiguous records, and while a
+//     tile is multiplied (in one pass per 8 rows) the next one is prefetched into L2, spread over
+//     the passes, so memory and arithmetic overlap instead of adding up.
 //
-// The weight format (`ygg_runtime.quant` documents and packs it) keeps a GGUF file's own
-// quantization: w[n, k] = D[n, s] * sc[n, j] * c[n, k] + M[n, s] * mn[n, j], with codes c in
-// [0, 2^bits), groups j of G = 16 or 32 columns of k with int8 multipliers (sc, mn), super-blocks s of
-// S = G or 256 columns with float32 factors (D, M). Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1 and
-// Q8_0 are all exactly this (a legacy block is a super-block of one group with sc = mn = 1).
+// The weight format (`ygg_runtime.quant` documents and packs it): a weight matrix is one or more
+// row segments (the parts of a fused q/k/v or gate/up matrix keep their own formats), each
+//   w[n, k] = D[n, s] * sc[n, j] * c[n, k] + M[n, s] * mn[n, j]
+// with codes c in [0, 2^bits), groups j of G = 16 or 32 columns of k with int8 multipliers (sc, mn),
+// super-blocks s of S = 256 columns with float16 factors (D, M) — or S = G = 32 with sc = mn = 1 (a
+// GGUF legacy block). When mn = sc and M = -off * D for an integer off (Q6_K: 32, Q8_0: 128, Q4_0: 8,
+// Q5_0: 16), the segment is "folded": w = D * sc * (c - off), and neither M nor mn is stored.
 //
-// Activations are quantized per row and per 32 columns to int8 (a = da * q, |q| <= 127, as
-// llama.cpp's q8_0), so the dot product of a group is an exact integer, and
-//   y[m, n] = sum over groups j ascending of   fma(float(idot_j), (D_s * sc_j) * da_b, . )
-//                                          then fma(M_s * mn_j, da_b * asum_j, . )        + b[n]
-// (asum_j: the sum of the row's codes in group j). That order is the same for every row, every
-// number of rows, every thread count and every instruction set below: a row's output is bitwise
-// the same whatever the rows beside it (row invariance: the exactness of tree verification,
-// `ygg_runtime.kernels`). The scalar reference `qlinear_reference` is the definition the fast paths
-// are tested against, bit for bit.
+// The arithmetic (its definition is `reference`, which every fast path equals bit for bit):
+// activations are quantized per row and per S columns to int8 (a = da * q, |q| <= 127), and for
+// each output, super-blocks s ascending,
+//   dot_j  = sum over k in group j of c[k] * q[k]                      (int32, exact)
+//   folded:  isum = sum_j sc_j * (dot_j - off * asum_j)                (int32, exact)
+//            acc  = fma(float(isum), D_s * da_s, acc)
+//   general: isum = sum_j sc_j * dot_j,  imin = sum_j mn_j * asum_j    (int32, exact)
+//            acc  = fma(fma(D_s, float(isum), M_s * float(imin)), da_s, acc)
+//   y = acc + b[n], rounded once to x's dtype
+// (asum_j: the sum of the row's codes in group j). Integer sums are exact in any order, and the
+// float steps are the same for every row, every number of rows, every thread count and every
+// instruction set: a row's output is bitwise the same whatever the rows beside it (row invariance:
+// the exactness of tree verification, `ygg_runtime.kernels`). int32 cannot overflow: |isum| <=
+// 256 * 255 * 127 * 128 < 2^31.
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/Dispatch.h>
@@ -33,341 +46,581 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define YGG_VNNI 1
-#elif defined(__AVX2__) && defined(__FMA__)
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define YGG_AVX2 1
 #endif
 
 namespace {
 
-constexpr int64_t T = 16;  // output columns per tile (one 512-bit vector of floats)
-constexpr int64_t B = 32;  // columns of k per activation block and per packed code block
-constexpr int64_t R = 4;   // rows that share one unpacked weight block (8 spill registers: measured slower)
+constexpr int T = 16;      // output columns per tile
+constexpr int B = 32;      // columns of k per code block (8 quads of 4)
+constexpr int MAX_NR = 8;  // rows that share one unpacked weight block
+constexpr int PREFETCH_LOCALITY = 2;  // __builtin_prefetch's: into L2 (and the L3)
 
-// One layer's weights as the kernel reads them (shapes checked in `check`).
-struct Weights {
-  const uint8_t* codes;  // [N/T][K/B][T*B*bits/8]: see `code_at`
-  const float* D;        // [N/T][K/S][T]
-  const float* M;        // [N/T][K/S][T]
-  const int8_t* sc;      // [N/T][K/G][T]
-  const int8_t* mn;      // [N/T][K/G][T]
-  int64_t N, K, G, S, bits;
-  int64_t block_bytes() const { return T * B * bits / 8; }
+enum Flags : int64_t { HAS_SC = 1, GENERAL = 2 };  // a segment's layout[4]
+
+// One row segment of a weight, as the layout tensor describes it ([rows, K, bits, G, S, flags, off]),
+// with where its tiles' bytes are. A tile (T output columns) is K/S records, one per super-block,
+// each holding in turn
+//   codes [S/32 blocks][64 * bits bytes]  (see `code_at`)
+//   sc    [S/G][T] int8                   (when HAS_SC)
+//   mn    [S/G/2][T][2] int8               (when HAS_SC and GENERAL: group pairs, for vpdpwssd)
+//   D     [T] float16
+//   M     [T] float16                      (when GENERAL)
+// so a thread reads its tiles as one sequential stream (what the hardware prefetchers follow best;
+// separate arrays per field measured slower at one row). Every part is a multiple of 32 bytes.
+struct Segment {
+  int64_t rows, K, bits, G, S, flags, off;
+  int64_t tiles, record_bytes, codes_bytes, sc_bytes, mn_bytes, tile_bytes;
+  int64_t first_tile, first_byte, first_col;
+  bool has_sc() const { return flags & HAS_SC; }
+  bool general() const { return flags & GENERAL; }
 };
 
-// The code of column n % T, k % B in a packed block. A block is [B/4 quads][T columns][4 k] bytes
-// for 8-bit codes (a quad of 4 k is what one 32-bit VNNI lane sums); 4-bit codes keep quad 2i in
-// the low and quad 2i+1 in the high nibbles of the same 64 bytes; 6-bit codes are 4-bit ones
-// followed by their top two bits, quads 4i..4i+3 in bits 0-1, 2-3, 4-5, 6-7 of 64 bytes more.
-inline int code_at(const uint8_t* block, int64_t bits, int64_t n, int64_t k) {
-  const int64_t quad = k / 4, byte = n * 4 + k % 4;
-  if (bits == 8) return block[quad * T * 4 + byte];
-  const uint8_t b = block[(quad / 2) * T * 4 + byte];
-  const int low = quad % 2 ? b >> 4 : b & 15;
-  if (bits == 4) return low;
-  const uint8_t h = block[T * B / 2 + (quad / 4) * T * 4 + byte];
-  return low | (((h >> (2 * (quad % 4))) & 3) << 4);
+Segment describe(const int64_t* f) {
+  Segment s{};
+  s.rows = f[0], s.K = f[1], s.bits = f[2], s.G = f[3], s.S = f[4], s.flags = f[5], s.off = f[6];
+  TORCH_CHECK(s.rows > 0 && s.K > 0 && s.K % B == 0, "ygg::qlinear: a segment of ", s.rows, " rows and ", s.K, " inputs");
+  TORCH_CHECK(s.bits == 2 || s.bits == 3 || s.bits == 4 || s.bits == 6 || s.bits == 8, "ygg::qlinear: ", s.bits, "-bit codes");
+  TORCH_CHECK((s.G == 16 || s.G == 32) && s.K % s.S == 0 && s.off >= 0 && s.off < 256, "ygg::qlinear: a malformed segment layout");
+  TORCH_CHECK(s.has_sc() ? s.S == 256 : (s.S == 32 && s.G == 32), "ygg::qlinear: groups with multipliers in super-blocks of 256, unit ones in blocks of 32");
+  s.tiles = (s.rows + T - 1) / T;
+  s.codes_bytes = s.S / B * 64 * s.bits;
+  s.sc_bytes = s.has_sc() ? s.S / s.G * T : 0;
+  s.mn_bytes = s.has_sc() && s.general() ? s.S / s.G * T : 0;
+  s.record_bytes = s.codes_bytes + s.sc_bytes + s.mn_bytes + T * 2 * (s.general() ? 2 : 1);
+  s.tile_bytes = s.K / s.S * s.record_bytes;
+  return s;
 }
 
-// A row's activations as int8 codes, per block of 32: a[k] ~= da[k / 32] * q[k].
+// ---------------------------------------------------------------- activations
+
+// A row's activations as int8 codes per super-block of S columns: a[k] ~= da[k / S] * q[k], and the
+// sums of the codes per 16 columns (every group's sum is one or two of them).
+// The codes are stored for the kernel's row blocks (8 rows at a time, then 4, 2, 1): a block of n
+// rows from row r0 is [K/4 quads][n rows][4 bytes] at r0 * K, so the rows' quads that one weight
+// quad multiplies are adjacent (one stream for the L1 to follow, not n).
 struct Activations {
-  std::vector<int8_t> q;   // [rows][K]
-  std::vector<float> da;   // [rows][K/B]
-  std::vector<float> sq;   // [rows][K/G]: da of the group's block * the sum of its codes
+  int64_t S = 0, K = 0;
+  std::vector<int8_t> tiled;   // [rows][K], row blocks with quads interleaved
+  std::vector<float> da;       // [rows][K/S]
+  std::vector<int32_t> sum16;  // [rows][K/16]
+  std::vector<int32_t> block;  // per row: its block's first row and rows (r0 << 4 | n)
+  int8_t at(int64_t m, int64_t k) const {  // the code of row m, column k
+    const int64_t r0 = block[m] >> 4, n = block[m] & 15;
+    return tiled[r0 * K + (k / 4) * n * 4 + (m - r0) * 4 + k % 4];
+  }
 };
+
+// The kernel's row blocks: 8 rows at a time, then 4, 2 and 1 (start, rows).
+template <typename F>
+void row_blocks(int64_t rows, F&& f) {
+  for (int64_t r0 = 0; r0 < rows;) {
+    const int64_t left = rows - r0, n = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    f(r0, n);
+    r0 += n;
+  }
+}
+
+// 16 inputs as float32 (exactly), and 16 codes back: the vector paths of `quantize`.
+#if defined(YGG_VNNI)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+inline __m512 load16(const c10::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+#endif
+
+// One block of S inputs of one row: its int8 codes (as 16-code groups, handed to `put`), the sums of
+// each 16, and da. Rounding is to nearest even, in float32, as std::nearbyint does by default.
+template <typename X, typename Put>
+float quantize_block(const X* x, int64_t S, int32_t* sum16, Put&& put) {
+#if defined(YGG_VNNI)
+  __m512 top = _mm512_setzero_ps();
+  for (int64_t i = 0; i < S; i += 16) top = _mm512_max_ps(top, _mm512_abs_ps(load16(x + i)));
+  const float amax = _mm512_reduce_max_ps(top);
+  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const __m512 vid = _mm512_set1_ps(id);
+  const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+  for (int64_t i = 0; i < S; i += 16) {
+    __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(load16(x + i), vid));  // MXCSR: round to nearest even
+    c = _mm512_max_epi32(_mm512_min_epi32(c, hi), lo);
+    sum16[i / 16] = _mm512_reduce_add_epi32(c);
+    alignas(16) int8_t codes[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(c));
+    put(i, codes);
+  }
+  return d;
+#else
+  float v[256], amax = 0.0f;
+  for (int64_t i = 0; i < S; ++i) {
+    v[i] = static_cast<float>(x[i]);
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+  for (int64_t i = 0; i < S; i += 16) {
+    int8_t codes[16];
+    int32_t total = 0;
+    for (int64_t k = 0; k < 16; ++k) total += codes[k] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i + k] * id), -127.0f, 127.0f));
+    sum16[i / 16] = total;
+    put(i, codes);
+  }
+  return d;
+#endif
+}
 
 template <typename X>
-Activations quantize(const X* x, int64_t rows, int64_t K, int64_t G) {
-  Activations a;
-  a.q.resize(rows * K);
-  a.da.resize(rows * (K / B));
-  a.sq.resize(rows * (K / G));
-  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+void quantize(const X* x, int64_t rows, int64_t K, Activations& a) {
+  const int64_t S = a.S;
+  a.K = K;
+  a.tiled.resize(rows * K);
+  a.da.resize(rows * (K / S));
+  a.sum16.resize(rows * (K / 16));
+  a.block.resize(rows);
+  row_blocks(rows, [&](int64_t r0, int64_t n) {
+    for (int64_t m = r0; m < r0 + n; ++m) a.block[m] = static_cast<int32_t>(r0 << 4 | n);
+  });
+  // rows in parallel when there are many (a parallel region costs a few microseconds)
+  at::parallel_for(0, rows, rows * K >= (1 << 20) ? 1 : rows, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
-      for (int64_t b = 0; b < K / B; ++b) {
-        float v[B];
-        float amax = 0.0f;
-        for (int64_t i = 0; i < B; ++i) {
-          v[i] = static_cast<float>(x[m * K + b * B + i]);
-          amax = std::max(amax, std::fabs(v[i]));
-        }
-        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int8_t* q = a.q.data() + m * K + b * B;
-        for (int64_t i = 0; i < B; ++i) q[i] = static_cast<int8_t>(std::clamp(std::nearbyint(v[i] * id), -127.0f, 127.0f));
-        a.da[m * (K / B) + b] = d;
-        for (int64_t g0 = 0; g0 < B; g0 += G) {
-          int32_t s = 0;
-          for (int64_t i = g0; i < g0 + G; ++i) s += q[i];
-          a.sq[m * (K / G) + (b * B + g0) / G] = d * static_cast<float>(s);
-        }
-      }
+      const int64_t r0 = a.block[m] >> 4, n = a.block[m] & 15;
+      int8_t* row = a.tiled.data() + r0 * K + (m - r0) * 4;  // quad i of this row at row + i * n * 4
+      for (int64_t b = 0; b < K / S; ++b)
+        a.da[m * (K / S) + b] = quantize_block(x + m * K + b * S, S, a.sum16.data() + m * (K / 16) + b * S / 16,
+                                               [&](int64_t i, const int8_t* codes) {
+                                                 const int64_t quad = (b * S + i) / 4;
+                                                 for (int j = 0; j < 4; ++j) std::memcpy(row + (quad + j) * n * 4, codes + 4 * j, 4);
+                                               });
     }
   });
-  return a;
 }
 
-// Where results go: row m's columns [c0, c0 + 16) of float32 sums, plus the bias, rounded once to
-// the output's dtype; columns past n (the last tile's padding) are dropped.
-template <typename O>
-struct Out {
-  O* data;
-  int64_t n;
-  const float* bias;  // n values (zeros without a bias)
-  void emit(int64_t m, int64_t c0, const float* acc) const {
-    const int64_t cols = std::min<int64_t>(T, n - c0);
-    for (int64_t c = 0; c < cols; ++c) data[m * n + c0 + c] = static_cast<O>(acc[c] + bias[c0 + c]);
-  }
+// What one segment's kernel reads of the activations besides the codes: per row, off * asum_j
+// (folded) or the groups' sums as int16 pairs (general, with multipliers) or per block (general).
+struct RowSums {
+  std::vector<int32_t> v;  // [rows][n]
+  int64_t n = 0;
 };
+
+void row_sums(const Segment& s, const Activations& a, int64_t rows, RowSums& r) {
+  const int64_t K = s.K, per = s.G / 16;
+  auto group = [&](int64_t m, int64_t j) {
+    int32_t t = 0;
+    for (int64_t i = 0; i < per; ++i) t += a.sum16[m * (K / 16) + j * per + i];
+    return t;
+  };
+  if (!s.general()) {  // off * (asum_0 + ... + asum_j), running through each super-block
+    r.n = K / s.G;
+    r.v.resize(rows * r.n);
+    const int64_t per_s = s.S / s.G;
+    for (int64_t m = 0; m < rows; ++m) {
+      int32_t total = 0;
+      for (int64_t j = 0; j < r.n; ++j) {
+        total = j % per_s ? total + group(m, j) : group(m, j);
+        r.v[m * r.n + j] = static_cast<int32_t>(s.off) * total;
+      }
+    }
+  } else if (s.has_sc()) {
+    r.n = K / s.G / 2;
+    r.v.resize(rows * r.n);
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t p = 0; p < r.n; ++p)
+        r.v[m * r.n + p] = static_cast<int32_t>((static_cast<uint32_t>(group(m, 2 * p)) & 0xffffu) |
+                                                (static_cast<uint32_t>(group(m, 2 * p + 1)) << 16));
+  } else {
+    r.n = K / s.G;
+    r.v.resize(rows * r.n);
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t j = 0; j < r.n; ++j) r.v[m * r.n + j] = group(m, j);
+  }
+}
+
+// ---------------------------------------------------------------- the weights' bytes
+
+inline float half_to_float(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+
+// The code of column c, input k % 32, in a code block: the block is `bits` vectors of 64 bytes, each
+// a quad-vector [16 columns][4 k] (one 32-bit lane per column, what vpdpbusd sums) split into bit
+// planes: 8-bit codes are 8 quad-vectors as they are; a 4-bit plane holds quads 2i and 2i+1 in the
+// low and high nibbles of one vector; a 2-bit plane quads 4i..4i+3 in bits 0-1, 2-3, 4-5, 6-7; a
+// 1-bit plane quads 8i..8i+7 in bits 0..7. 6-bit codes are a 4-bit plane then a 2-bit plane (the
+// high bits), 3-bit codes a 2-bit plane then a 1-bit plane (the high bit), 2-bit codes one plane.
+inline int code_at(const uint8_t* block, int64_t bits, int64_t c, int64_t k) {
+  const int64_t quad = k / 4, byte = c * 4 + k % 4;
+  auto plane = [&](int64_t offset, int width) {  // the bits of this code in a plane of `width`
+    const int per = 8 / width;
+    return (block[offset + (quad / per) * 64 + byte] >> (width * (quad % per))) & ((1 << width) - 1);
+  };
+  switch (bits) {
+    case 8: return block[quad * 64 + byte];
+    case 6: return plane(0, 4) | plane(256, 2) << 4;
+    case 4: return plane(0, 4);
+    case 3: return plane(0, 2) | plane(128, 1) << 2;
+    default: return plane(0, 2);
+  }
+}
+
+// Super-block sb's record of a tile.
+struct Record {
+  const uint8_t* codes;
+  const int8_t* sc;
+  const int8_t* mn;
+  const uint16_t* D;
+  const uint16_t* M;
+};
+
+inline Record record(const Segment& s, const uint8_t* tile, int64_t sb) {
+  const uint8_t* p = tile + sb * s.record_bytes;
+  Record r{};
+  r.codes = p;
+  r.sc = reinterpret_cast<const int8_t*>(p + s.codes_bytes);
+  r.mn = r.sc + s.sc_bytes;
+  r.D = reinterpret_cast<const uint16_t*>(p + s.codes_bytes + s.sc_bytes + s.mn_bytes);
+  r.M = r.D + T;
+  return r;
+}
 
 // The definition: each output on its own, in the order the header states.
-template <typename O>
-void reference(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out) {
-  const int64_t KB = w.K / B, KG = w.K / w.G, KS = w.K / w.S;
-  for (int64_t m = 0; m < rows; ++m)
-    for (int64_t t = 0; t < w.N / T; ++t) {
-      float acc[T];
-      for (int64_t c = 0; c < T; ++c) {
-        acc[c] = 0.0f;
-        for (int64_t j = 0; j < KG; ++j) {
-          const int64_t k0 = j * w.G, b = k0 / B, s = k0 / w.S;
-          const uint8_t* block = w.codes + (t * KB + b) * w.block_bytes();
+void reference(const Segment& s, const uint8_t* tile, const Activations& a, int64_t r0, int64_t rows, float* acc_out /*[rows][T]*/) {
+  const int64_t K = s.K, KS = K / s.S, GS = s.S / s.G;
+  for (int64_t m = r0; m < r0 + rows; ++m)
+    for (int64_t c = 0; c < T; ++c) {
+      float acc = 0.0f;
+      for (int64_t sb = 0; sb < KS; ++sb) {
+        const Record w = record(s, tile, sb);
+        int32_t isum = 0, imin = 0;
+        for (int64_t j = 0; j < GS; ++j) {
+          const int64_t k0 = sb * s.S + j * s.G;
           int32_t dot = 0;
-          for (int64_t k = k0; k < k0 + w.G; ++k) dot += code_at(block, w.bits, c, k % B) * a.q[m * w.K + k];
-          const int64_t fs = (t * KS + s) * T + c, fj = (t * KG + j) * T + c;
-          const float scale = w.D[fs] * static_cast<float>(w.sc[fj]);
-          const float offset = w.M[fs] * static_cast<float>(w.mn[fj]);
-          acc[c] = std::fma(static_cast<float>(dot), scale * a.da[m * KB + b], acc[c]);
-          acc[c] = std::fma(offset, a.sq[m * KG + j], acc[c]);
+          for (int64_t k = k0; k < k0 + s.G; ++k)
+            dot += code_at(w.codes + (k % s.S) / B * 64 * s.bits, s.bits, c, k % B) * a.at(m, k);
+          int32_t asum = 0;
+          for (int64_t i = k0 / 16; i < (k0 + s.G) / 16; ++i) asum += a.sum16[m * (K / 16) + i];
+          if (!s.general()) dot -= static_cast<int32_t>(s.off) * asum;
+          const int32_t sc = s.has_sc() ? w.sc[j * T + c] : 1;
+          isum += sc * dot;
+          if (s.general()) imin += (s.has_sc() ? w.mn[(j / 2) * 2 * T + c * 2 + j % 2] : 1) * asum;
+        }
+        const float D = half_to_float(w.D[c]), da = a.da[m * KS + sb];
+        if (s.general()) {
+          const float M = half_to_float(w.M[c]);
+          acc = std::fma(std::fma(D, static_cast<float>(isum), M * static_cast<float>(imin)), da, acc);
+        } else {
+          acc = std::fma(static_cast<float>(isum), D * da, acc);
         }
       }
-      out.emit(m, t * T, acc);
+      acc_out[(m - r0) * T + c] = acc;
     }
 }
 
-// Tiles [t0, t1) for every row: the block's codes unpacked once per R rows; plain C++ (what any
-// CPU runs; the compiler vectorises the integer dot products).
-template <typename O>
-void tiles_portable(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
-  const int64_t KB = w.K / B, KG = w.K / w.G, KS = w.K / w.S, GB = B / w.G;
-  uint8_t u[T][B];
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-      const int64_t nr = std::min(R, rows - r0);
-      float acc[R][T] = {};
-      for (int64_t b = 0; b < KB; ++b) {
-        const uint8_t* block = w.codes + (t * KB + b) * w.block_bytes();
-        for (int64_t c = 0; c < T; ++c)
-          for (int64_t k = 0; k < B; ++k) u[c][k] = static_cast<uint8_t>(code_at(block, w.bits, c, k));
-        for (int64_t gi = 0; gi < GB; ++gi) {
-          const int64_t j = b * GB + gi, s = b * B / w.S;
-          float scale[T], offset[T];
-          for (int64_t c = 0; c < T; ++c) {
-            scale[c] = w.D[(t * KS + s) * T + c] * static_cast<float>(w.sc[(t * KG + j) * T + c]);
-            offset[c] = w.M[(t * KS + s) * T + c] * static_cast<float>(w.mn[(t * KG + j) * T + c]);
-          }
-          for (int64_t r = 0; r < nr; ++r) {
-            const int8_t* q = a.q.data() + (r0 + r) * w.K + b * B + gi * w.G;
-            const float da = a.da[(r0 + r) * KB + b], sq = a.sq[(r0 + r) * KG + j];
-            for (int64_t c = 0; c < T; ++c) {
-              int32_t dot = 0;
-              for (int64_t k = 0; k < w.G; ++k) dot += u[c][gi * w.G + k] * q[k];
-              acc[r][c] = std::fma(static_cast<float>(dot), scale[c] * da, acc[r][c]);
-              acc[r][c] = std::fma(offset[c], sq, acc[r][c]);
-            }
-          }
-        }
-      }
-      for (int64_t r = 0; r < nr; ++r) out.emit(r0 + r, t * T, acc[r]);
-    }
-}
+// ---------------------------------------------------------------- the fast paths
+//
+// One body (`Rows::run`) over a small vector interface, three back ends: AVX-512 VNNI (16 columns
+// in one vector), AVX2 (two halves of 8 columns: maddubs + madd for the quads), and plain C++ with
+// GCC vector types. NR rows, the group G, the code width and the segment's kind are compile-time
+// constants, so the loops unroll and the rows' sums stay in registers.
 
-#ifdef YGG_VNNI
-// The same arithmetic with AVX-512 VNNI: T columns in the lanes of one vector, each lane summing a
-// quad of k per instruction (vpdpbusd: unsigned codes times signed activations, exact in int32).
-// NR rows at a time; NR, the group G and the code width are compile-time constants, so the loops
-// unroll and the rows' accumulators and the block's codes stay in registers.
-template <int NR, int G, int BITS>
-struct VNNI {
-  template <typename O>
-  static void run(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
-    constexpr int GB = B / G, QG = G / 4;
-    const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
-    const __m512i low = _mm512_set1_epi8(15);
-    __m512 acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
-    const int sshift = w.S == 256 ? 3 : 0;  // super-block of a block: b >> sshift (no division in the loop)
-    const int8_t* q0 = a.q.data() + r0 * w.K;
-    const float* da0 = a.da.data() + r0 * KB;
-    const float* sq0 = a.sq.data() + r0 * KG;
-    for (int64_t b = 0; b < KB; ++b) {
-      const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8);
-      __m512i u[B / 4];  // quad i of the block: T columns x 4 k
-      if constexpr (BITS == 8) {
-        for (int i = 0; i < B / 4; ++i) u[i] = _mm512_loadu_si512(block + i * 64);
-      } else {
-        for (int i = 0; i < B / 8; ++i) {
-          const __m512i p = _mm512_loadu_si512(block + i * 64);
-          u[2 * i] = _mm512_and_si512(p, low);
-          u[2 * i + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
-        }
-        if constexpr (BITS == 6) {
-          const __m512i two = _mm512_set1_epi8(3);
-          for (int i = 0; i < B / 16; ++i) {
-            const __m512i h = _mm512_loadu_si512(block + T * B / 2 + i * 64);
-            for (int j = 0; j < 4; ++j) {
-              const __m512i top = _mm512_and_si512(_mm512_srli_epi16(h, 2 * j), two);
-              u[4 * i + j] = _mm512_or_si512(u[4 * i + j], _mm512_slli_epi16(top, 4));
-            }
-          }
-        }
-      }
-      const int64_t s = b >> sshift;
-      const __m512 D = _mm512_loadu_ps(w.D + (t * KS + s) * T), M = _mm512_loadu_ps(w.M + (t * KS + s) * T);
-      for (int gi = 0; gi < GB; ++gi) {
-        const int64_t j = b * GB + gi;
-        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T));
-        const __m128i mn8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T));
-        const __m512 scale = _mm512_mul_ps(D, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc8)));
-        const __m512 offset = _mm512_mul_ps(M, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(mn8)));
-        __m512i dot[NR];
-        for (int r = 0; r < NR; ++r) dot[r] = _mm512_setzero_si512();
-        for (int i = 0; i < QG; ++i)  // rows innermost: NR independent chains of dot products
-          for (int r = 0; r < NR; ++r) {
-            int32_t quad;
-            std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
-            dot[r] = _mm512_dpbusd_epi32(dot[r], u[gi * QG + i], _mm512_set1_epi32(quad));
-          }
-        for (int r = 0; r < NR; ++r) {
-          const __m512 da = _mm512_set1_ps(da0[r * KB + b]), sq = _mm512_set1_ps(sq0[r * KG + j]);
-          acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), _mm512_mul_ps(scale, da), acc[r]);
-          acc[r] = _mm512_fmadd_ps(offset, sq, acc[r]);
-        }
-      }
-    }
-    for (int r = 0; r < NR; ++r) {
-      alignas(64) float tmp[T];
-      _mm512_store_ps(tmp, acc[r]);
-      out.emit(r0 + r, t * T, tmp);
-    }
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint8_t v64b __attribute__((vector_size(64)));
+
+struct Portable {
+  static constexpr int L = 16;
+  using C = v64b;  // a quad-vector of codes: L columns x 4 k
+  using I = v16i;
+  using F = v16f;
+  static C load(const uint8_t* p, int) { C c; std::memcpy(&c, p, 64); return c; }
+  static C band(C a, int m) { return a & static_cast<uint8_t>(m); }
+  static C shr(C a, int n) { return a >> n; }
+  static C shl_or(C a, C b, int n) { return a | static_cast<C>(b << n); }
+  static I zero() { return I{}; }
+  static I dot(I acc, C u, const int8_t* q) {
+    for (int l = 0; l < L; ++l)
+      for (int i = 0; i < 4; ++i) acc[l] += static_cast<int32_t>(u[4 * l + i]) * q[i];
+    return acc;
   }
+  static I add(I a, I b) { return a + b; }
+  static I sub1(I a, int32_t b) { return a - b; }
+  static I sub(I a, I b) { return a - b; }
+  static I mullo(I a, I b) { return a * b; }
+  static I load_i8(const int8_t* p, int) { I r; for (int l = 0; l < L; ++l) r[l] = p[l]; return r; }
+  using P = std::array<int16_t, 2 * L>;  // group pairs of multipliers: [L][2] int16
+  static P load_pairs(const int8_t* mn, int) { P p; for (int i = 0; i < 2 * L; ++i) p[i] = mn[i]; return p; }
+  static I dot_pairs(I acc, const P& mn, int32_t pair) {  // x (lo, hi) int16
+    const int32_t lo = static_cast<int16_t>(pair & 0xffff), hi = static_cast<int16_t>(static_cast<uint32_t>(pair) >> 16);
+    for (int l = 0; l < L; ++l) acc[l] += mn[2 * l] * lo + mn[2 * l + 1] * hi;
+    return acc;
+  }
+  static I set1(int32_t v) { return I{} + v; }
+  static F cvt(I a) { return __builtin_convertvector(a, F); }
+  static F mul(F a, F b) { return a * b; }
+  static F fma(F a, F b, F c) { F r; for (int l = 0; l < L; ++l) r[l] = std::fma(a[l], b[l], c[l]); return r; }
+  static F set1f(float v) { return F{} + v; }
+  static F load_half(const uint16_t* p, int) { F r; for (int l = 0; l < L; ++l) r[l] = half_to_float(p[l]); return r; }
+  static void store(float* p, F a) { std::memcpy(p, &a, sizeof a); }
+  static F zerof() { return F{}; }
 };
 
+#ifdef YGG_VNNI
+struct AVX512 {
+  static constexpr int L = 16;
+  using C = __m512i;
+  using I = __m512i;
+  using F = __m512;
+  static C load(const uint8_t* p, int) { return _mm512_loadu_si512(p); }
+  static C band(C a, int m) { return _mm512_and_si512(a, _mm512_set1_epi8(static_cast<char>(m))); }
+  static C shr(C a, int n) { return _mm512_srli_epi16(a, n); }
+  static C shl_or(C a, C b, int n) { return _mm512_or_si512(a, _mm512_slli_epi16(b, n)); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I dot(I acc, C u, const int8_t* q) {
+    int32_t quad;
+    std::memcpy(&quad, q, 4);
+    return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(quad));
+  }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub1(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I load_i8(const int8_t* p, int) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+  using P = __m512i;
+  static P load_pairs(const int8_t* mn, int) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn))); }
+  static I dot_pairs(I acc, P mn, int32_t pair) { return _mm512_dpwssd_epi32(acc, mn, _mm512_set1_epi32(pair)); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F set1f(float v) { return _mm512_set1_ps(v); }
+  static F load_half(const uint16_t* p, int) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static void store(float* p, F a) { _mm512_storeu_ps(p, a); }
+  static F zerof() { return _mm512_setzero_ps(); }
+};
 #endif
 
 #ifdef YGG_AVX2
-// The same arithmetic with AVX2 (CPUs without AVX-512 VNNI): the tile's 16 columns as two halves of 8
-// int32 lanes, each lane's 4 products summed exactly by maddubs (unsigned codes x signed bytes into
-// int16 pairs: codes below 64 times |q| <= 127 cannot saturate; 8-bit codes go in as two nibbles)
-// and madd (pairs into int32).
+// 8 columns: the half `h` of a 16-column tile (bytes 32h.. of a quad-vector, 8h.. of a scale row).
 template <int BITS>
-inline __m256i dot_quad(__m256i dot, __m256i codes, __m256i q4) {
-  const __m256i ones = _mm256_set1_epi16(1);
+struct AVX2 {
+  static constexpr int L = 8;
+  using C = __m256i;
+  using I = __m256i;
+  using F = __m256;
+  static C load(const uint8_t* p, int h) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * h)); }
+  static C band(C a, int m) { return _mm256_and_si256(a, _mm256_set1_epi8(static_cast<char>(m))); }
+  static C shr(C a, int n) { return _mm256_srli_epi16(a, n); }
+  static C shl_or(C a, C b, int n) { return _mm256_or_si256(a, _mm256_slli_epi16(b, n)); }
+  static I zero() { return _mm256_setzero_si256(); }
+  // maddubs sums code x activation pairs into int16: exact for codes below 64 (63 * 127 * 2 < 2^15);
+  // 8-bit codes go in as two nibbles.
+  static I dot(I acc, C u, const int8_t* q) {
+    int32_t quad;
+    std::memcpy(&quad, q, 4);
+    const __m256i q4 = _mm256_set1_epi32(quad), ones = _mm256_set1_epi16(1);
+    if constexpr (BITS == 8) {
+      const __m256i low = _mm256_set1_epi8(15);
+      const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(u, low), q4), ones);
+      const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(u, 4), low), q4), ones);
+      return _mm256_add_epi32(acc, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 4)));
+    } else {
+      return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q4), ones));
+    }
+  }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub1(I a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
+  static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I load_i8(const int8_t* p, int h) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h))); }
+  using P = __m256i;
+  static P load_pairs(const int8_t* mn, int h) { return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + 16 * h))); }
+  static I dot_pairs(I acc, P mn, int32_t pair) { return _mm256_add_epi32(acc, _mm256_madd_epi16(mn, _mm256_set1_epi32(pair))); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F set1f(float v) { return _mm256_set1_ps(v); }
+  static F load_half(const uint16_t* p, int h) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8 * h))); }
+  static void store(float* p, F a) { _mm256_storeu_ps(p, a); }
+  static F zerof() { return _mm256_setzero_ps(); }
+};
+#endif
+
+// The 8 quad-vectors of one code block (columns of half h), unpacked from its bit planes.
+template <class V, int BITS>
+inline void unpack(const uint8_t* block, int h, typename V::C u[8]) {
   if constexpr (BITS == 8) {
-    const __m256i low = _mm256_set1_epi8(15);
-    const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(codes, low), q4), ones);
-    const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(codes, 4), low), q4), ones);
-    return _mm256_add_epi32(dot, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 4)));
-  } else {
-    return _mm256_add_epi32(dot, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, q4), ones));
+    for (int i = 0; i < 8; ++i) u[i] = V::load(block + 64 * i, h);
+  } else if constexpr (BITS == 4 || BITS == 6) {
+    for (int i = 0; i < 4; ++i) {
+      const auto p = V::load(block + 64 * i, h);
+      u[2 * i] = V::band(p, 15);
+      u[2 * i + 1] = V::band(V::shr(p, 4), 15);
+    }
+    if constexpr (BITS == 6)
+      for (int i = 0; i < 2; ++i) {
+        const auto p = V::load(block + 256 + 64 * i, h);
+        for (int j = 0; j < 4; ++j) u[4 * i + j] = V::shl_or(u[4 * i + j], V::band(V::shr(p, 2 * j), 3), 4);
+      }
+  } else {  // 2 or 3 bits: a 2-bit plane (quads 4i + j), then for 3 bits a 1-bit plane
+    for (int i = 0; i < 2; ++i) {
+      const auto p = V::load(block + 64 * i, h);
+      for (int j = 0; j < 4; ++j) u[4 * i + j] = V::band(V::shr(p, 2 * j), 3);
+    }
+    if constexpr (BITS == 3) {
+      const auto p = V::load(block + 128, h);
+      for (int j = 0; j < 8; ++j) u[j] = V::shl_or(u[j], V::band(V::shr(p, j), 1), 2);
+    }
   }
 }
 
-template <int NR, int G, int BITS>
-struct AVX2 {
-  template <typename O>
-  static void run(const Weights& w, const Activations& a, int64_t r0, const Out<O>& out, int64_t t) {
-    constexpr int GB = B / G, QG = G / 4, H = T / 2;
-    const int64_t KB = w.K / B, KG = w.K / G, KS = w.K / w.S;
-    const int sshift = w.S == 256 ? 3 : 0;
-    const __m256i low = _mm256_set1_epi8(15), two = _mm256_set1_epi8(3);
-    const int8_t* q0 = a.q.data() + r0 * w.K;
-    alignas(32) float res[NR][T];
-    for (int half = 0; half < 2; ++half) {
-      __m256 acc[NR];
-      for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < KB; ++b) {
-        const uint8_t* block = w.codes + (t * KB + b) * (T * B * BITS / 8) + half * 32;
-        __m256i u[B / 4];
-        if constexpr (BITS == 8) {
-          for (int i = 0; i < B / 4; ++i) u[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
-        } else {
-          for (int i = 0; i < B / 8; ++i) {
-            const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + i * 64));
-            u[2 * i] = _mm256_and_si256(p, low);
-            u[2 * i + 1] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
-          }
-          if constexpr (BITS == 6) {
-            for (int i = 0; i < B / 16; ++i) {
-              const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + T * B / 2 + i * 64));
-              for (int j = 0; j < 4; ++j)
-                u[4 * i + j] = _mm256_or_si256(u[4 * i + j],
-                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), two), 4));
-            }
-          }
-        }
-        const int64_t s = b >> sshift;
-        const __m256 D = _mm256_loadu_ps(w.D + (t * KS + s) * T + half * H), M = _mm256_loadu_ps(w.M + (t * KS + s) * T + half * H);
-        for (int gi = 0; gi < GB; ++gi) {
-          const int64_t j = b * GB + gi;
-          const __m128i sc8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.sc + (t * KG + j) * T + half * H));
-          const __m128i mn8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.mn + (t * KG + j) * T + half * H));
-          const __m256 scale = _mm256_mul_ps(D, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc8)));
-          const __m256 offset = _mm256_mul_ps(M, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(mn8)));
-          for (int r = 0; r < NR; ++r) {
-            __m256i dot = _mm256_setzero_si256();
-            for (int i = 0; i < QG; ++i) {
-              int32_t quad;
-              std::memcpy(&quad, q0 + r * w.K + b * B + gi * G + 4 * i, 4);
-              dot = dot_quad<BITS>(dot, u[gi * QG + i], _mm256_set1_epi32(quad));
-            }
-            const __m256 da = _mm256_set1_ps(a.da[(r0 + r) * KB + b]), sq = _mm256_set1_ps(a.sq[(r0 + r) * KG + j]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(scale, da), acc[r]);
-            acc[r] = _mm256_fmadd_ps(offset, sq, acc[r]);
-          }
-        }
-      }
-      for (int r = 0; r < NR; ++r) _mm256_store_ps(res[r] + half * H, acc[r]);
-    }
-    for (int r = 0; r < NR; ++r) out.emit(r0 + r, t * T, res[r]);
+// The weight stream kept ahead of the arithmetic: a thread's tiles are one contiguous run of bytes,
+// and at every super-block step the lines up to `ahead` bytes past its place in the run are asked
+// for (its place: the tile's start plus the share of the tile done, over all passes; so while the
+// passes of a tile of several row blocks compute from cache, the next tile streams in evenly).
+struct Prefetch {
+  const uint8_t* base;  // the thread's run of bytes
+  int64_t end;          // its length
+  int64_t done;         // asked for up to here
+  int64_t start, bytes; // the tile's place in the run and its size
+  int64_t steps, step;  // super-block steps of the tile over all passes, and those taken
+  int64_t ahead;        // bytes asked for ahead of the place
+  void advance() {
+    ++step;
+    const int64_t want = std::min(end, start + ahead + bytes * step / steps);
+    for (; done < want; done += 64) __builtin_prefetch(base + done, 0, PREFETCH_LOCALITY);
   }
 };
 
-#endif
-
-// Tiles [t0, t1) for every row through a SIMD path `Rows<rows, group, code width>::run`, in blocks
-// of R rows, with the format's constants made compile-time ones.
-template <template <int, int, int> class Rows, int G, int BITS, typename O>
-void tiles_as(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
-  for (int64_t t = t0; t < t1; ++t)
-    for (int64_t r0 = 0; r0 < rows; r0 += R) {
-      switch (std::min(R, rows - r0)) {
-        case 1: Rows<1, G, BITS>::run(w, a, r0, out, t); break;
-        case 2: Rows<2, G, BITS>::run(w, a, r0, out, t); break;
-        case 3: Rows<3, G, BITS>::run(w, a, r0, out, t); break;
-        default: Rows<R, G, BITS>::run(w, a, r0, out, t); break;
-      }
+template <class V, int NR, int G, int BITS, bool SC, bool GEN>
+struct Rows {
+  // Rows r0..r0+NR of tile w (columns of half h): their float sums into acc [NR][T] (columns 8h..).
+  static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
+                  float* acc_out, Prefetch& pf) {
+    constexpr int S = SC ? 256 : 32, QG = G / 4, GB = B / G, BPS = S / B, GS = S / G, CH = NR >= 8 ? 1 : 8 / NR;
+    constexpr int RN = !GEN ? GS : SC ? GS / 2 : 1;  // row sums per super-block (RowSums)
+    const int64_t K = s.K, KS = K / S;
+    using I = typename V::I;
+    using F = typename V::F;
+    F acc[NR];
+    const int8_t* q = a.tiled.data() + r0 * K;  // [K/4][NR][4]: this block's rows, quads interleaved
+    const float* da[NR];
+    const int32_t* sums[NR];
+    for (int r = 0; r < NR; ++r) {
+      acc[r] = V::zerof();
+      da[r] = a.da.data() + (r0 + r) * KS;
+      sums[r] = rs.v.data() + (r0 + r) * rs.n;
     }
+    for (int64_t sb = 0; sb < KS; ++sb) {
+      pf.advance();
+      const Record w = record(s, tile, sb);
+      const uint8_t* codes = w.codes;
+      // The products run on through the super-block's groups without a reset (a reset per group
+      // costs a register copy per row): after group j, run holds R_j = dot_0 + ... + dot_j, and
+      //   sum_j sc_j * dot_j = sum_j (sc_j - sc_{j+1}) * R_j      (sc_GS = 0)
+      // exactly in integers (wrapping int32 arithmetic gives the exact sum, which fits).
+      // Folded, R_j - off * (asum_0 + ... + asum_j) stands for R_j (the row sums run on too).
+      I run[NR][CH], isum[NR];
+      for (int r = 0; r < NR; ++r) {
+        isum[r] = V::zero();
+        for (int c = 0; c < CH; ++c) run[r][c] = V::zero();
+      }
+      I next = SC ? V::load_i8(w.sc, h) : V::zero();  // sc of the group after the current one
+      for (int bb = 0; bb < BPS; ++bb) {
+        typename V::C u[8];
+        unpack<V, BITS>(codes, h, u);
+        codes += 64 * BITS;
+        for (int gi = 0; gi < GB; ++gi) {
+          for (int i = 0; i < QG; ++i)  // rows innermost: NR x CH independent chains
+            for (int r = 0; r < NR; ++r) run[r][i % CH] = V::dot(run[r][i % CH], u[gi * QG + i], q + ((gi * G) / 4 + i) * NR * 4 + 4 * r);
+          const int j = bb * GB + gi;  // the group within the super-block
+          if constexpr (SC) {
+            const I scv = next;
+            next = j + 1 < GS ? V::load_i8(w.sc + (j + 1) * T, h) : V::zero();
+            const I step = V::sub(scv, next);
+            for (int r = 0; r < NR; ++r) {
+              I d = run[r][0];
+              for (int c = 1; c < CH; ++c) d = V::add(d, run[r][c]);
+              if constexpr (!GEN) d = V::sub1(d, sums[r][j]);
+              isum[r] = V::add(isum[r], V::mullo(d, step));
+            }
+          } else {
+            for (int r = 0; r < NR; ++r) {
+              I d = run[r][0];
+              for (int c = 1; c < CH; ++c) d = V::add(d, run[r][c]);
+              if constexpr (!GEN) d = V::sub1(d, sums[r][0]);
+              isum[r] = d;  // one group per super-block
+            }
+          }
+        }
+        q += B * NR;
+      }
+      const F D = V::load_half(w.D, h);
+      if constexpr (GEN) {
+        const F M = V::load_half(w.M, h);
+        typename V::P mn[SC ? GS / 2 : 1];  // the mins' multipliers, widened once for every row
+        if constexpr (SC)
+          for (int p = 0; p < GS / 2; ++p) mn[p] = V::load_pairs(w.mn + p * 2 * T, h);
+        for (int r = 0; r < NR; ++r) {
+          I imin;
+          if constexpr (SC) {
+            imin = V::zero();
+            for (int p = 0; p < GS / 2; ++p) imin = V::dot_pairs(imin, mn[p], sums[r][p]);
+          } else {
+            imin = V::set1(sums[r][0]);
+          }
+          const F t = V::fma(D, V::cvt(isum[r]), V::mul(M, V::cvt(imin)));
+          acc[r] = V::fma(t, V::set1f(da[r][sb]), acc[r]);
+        }
+      } else {
+        for (int r = 0; r < NR; ++r) acc[r] = V::fma(V::cvt(isum[r]), V::mul(D, V::set1f(da[r][sb])), acc[r]);
+      }
+      for (int r = 0; r < NR; ++r) sums[r] += RN;
+    }
+    for (int r = 0; r < NR; ++r) V::store(acc_out + r * T + h * V::L, acc[r]);
+  }
+};
+
+using RowsFn = void (*)(const Segment&, const uint8_t*, const Activations&, const RowSums&, int64_t, int, float*, Prefetch&);
+
+// The functions for 1, 2, 4 and 8 rows of a segment's format through back end V.
+template <template <int> class Back, int G, int BITS, bool SC, bool GEN>
+std::array<RowsFn, 4> rows_for() {
+  using V = Back<BITS>;
+  return {&Rows<V, 1, G, BITS, SC, GEN>::run, &Rows<V, 2, G, BITS, SC, GEN>::run, &Rows<V, 4, G, BITS, SC, GEN>::run,
+          &Rows<V, 8, G, BITS, SC, GEN>::run};
 }
 
-template <template <int, int, int> class Rows, typename O>
-[[maybe_unused]] void tiles_simd(const Weights& w, const Activations& a, int64_t rows, const Out<O>& out, int64_t t0, int64_t t1) {
-  if (w.G == 32) {
-    if (w.bits == 4) return tiles_as<Rows, 32, 4>(w, a, rows, out, t0, t1);
-    if (w.bits == 6) return tiles_as<Rows, 32, 6>(w, a, rows, out, t0, t1);
-    return tiles_as<Rows, 32, 8>(w, a, rows, out, t0, t1);
+template <template <int> class Back, int G, bool SC, bool GEN>
+std::array<RowsFn, 4> by_bits(int64_t bits) {
+  switch (bits) {
+    case 2: return rows_for<Back, G, 2, SC, GEN>();
+    case 3: return rows_for<Back, G, 3, SC, GEN>();
+    case 4: return rows_for<Back, G, 4, SC, GEN>();
+    case 6: return rows_for<Back, G, 6, SC, GEN>();
+    default: return rows_for<Back, G, 8, SC, GEN>();
   }
-  if (w.bits == 4) return tiles_as<Rows, 16, 4>(w, a, rows, out, t0, t1);
-  if (w.bits == 6) return tiles_as<Rows, 16, 6>(w, a, rows, out, t0, t1);
-  return tiles_as<Rows, 16, 8>(w, a, rows, out, t0, t1);
 }
+
+template <template <int> class Back>
+std::array<RowsFn, 4> pick(const Segment& s) {
+  if (!s.has_sc()) return s.general() ? by_bits<Back, 32, false, true>(s.bits) : by_bits<Back, 32, false, false>(s.bits);
+  if (s.G == 16) return s.general() ? by_bits<Back, 16, true, true>(s.bits) : by_bits<Back, 16, true, false>(s.bits);
+  return s.general() ? by_bits<Back, 32, true, true>(s.bits) : by_bits<Back, 32, true, false>(s.bits);
+}
+
+template <int> using PortableOf = Portable;
+#ifdef YGG_VNNI
+template <int> using AVX512Of = AVX512;
+#endif
 
 // Which implementation runs: the fastest this build has ("avx512-vnni", "avx2"), unless
 // YGG_QLINEAR=portable asks for the plain C++ one (tests compare them; benchmarks time them).
@@ -385,91 +638,197 @@ const char* path() {
 #endif
 }
 
-Weights check(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& D, const at::Tensor& M,
-              const at::Tensor& sc, const at::Tensor& mn) {
-  TORCH_CHECK(x.device().is_cpu() && codes.device().is_cpu(), "ygg::qlinear: CPU tensors only");
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 3 && codes.is_contiguous(),
-              "ygg::qlinear: codes must be contiguous uint8 [N/16, K/32, bytes]");
-  TORCH_CHECK(D.scalar_type() == at::kFloat && M.scalar_type() == at::kFloat && D.dim() == 3 && D.sizes() == M.sizes() &&
-              D.is_contiguous() && M.is_contiguous(), "ygg::qlinear: D and M must be contiguous float32 [N/16, K/S, 16]");
-  TORCH_CHECK(sc.scalar_type() == at::kChar && mn.scalar_type() == at::kChar && sc.dim() == 3 && sc.is_contiguous() &&
-              mn.is_contiguous() && (sc.sizes() == mn.sizes() || mn.numel() == 0),
-              "ygg::qlinear: sc and mn must be contiguous int8 [N/16, K/G, 16] (mn empty: the same as sc)");
-  Weights w{};
-  w.N = codes.size(0) * T;
-  w.K = codes.size(1) * B;
-  const int64_t bytes = codes.size(2);
-  TORCH_CHECK(bytes == T * B || bytes == T * B * 3 / 4 || bytes == T * B / 2,
-              "ygg::qlinear: a code block must hold 8-, 6- or 4-bit codes");
-  w.bits = bytes * 8 / (T * B);
-  TORCH_CHECK(sc.size(0) * T == w.N && D.size(0) * T == w.N && sc.size(2) == T && D.size(2) == T,
-              "ygg::qlinear: scales of another number of columns than the codes");
-  TORCH_CHECK(w.K % sc.size(1) == 0 && w.K % D.size(1) == 0, "ygg::qlinear: groups must divide the input size");
-  w.G = w.K / sc.size(1);
-  w.S = w.K / D.size(1);
-  TORCH_CHECK((w.G == 16 || w.G == 32) && (w.S == w.G || w.S == 256), "ygg::qlinear: groups of 16 or 32, super-blocks of one group or 256");
-  TORCH_CHECK(x.size(-1) == w.K, "ygg::qlinear: x has ", x.size(-1), " features, the weights expect ", w.K);
-  w.codes = codes.const_data_ptr<uint8_t>();
-  w.D = D.const_data_ptr<float>();
-  w.M = M.const_data_ptr<float>();
-  w.sc = sc.const_data_ptr<int8_t>();
-  w.mn = mn.numel() ? mn.const_data_ptr<int8_t>() : w.sc;  // Q6_K: its offset multiplier is its scale
-  return w;
+// How far ahead of its place a thread asks for weight bytes (YGG_PREFETCH overrides: tuning).
+int64_t prefetch_ahead() {
+  static const int64_t ahead = [] {
+    const char* e = std::getenv("YGG_PREFETCH");
+    return e != nullptr ? std::atoll(e) : int64_t{65536};
+  }();
+  return ahead;
 }
 
-// x [..., K] -> [..., n] in x's dtype: the rows' float32 results plus the bias, rounded once. The
-// codes may hold up to 15 rows of padding past n (a vocabulary that is not a multiple of 16).
-at::Tensor run(const at::Tensor& x_in, const at::Tensor& codes, const at::Tensor& D, const at::Tensor& M,
-               const at::Tensor& sc, const at::Tensor& mn, const std::optional<at::Tensor>& bias, int64_t n,
-               bool reference_only) {
-  const Weights w = check(x_in, codes, D, M, sc, mn);
-  TORCH_CHECK(n <= w.N && n > w.N - T, "ygg::qlinear: ", n, " outputs from codes of ", w.N, " rows");
+std::array<RowsFn, 4> functions(const Segment& s) {
+  const bool fast = std::strcmp(path(), "portable") != 0;
+  (void)fast;
+#if defined(YGG_VNNI)
+  if (fast) return pick<AVX512Of>(s);
+#elif defined(YGG_AVX2)
+  if (fast) return pick<AVX2>(s);
+#endif
+  return pick<PortableOf>(s);
+}
+
+int halves() {
+#if defined(YGG_AVX2)
+  return std::strcmp(path(), "portable") != 0 ? 2 : 1;
+#else
+  return 1;
+#endif
+}
+
+// ---------------------------------------------------------------- the operator
+
+std::vector<Segment> segments(const at::Tensor& data, const at::Tensor& layout) {
+  TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == at::kByte && data.dim() == 1 && data.is_contiguous(),
+              "ygg::qlinear: data must be a contiguous uint8 vector on the CPU");
+  TORCH_CHECK(layout.device().is_cpu() && layout.scalar_type() == at::kLong && layout.dim() == 2 && layout.size(1) == 7 &&
+              layout.size(0) > 0 && layout.is_contiguous(), "ygg::qlinear: layout must be int64 [segments, 7]");
+  std::vector<Segment> out;
+  int64_t tile = 0, byte = 0, col = 0;
+  for (int64_t i = 0; i < layout.size(0); ++i) {
+    Segment s = describe(layout.const_data_ptr<int64_t>() + 7 * i);
+    TORCH_CHECK(out.empty() || s.K == out[0].K, "ygg::qlinear: segments of different input sizes");
+    s.first_tile = tile, s.first_byte = byte, s.first_col = col;
+    tile += s.tiles, byte += s.tiles * s.tile_bytes, col += s.rows;
+    out.push_back(s);
+  }
+  TORCH_CHECK(byte == data.numel(), "ygg::qlinear: the layout describes ", byte, " bytes, data holds ", data.numel());
+  return out;
+}
+
+// A tile's results: rows of 16 float32 sums plus the bias, rounded once to the output's dtype (to
+// nearest even, NaN to bfloat16's canonical NaN, exactly as c10's conversions) and stored.
+template <typename O>
+void emit(O* out, int64_t n, const float* bias, const float* acc, int64_t rows, int64_t row0, int64_t col0, int64_t cols) {
+#if defined(YGG_VNNI)
+  const __mmask16 keep = static_cast<__mmask16>((1u << cols) - 1);
+  const __m512 b = _mm512_maskz_loadu_ps(keep, bias + col0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const __m512 y = _mm512_add_ps(_mm512_loadu_ps(acc + r * T), b);
+    O* dst = out + (row0 + r) * n + col0;
+    if constexpr (std::is_same_v<O, float>) {
+      _mm512_mask_storeu_ps(dst, keep, y);
+    } else if constexpr (std::is_same_v<O, c10::BFloat16>) {
+      const __m512i bits = _mm512_castps_si512(y);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      __m512i h = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7fff)), lsb), 16);
+      h = _mm512_mask_mov_epi32(h, _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+      _mm256_mask_storeu_epi16(dst, keep, _mm512_cvtepi32_epi16(h));
+    } else if constexpr (std::is_same_v<O, c10::Half>) {
+      _mm256_mask_storeu_epi16(dst, keep, _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else {
+      for (int64_t c = 0; c < cols; ++c) dst[c] = static_cast<O>(acc[r * T + c] + bias[col0 + c]);
+    }
+  }
+#else
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[(row0 + r) * n + col0 + c] = static_cast<O>(acc[r * T + c] + bias[col0 + c]);
+#endif
+}
+
+// What a call needs besides its inputs, kept per calling thread so that a forward's hundred calls
+// allocate nothing (a call on a small matrix costs a few microseconds; allocations were a third).
+struct Scratch {
+  Activations acts[2];  // per super-block size: 256, 32
+  std::vector<RowSums> sums;
+  std::vector<float> bias;
+};
+
+// x [..., K] -> [..., n] in x's dtype: the rows' float32 results plus the bias, rounded once.
+at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor& layout, const std::optional<at::Tensor>& bias,
+               int64_t n, bool reference_only) {
+  const std::vector<Segment> segs = segments(data, layout);
+  const int64_t K = segs[0].K, N = segs.back().first_col + segs.back().rows, tiles = segs.back().first_tile + segs.back().tiles;
+  TORCH_CHECK(n == N, "ygg::qlinear: ", n, " outputs asked of weights with ", N);
+  TORCH_CHECK(x_in.device().is_cpu(), "ygg::qlinear: CPU tensors only");
+  TORCH_CHECK(x_in.size(-1) == K, "ygg::qlinear: x has ", x_in.size(-1), " features, the weights expect ", K);
   const at::Tensor x = x_in.contiguous();
-  const int64_t rows = x.numel() / w.K;
-  Activations a;
-  switch (x.scalar_type()) {
-    case at::kFloat: a = quantize(x.const_data_ptr<float>(), rows, w.K, w.G); break;
-    case at::kBFloat16: a = quantize(x.const_data_ptr<c10::BFloat16>(), rows, w.K, w.G); break;
-    case at::kHalf: a = quantize(x.const_data_ptr<c10::Half>(), rows, w.K, w.G); break;
-    default: TORCH_CHECK(false, "ygg::qlinear: float32, bfloat16 or float16 inputs only");
+  const int64_t rows = x.numel() / K;
+  thread_local Scratch scratch;
+  Activations* by_s[2] = {nullptr, nullptr};
+  for (const Segment& s : segs) {
+    const int i = s.S == 256 ? 0 : 1;
+    if (by_s[i]) continue;
+    Activations& a = *(by_s[i] = &scratch.acts[i]);
+    a.S = s.S;
+    switch (x.scalar_type()) {
+      case at::kFloat: quantize(x.const_data_ptr<float>(), rows, K, a); break;
+      case at::kBFloat16: quantize(x.const_data_ptr<c10::BFloat16>(), rows, K, a); break;
+      case at::kHalf: quantize(x.const_data_ptr<c10::Half>(), rows, K, a); break;
+      default: TORCH_CHECK(false, "ygg::qlinear: float32, bfloat16 or float16 inputs only");
+    }
+  }
+  auto acts_of = [&](const Segment& s) -> const Activations& { return *by_s[s.S == 256 ? 0 : 1]; };
+  std::vector<RowSums>& sums = scratch.sums;
+  sums.resize(segs.size());
+  std::vector<std::array<RowsFn, 4>> fns;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    row_sums(segs[i], acts_of(segs[i]), rows, sums[i]);
+    fns.push_back(functions(segs[i]));
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor out = at::empty(shape, x.options());
-  std::vector<float> bias_f(n, 0.0f);
+  std::vector<float>& bias_f = scratch.bias;
+  bias_f.assign(n, 0.0f);
   if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == n, "ygg::qlinear: the bias has ", bias->numel(), " values, the output ", n);
-    const at::Tensor bf = bias->to(at::kFloat).contiguous();
-    std::memcpy(bias_f.data(), bf.const_data_ptr<float>(), n * sizeof(float));
+    TORCH_CHECK(bias->numel() == n && bias->is_contiguous(), "ygg::qlinear: the bias has ", bias->numel(), " values, the output ", n);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, bias->scalar_type(), "qlinear_bias", [&] {
+      const scalar_t* b = bias->const_data_ptr<scalar_t>();
+      for (int64_t i = 0; i < n; ++i) bias_f[i] = static_cast<float>(b[i]);
+    });
+  }
+  const uint8_t* bytes = data.const_data_ptr<uint8_t>();
+  // Each thread takes a run of whole tiles holding an equal share of the bytes (segments of other
+  // code widths cost more per tile): thread th starts at the first tile that starts at or past
+  // th / threads of them.
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles)));
+  std::vector<int64_t> split(threads + 1, tiles), split_bytes(threads + 1, data.numel());
+  split[0] = split_bytes[0] = 0;
+  for (int th = 1; th < threads; ++th) {
+    const int64_t target = data.numel() * th / threads;
+    for (const Segment& s : segs)
+      if (target < s.first_byte + s.tiles * s.tile_bytes) {
+        const int64_t i = (target - s.first_byte + s.tile_bytes - 1) / s.tile_bytes;
+        split[th] = s.first_tile + i, split_bytes[th] = s.first_byte + i * s.tile_bytes;
+        break;
+      }
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "qlinear_out", [&] {
-    const Out<scalar_t> o{out.mutable_data_ptr<scalar_t>(), n, bias_f.data()};
-    if (reference_only) {
-      reference(w, a, rows, o);
-      return;
-    }
-    const bool fast = std::strcmp(path(), "portable") != 0;
-    at::parallel_for(0, w.N / T, 1, [&](int64_t t0, int64_t t1) {
-#if defined(YGG_VNNI)
-      if (fast) return tiles_simd<VNNI>(w, a, rows, o, t0, t1);
-#elif defined(YGG_AVX2)
-      if (fast) return tiles_simd<AVX2>(w, a, rows, o, t0, t1);
-#endif
-      (void)fast;
-      tiles_portable(w, a, rows, o, t0, t1);
+    scalar_t* o = out.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, threads, 1, [&](int64_t th0, int64_t th1) {
+      alignas(64) float acc[MAX_NR * T];
+      for (int64_t th = th0; th < th1; ++th) {
+        size_t si = 0;
+        const uint8_t* run = bytes + split_bytes[th];
+        Prefetch pf{run, split_bytes[th + 1] - split_bytes[th], 0, 0, 0, 1, 0, prefetch_ahead()};
+        for (int64_t t = split[th]; t < split[th + 1]; ++t) {
+          while (t >= segs[si].first_tile + segs[si].tiles) ++si;
+          const Segment& s = segs[si];
+          const int64_t lt = t - s.first_tile, cols = std::min<int64_t>(T, s.rows - lt * T);
+          const uint8_t* w = bytes + s.first_byte + lt * s.tile_bytes;
+          const Activations& a = acts_of(s);
+          if (reference_only) {
+            for (int64_t r0 = 0; r0 < rows; r0 += MAX_NR) {
+              const int64_t nr = std::min<int64_t>(MAX_NR, rows - r0);
+              reference(s, w, a, r0, nr, acc);
+              emit(o, n, bias_f.data(), acc, nr, r0, s.first_col + lt * T, cols);
+            }
+            continue;
+          }
+          // rows go 8 at a time, then 4, 2, 1: one pass over the tile each
+          const int64_t passes = rows / MAX_NR + __builtin_popcountll(rows % MAX_NR);
+          pf.start = w - run, pf.bytes = s.tile_bytes, pf.steps = passes * (s.K / s.S), pf.step = 0;
+          row_blocks(rows, [&](int64_t r0, int64_t nr) {
+            const int idx = nr == 8 ? 3 : nr == 4 ? 2 : nr == 2 ? 1 : 0;
+            for (int h = 0; h < halves(); ++h) fns[si][idx](s, w, a, sums[si], r0, h, acc, pf);
+            emit(o, n, bias_f.data(), acc, nr, r0, s.first_col + lt * T, cols);
+          });
+        }
+      }
     });
   });
   return out;
 }
 
-at::Tensor qlinear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& D, const at::Tensor& M,
-                   const at::Tensor& sc, const at::Tensor& mn, const std::optional<at::Tensor>& bias, int64_t n) {
-  return run(x, codes, D, M, sc, mn, bias, n, false);
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& data, const at::Tensor& layout, const std::optional<at::Tensor>& bias,
+                   int64_t n) {
+  return run(x, data, layout, bias, n, false);
 }
 
-at::Tensor qlinear_reference(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& D, const at::Tensor& M,
-                             const at::Tensor& sc, const at::Tensor& mn, const std::optional<at::Tensor>& bias, int64_t n) {
-  return run(x, codes, D, M, sc, mn, bias, n, true);
+at::Tensor qlinear_reference(const at::Tensor& x, const at::Tensor& data, const at::Tensor& layout,
+                             const std::optional<at::Tensor>& bias, int64_t n) {
+  return run(x, data, layout, bias, n, true);
 }
 
 // Which fast path this build runs (tests and `ygg inspect` report it).
@@ -478,8 +837,8 @@ std::string qlinear_path() { return path(); }
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ygg, m) {
-  m.def("qlinear(Tensor x, Tensor codes, Tensor D, Tensor M, Tensor sc, Tensor mn, Tensor? bias, int n) -> Tensor");
-  m.def("qlinear_reference(Tensor x, Tensor codes, Tensor D, Tensor M, Tensor sc, Tensor mn, Tensor? bias, int n) -> Tensor");
+  m.def("qlinear(Tensor x, Tensor data, Tensor layout, Tensor? bias, int n) -> Tensor");
+  m.def("qlinear_reference(Tensor x, Tensor data, Tensor layout, Tensor? bias, int n) -> Tensor");
   m.def("qlinear_path() -> str", &qlinear_path);
 }
 TORCH_LIBRARY_IMPL(ygg, CPU, m) {
