@@ -27,17 +27,18 @@ from safetensors.torch import save_file
 
 from tokenizers import Tokenizer
 
-from ygg_compile import aot, calibrate, footprint, hardware, invariance, predictor, prompts, quantize, sources, stages
+from ygg_compile import (aot, calibrate, draft_vocab, footprint, hardware, invariance, predictor, prompts, quantize,
+                         roofline, sources, stages)
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.ui import Reporter
-from ygg_runtime import exactness, kernels, objective, proposers
+from ygg_runtime import engine, exactness, kernels, objective, proposers
 from ygg_runtime.artifact import DEFAULT_DIR, PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line, out_of_space
 from ygg_runtime.files import locked
 from ygg_runtime.integrity import cache_dir, file_entry
-from ygg_runtime.model import load_model
+from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, ExactnessRecord, KernelInfo, ModelInfo, Plan,
                               TokenizerInfo, WeightsInfo)
 from ygg_runtime.predictor import DepthPredictor
@@ -58,8 +59,9 @@ class CompileOptions:
     output: Path = DEFAULT_DIR
     device: str = "cpu"
     dtype: str = "auto"
-    weights: str = "auto"  # auto, bf16 (the float dtype), int8 or int4: both models' (ygg_compile.quantize)
+    weights: str = "auto"  # auto, bf16 (the float dtype), int8, int4, int3 or int2: both models' (ygg_compile.quantize)
     draft_weights: str | None = None  # the drafter's, when it differs (None: as `weights`)
+    draft_vocab: str = "auto"  # the drafter's head rows: a number, all, or auto (ygg_compile.draft_vocab)
     method: str = "egt"
     methods: dict[str, dict] = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_PARAMS.items()})
     max_context: int = 4096
@@ -84,6 +86,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
         raise YggError(f"default method '{opts.method}' is not one of the compiled methods ({', '.join([*opts.methods, *planned])})")
     if opts.calib_tokens < 1:
         raise YggError("--calib-tokens must be at least 1")
+    draft_vocab.parse(opts.draft_vocab)  # refused in one line before any work
     device = hardware.resolve_device(opts.device)
     dtype = hardware.resolve_dtype(opts.dtype, device)
     out = Path(opts.output)
@@ -153,16 +156,22 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
                 shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
             kernel = KernelInfo(kernels.LIBRARY, **aot.cpu_requirements(device))
         runners = _load_runners(tmp, device, cache_slots)
+        codec = TextCodec(tmp / tok_info.file, tok_info.chat_prefix, tok_info.chat_suffix)
+        seconds: dict[str, float] = {}  # AOT compile time per model
+        if opts.aot:
+            _compile_forward(runners, "target", tmp, phase, ui, seconds)
+        vocab = _cut_draft_head(runners, models, codec, calib_prompts, calib_tokens,
+                                sorted(set(tokenizer.all_special_ids) | set(tok_info.eos_token_ids)), opts, tmp, phase, ui)
         aot_info = None
         if opts.aot:
-            aot_info = _compile_forwards(runners, device, tmp, phase, ui)
+            _compile_forward(runners, "draft", tmp, phase, ui, seconds)
+            aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(device))
         with phase("exactness", None):
             exact = _check_rows(runners["target"], max_context, opts.methods, aot_info is not None, ui)
         runners["target"].min_width = exactness.min_width(exact.get("compiled" if aot_info else "eager"))
         with phase("profile", None):
             profile = _profiles(runners, models, device, str(dtype).removeprefix("torch."), max_context, opts, ui)
         with phase("calibrate", f"calibrating on {len(calib_prompts)} prompts ({calib_tokens} tokens each)"):
-            codec = TextCodec(tmp / tok_info.file, tok_info.chat_prefix, tok_info.chat_suffix)
             calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, calib_tokens, ui)
         agreement = None
         if predictor and calib.texts:
@@ -172,6 +181,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             methods, planning = _plan(calib, agreement, profile, opts, predictor, tmp)
         if opts.quick:
             planning["predictor"]["why"] = "--quick"
+        planning["draft_vocab"] = vocab
         del agreement
         with phase("stages", None):
             planning["stages"] = _stage_plan(runners, codec, calib_prompts, methods, profile, tmp, opts.quick, ui)
@@ -359,7 +369,7 @@ def _check_vocab(tokens: int, models: dict[str, ModelInfo], ui: Reporter) -> Non
 
 
 def _weights(asked: str, src: sources.ModelSource, device: str, role: str = "target") -> str:
-    """How a model's weights are held: "float" (the artifact's dtype), "int4" or "int8". auto, for a
+    """How a model's weights are held: "float" (the artifact's dtype) or "int8" ... "int2". auto, for a
     GGUF file on a CPU where the quantized kernel has its fast path (AVX-512 VNNI: faster than bf16
     at every verify width, docs/measured.md): the target's file numbers exactly (int8: at most 8 bits,
     nothing requantized) and the drafter at 4 bits (int4: lossless all the same, it only proposes;
@@ -367,7 +377,7 @@ def _weights(asked: str, src: sources.ModelSource, device: str, role: str = "tar
     otherwise (the portable path is ~25x slower)."""
     if asked not in ("auto", *quantize.WEIGHTS):
         raise YggError(f"--weights must be auto, {', '.join(quantize.WEIGHTS)}, not '{asked}'")
-    if asked in ("int4", "int8") and not device.startswith("cpu"):
+    if asked.startswith("int") and not device.startswith("cpu"):
         raise YggError(f"--weights {asked} runs on CPUs only (the quantized kernel is CPU code): use --weights bf16 on {device}")
     if asked == "auto":
         fast = device.startswith("cpu") and kernels.qlinear_path() == "avx512-vnni"
@@ -417,18 +427,52 @@ def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
     return {role: ModelRunner(load_model(tmp / role, device), cache_slots) for role in ("target", "draft")}
 
 
-def _compile_forwards(runners: dict, device: str, tmp: Path, phase, ui: Reporter) -> AOTInfo:
-    """Each model's forward compiled ahead of time into <role>/model.pt2; the runners use it from
-    here on, so profiling and calibration time the forwards `ygg run` will run."""
-    seconds = {}
-    for role in ("target", "draft"):
-        label = f"compiling the {role}'s forward ahead of time (AOTInductor, widths 1..{MAX_WIDTH})"
-        with phase("aot", label):
-            report = lambda done, total, label=label: ui.progress(label, done, total, unit="stages")  # noqa: E731
-            path = tmp / role / aot.PACKAGE
-            seconds[role] = aot.compile_model(runners[role].model, path, report)
-            runners[role].compiled = CompiledForward(path, runners[role].model)
-    return AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(device))
+def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, seconds: dict[str, float]) -> None:
+    """A model's forward compiled ahead of time into <role>/model.pt2; its runner uses it from here
+    on, so profiling and calibration time the forwards `ygg run` will run."""
+    label = f"compiling the {role}'s forward ahead of time (AOTInductor, widths 1..{MAX_WIDTH})"
+    with phase("aot", label):
+        report = lambda done, total: ui.progress(label, done, total, unit="stages")  # noqa: E731
+        path = tmp / role / aot.PACKAGE
+        seconds[role] = aot.compile_model(runners[role].model, path, report)
+        runners[role].compiled = CompiledForward(path, runners[role].model)
+
+
+def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCodec, texts_in: list[str], tokens: int,
+                    special: list[int], opts: CompileOptions, tmp: Path, phase, ui: Reporter) -> dict:
+    """The drafter's head cut to the rows `--draft-vocab` asks for or `auto` measures
+    (ygg_compile.draft_vocab), on the target's greedy continuations of the calibration prompts;
+    the drafter is rewritten and reloaded in place. Returns the plan's record of the choice."""
+    asked = draft_vocab.parse(opts.draft_vocab)
+    draft = runners["draft"]
+    texts, starts = {}, {}
+    if asked is None and draft.model.args.vocab_size > draft_vocab.SMALL_VOCAB:
+        with phase("draft vocab", f"decoding {len(texts_in)} calibration prompts with the target for the drafter's vocabulary"):
+            ar = proposers.build("ar", {}, None)
+            for i, text in enumerate(texts_in):
+                ids = codec.encode(text)
+                if len(ids) + tokens + 1 > runners["target"].max_len:
+                    continue
+                out, _ = engine.generate(runners["target"], ar, ids, max_new_tokens=tokens)
+                texts[i], starts[i] = ids + out, len(ids)
+    with phase("draft vocab", "measuring the drafter's head cut to the tokens it needs"):
+        choice = draft_vocab.choose(runners["target"], draft, texts, starts, special, asked)
+        if choice.ids is not None:
+            from safetensors.torch import load_file
+
+            args = ModelArgs.load(tmp / "draft" / "config.json")
+            state = load_file(str(tmp / "draft" / "model.safetensors"))
+            before = sum(v.numel() * v.element_size() for k, v in state.items() if k.startswith("output."))
+            args, state = draft_vocab.cut_head(args, state, choice.ids)
+            after = sum(v.numel() * v.element_size() for k, v in state.items() if k.startswith("output."))
+            save_file(state, str(tmp / "draft" / "model.safetensors"))
+            args.save(tmp / "draft" / "config.json")
+            del state
+            if models["draft"].weights.kind != "float":
+                models["draft"].weights.bytes += after - before
+            runners["draft"] = ModelRunner(load_model(tmp / "draft", draft.device), draft.max_len)
+            ui.note(f"drafter head: {choice.rows} of {choice.vocab} tokens ({choice.why})")
+    return {"rows": choice.rows, "vocab": choice.vocab, "why": choice.why, "candidates": choice.table}
 
 
 def _static_trees(methods: dict[str, dict]) -> list[int]:
@@ -468,13 +512,18 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
     else measured now and stored (see ygg_compile.profile)."""
     widths, contexts = prof.plan_grid(max_context)
     root = Path(opts.profiles) if opts.profiles else prof.profiles_dir()
-    found, files = {}, {}
+    found, files, checks = {}, {}, {}
     for role in ("target", "draft"):
         forward = "aot" if runners[role].compiled is not None else "eager"
         held = prof.weights_label(dtype, models[role])
         path = prof.profile_path(root, device, models[role], held, forward)
         stored, why = (None, "--reprofile") if opts.reprofile else prof.load_matching(
             path, models[role], held, device, forward, widths, contexts)
+        if stored is not None:  # filed under this device's name: measured on this machine?
+            with ui.step(f"spot-checking the stored {role} profile on this machine"):
+                ok, checks[role] = prof.spot_check(runners[role], stored)
+            if not ok:
+                stored, why = None, f"the stored profile disagrees with this machine: {prof.spot_line(checks[role])}"
         measured = None  # what to (re)write: a new profile, or a stored one with batched forwards added
         if stored is None:
             ui.note(f"{role}: measuring its latency profile ({why})")
@@ -483,7 +532,7 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
                 report = lambda done, total, label=label: ui.progress(label, done, total, unit="rounds")  # noqa: E731
                 measured = prof.measure(runners[role], widths, contexts, progress=report)
         else:
-            ui.note(f"{role}: reusing the measured profile {path}")
+            ui.note(f"{role}: reusing the measured profile {path} (spot check: {prof.spot_line(checks[role])})")
             if "batch_ms" not in stored:  # a profile from before batched forwards were measured
                 with ui.step(f"measuring {role} batched forwards (B = {', '.join(map(str, prof.BATCH_SEQUENCES))})"):
                     stored["batch_ms"] = prof.batch_times(runners[role], tuple(stored["widths"]),
@@ -501,7 +550,9 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
     compiled["target_widths"] = [w for w in compiled["target_widths"] if w >= floor] or [out["widths"][-1]]
     for role in ("target", "draft"):  # calibration runs the forwards as `ygg run` will
         runners[role].widths = tuple(compiled[f"{role}_widths"])
-    return out | compiled | {"files": files}
+    with ui.step("measuring this machine's roofline (read bandwidth, int8 peak)"):
+        out["roofline"] = roofline.section(runners) if device.startswith("cpu") else None
+    return out | compiled | {"files": files, "spot_checks": checks}
 
 
 def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: dict, profile: dict, tmp: Path,

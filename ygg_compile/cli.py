@@ -53,8 +53,9 @@ def compile_cmd(
     device: str = typer.Option(CompileOptions.device, "--device", help="cpu or cuda"),
     dtype: str = typer.Option(CompileOptions.dtype, "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
     weights: str = typer.Option(CompileOptions.weights, "--weights",
-                                help="how weights are held: auto (on CPUs with the fast kernel, a GGUF target's own quantization exactly and a GGUF drafter at 4 bits; else the float dtype), bf16 (the float dtype), int8 (at most 8 bits: a GGUF file's numbers, exactly) or int4 (at most 4 bits: wider tensors requantized, lossy); a float checkpoint is quantized here (lossy)"),
-    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="the drafter's weights, when they differ from --weights (same choices; int4 makes drafting cheaper and stays lossless: only acceptance moves)"),
+                                help="how weights are held: auto (on CPUs with the fast kernel, a GGUF target's own quantization exactly and a GGUF drafter at 4 bits; else the float dtype), bf16 (the float dtype), int8 (at most 8 bits: a GGUF file's numbers, exactly), int4, int3 or int2 (at most that many bits: wider tensors requantized, lossy); a float checkpoint is quantized here (lossy)"),
+    draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="the drafter's weights, when they differ from --weights (same choices; fewer bits make drafting cheaper and stay lossless: only acceptance moves)"),
+    draft_vocab: str = typer.Option(CompileOptions.draft_vocab, "--draft-vocab", help="the drafter's output head: auto (cut to the tokens it needs, the size measured: acceptance x cost), all, or a number of tokens (the most frequent in calibration, then by id); lossless either way: a token without a row is never drafted"),
     max_context: int = typer.Option(CompileOptions.max_context, "--max-context", help="longest prompt + generation the artifact serves"),
     chain_k: int = typer.Option(ChainParams.k, "--chain-k", help="chain: drafted tokens per step"),
     tree_width: int = typer.Option(SpecInferParams.width, "--tree-width", help="specinfer: children per node"),
@@ -81,6 +82,7 @@ def compile_cmd(
         dtype=dtype,
         weights=weights,
         draft_weights=draft_weights,
+        draft_vocab=draft_vocab,
         method=method,
         methods={k: dict(v) for k, v in DEFAULT_PARAMS.items()} | {"chain": {"k": chain_k}, "specinfer": {"width": tree_width, "depth": tree_depth}},
         max_context=max_context,
@@ -107,9 +109,38 @@ def compile_cmd(
               f"`ygg run --expect-plan {plan_sha256(output)}`")
 
 
+def roofline_table(plan: Plan):
+    """Each measured forward (the profile's first context) beside the floor this machine allows it,
+    max(bytes / read bandwidth, rows x multiply-adds / int8 peak), both roofs measured at compile."""
+    from ygg_compile.roofline import Costs, Roofs, floor_ms
+
+    section = plan.profile.get("roofline")
+    if not section:
+        return "roofline: not measured (an artifact compiled before it was, or off the CPU)"
+    roofs = Roofs(**section["roofs"])
+    prof, context = plan.profile, plan.profile["contexts"][0]
+    t = Table(title=f"roofline: {roofs.bandwidth / 1e9:.1f} GB/s read, {roofs.int8_peak / 1e9:.0f} G int8 multiply-adds/s "
+              f"({roofs.threads} threads, measured at compile); forwards at context {context}", title_justify="left")
+    for col in ("model", "W", "measured ms", "memory floor", "compute floor", "× floor", "T(W)/T(1)"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for role in ("target", "draft"):
+        if role not in section or not prof.get(f"{role}_ms"):
+            continue
+        costs = Costs(**section[role])
+        row = prof[f"{role}_ms"][0]
+        for w, ms in zip(prof["widths"], row):
+            f = floor_ms(costs, roofs, w, context)
+            compute = f"{f['compute_ms']:.2f}" if f["compute_ms"] is not None else "–"
+            t.add_row(f"{role} ({costs.weight_bytes / 1e9:.2f} GB, {costs.macs_per_row / 1e9:.2f} G MAC/row)" if w == prof["widths"][0] else "",
+                      str(w), f"{ms:.2f}", f"{f['memory_ms']:.2f}", compute, f"{ms / max(f['floor_ms'], 1e-9):.1f} ({f['bound']})",
+                      f"{ms / max(row[0], 1e-9):.2f}")
+    return t
+
+
 def phase_table(plan: Plan):
     """Where the compile's time went, one row per phase."""
     names = {"resolve": "resolve models", "convert": "convert weights + tokenizer", "aot": "native kernels + AOT forwards",
+             "draft vocab": "drafter's head (--draft-vocab)",
              "exactness": "row-invariance check",
              "profile": "latency profiles", "calibrate": "calibration (probe + agreement)", "stages": "stage timing",
              "plan": "planning + predictor", "hash": "hash files"}
@@ -440,6 +471,7 @@ def inspect_cmd(
                      f"on the calibration continuations; P(first copied token accepted) by match length, seen once/twice: "
                      f"{first}; adjacency table: {graft['adjacency_rows']} tokens")
     con.print(info)
+    con.print(roofline_table(plan))
 
     egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan.planning['context']})",
                 title_justify="left")

@@ -33,6 +33,12 @@ from ygg_runtime.tree import TokenTree
 
 DEFAULT_CONTEXTS = (64, 512, 2048)
 PROFILE_FORMAT = 1
+# A stored profile is reused only when a few of its forwards, timed again here, agree within this
+# share of the stored time (or this many ms, for forwards so short that timer noise dominates):
+# two 2-core EPYCs of one device name differ by 1.4-1.9x, this machine's own run-to-run noise is
+# within ~15 %.
+SPOT_TOLERANCE, SPOT_FLOOR_MS = 0.25, 1.0
+SPOT_WIDTHS = (1, 4, 16)
 # Sequences per batched forward measured for `ygg serve` (CAST's f(B, c, n)).
 BATCH_SEQUENCES = (2, 4, 8)
 
@@ -286,6 +292,26 @@ def load_matching(path: Path, model: ModelInfo, dtype: str, device: str, forward
     if not set(widths) <= set(stored["widths"]) or not set(contexts) <= set(stored["contexts"]):
         return None, "does not cover the widths and contexts needed"
     return stored, ""
+
+
+def spot_check(runner: ModelRunner, stored: dict, repeats: int = 3) -> tuple[bool, dict]:
+    """Time a few of a stored profile's forwards again on this machine (at its first context);
+    (agrees, the record: widths, stored and measured ms). A profile filed under this device's name
+    may come from another machine of the same name with other memory or clocks."""
+    context = stored["contexts"][0]
+    widths = tuple(w for w in SPOT_WIDTHS if w in stored["widths"]) or (stored["widths"][0],)
+    measured = forward_times(runner, widths, context, repeats)
+    row = stored["forward_ms"][0]
+    was = [row[stored["widths"].index(w)] for w in widths]
+    now = [round(measured[w], 3) for w in widths]
+    ok = all(abs(n - w) <= max(SPOT_TOLERANCE * w, SPOT_FLOOR_MS) for n, w in zip(now, was))
+    return ok, {"context": context, "widths": list(widths), "stored_ms": was, "measured_ms": now, "agrees": ok}
+
+
+def spot_line(record: dict) -> str:
+    """A spot check in a line: "T(1) 39.5 vs 27.1 ms stored, T(4) ..."."""
+    return ", ".join(f"T({w}) {n:.1f} vs {s:.1f} ms stored" for w, n, s in
+                     zip(record["widths"], record["measured_ms"], record["stored_ms"]))
 
 
 def save(path: Path, measured: dict, model: ModelInfo, dtype: str, device: str, forward: str) -> dict:

@@ -239,7 +239,13 @@ class Drafter:
             self.runner.commit(keep)
 
     def fit(self, logits: Tensor) -> Tensor:
-        """Map draft logits onto the target's vocabulary (padding rows get no draft mass)."""
+        """Map draft logits onto the target's vocabulary (padding rows get no draft mass; a head cut
+        to part of the vocabulary puts its rows at their token ids and gives every other token none:
+        the drafter never proposes it, and its q is the cut head's softmax, 0 elsewhere)."""
+        ids = self.runner.model.head_ids
+        if ids is not None:
+            out = logits.new_full((logits.shape[0], self.target_vocab), float("-inf"))
+            return out.index_copy_(1, ids, logits)
         v = logits.shape[-1]
         if v > self.target_vocab:
             return logits[:, : self.target_vocab]

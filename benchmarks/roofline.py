@@ -1,0 +1,150 @@
+"""This machine's roofline and an artifact's forwards against it: for the target and the drafter,
+each forward width's time (one forward over W new tokens after C committed ones, compiled and
+eager, interleaved, median of the repeats) beside the two floors no forward can beat,
+max(bytes read / read bandwidth, W x multiply-adds / int8 peak), both roofs measured here by the
+kernel library on the torch threads (ygg_compile.roofline).
+
+    .venv/bin/python benchmarks/roofline.py [ARTIFACT] [--widths 1,2,4,8,16] [--context 100]
+        [--repeats 7] [-o DIR] [--label before]
+
+Writes DIR/roofline[-LABEL].json and .md, and DIR/roofline.png (every labelled run in DIR, one
+panel per model); DIR defaults to benchmarks/results/<device>-roofline/. Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import ygg_runtime
+from ygg_compile import hardware
+from ygg_compile.roofline import Roofs, measure_roofs, model_costs, table
+
+
+def forward_ms(runner, widths: list[int], context: int, repeats: int) -> dict[str, list[float]]:
+    """Median ms per width of the compiled forward (when the artifact has one) and the eager one."""
+    compiled, floor, runner.widths, runner.min_width = runner.compiled, runner.min_width, (), 0  # every width as it is
+    modes = ["compiled", "eager"] if compiled is not None else ["eager"]
+    tokens = torch.randint(0, runner.vocab_size, (max(widths),), generator=torch.Generator().manual_seed(0)).tolist()
+    samples = {m: {w: [] for w in widths} for m in modes}
+    for r in range(repeats + 1):
+        for w in widths:
+            for mode in modes if r % 2 else modes[::-1]:
+                runner.compiled = compiled if mode == "compiled" else None
+                runner.reset(context)
+                start = time.perf_counter()
+                runner.forward_chain(tokens[:w])
+                if r:
+                    samples[mode][w].append(1000 * (time.perf_counter() - start))
+    runner.compiled, runner.min_width = compiled, floor
+    runner.reset()
+    return {m: [statistics.median(samples[m][w]) for w in widths] for m in modes}
+
+
+def markdown(result: dict) -> str:
+    r = result["roofs"]
+    lines = [f"### Roofline{' (' + result['label'] + ')' if result['label'] else ''}: {result['cpu']}", "",
+             f"Read bandwidth {r['bandwidth'] / 1e9:.1f} GB/s, int8 peak {r['int8_peak'] / 1e9:.0f} G multiply-adds/s "
+             f"({r['threads']} threads, `ygg::read_bandwidth` / `ygg::int8_peak`); artifact {result['artifact']}, "
+             f"context {result['context']}, median of {result['repeats']} interleaved repeats; qlinear path "
+             f"{result['qlinear_path']}.", ""]
+    for role, m in result["models"].items():
+        c = m["costs"]
+        lines += [f"**{role}**: {c['weight_bytes'] / 1e9:.3f} GB read per forward, {c['macs_per_row'] / 1e9:.2f} G "
+                  f"multiply-adds per row", "",
+                  "| W | compiled ms | eager ms | memory floor | compute floor | compiled / floor | T(W) / T(1) |",
+                  "|---|---|---|---|---|---|---|"]
+        for i, row in enumerate(m["rows"]):
+            eager = m["eager_ms"][i]
+            compute = f"{row['compute_ms']:.1f}" if row["compute_ms"] is not None else "–"
+            lines.append(f"| {row['width']} | {row['ms']:.1f} | {eager:.1f} | {row['memory_ms']:.1f} | {compute} | "
+                         f"{row['of_floor']:.2f} ({row['bound']}) | {row['of_t1']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(directory: Path) -> Path:
+    """Every labelled run in `directory`: T(W) against the floor, one panel per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [r for r in (json.loads(p.read_text()) for p in sorted(directory.glob("roofline*.json"))) if r.get("models")]
+    roles = list(dict.fromkeys(role for run in runs for role in run["models"]))
+    fig, axes = plt.subplots(1, len(roles), figsize=(6 * len(roles), 4.2), squeeze=False)
+    for ax, role in zip(axes[0], roles):
+        floor_drawn = False
+        for run in runs:
+            m = run["models"].get(role)
+            if not m:
+                continue
+            widths = [row["width"] for row in m["rows"]]
+            ax.plot(widths, [row["ms"] for row in m["rows"]], "o-", label=f"{run['label'] or 'measured'} (compiled)")
+            if not floor_drawn:
+                ax.plot(widths, [row["floor_ms"] for row in m["rows"]], "k--", label="floor: max(bytes/BW, W·MACs/peak)")
+                floor_drawn = True
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("forward width W (rows)")
+        ax.set_ylabel("ms per forward")
+        ax.set_title(f"{role}")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{runs[0]['cpu']}: {runs[0]['roofs']['bandwidth'] / 1e9:.1f} GB/s, "
+                 f"{runs[0]['roofs']['int8_peak'] / 1e9:.0f} G int8 MAC/s", fontsize=10)
+    fig.tight_layout()
+    out = directory / "roofline.png"
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("artifact", nargs="?", default="artifacts/default")
+    ap.add_argument("--widths", default="1,2,4,8,16")
+    ap.add_argument("--context", type=int, default=100)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("-o", "--out", type=Path)
+    ap.add_argument("--label", default="")
+    ap.add_argument("--roofs", type=Path, help="reuse the roofs of an earlier run's JSON (same machine): for an "
+                    "artifact whose kernel library predates the roof measurements")
+    ap.add_argument("--roofs-only", action="store_true", help="measure the roofs, write DIR/roofs.json, stop")
+    args = ap.parse_args()
+    widths = [int(w) for w in args.widths.split(",")]
+    out = args.out or Path("benchmarks/results") / f"{hardware.device_slug('cpu')}-roofline"
+    out.mkdir(parents=True, exist_ok=True)
+    roofs = Roofs(**json.loads(args.roofs.read_text())["roofs"]) if args.roofs else measure_roofs()
+    print(f"read bandwidth {roofs.bandwidth / 1e9:.1f} GB/s, int8 peak {roofs.int8_peak / 1e9:.0f} G MAC/s, "
+          f"{roofs.threads} threads", flush=True)
+    if args.roofs_only:
+        (out / "roofs.json").write_text(json.dumps({"cpu": hardware.cpu_info().model, "roofs": roofs.as_dict()}, indent=1) + "\n")
+        return
+    dec = ygg_runtime.load(args.artifact)
+    from ygg_runtime import kernels
+
+    result = {"label": args.label, "cpu": hardware.cpu_info().model, "artifact": str(args.artifact), "context": args.context,
+              "repeats": args.repeats, "roofs": roofs.as_dict(), "torch": torch.__version__,
+              "qlinear_path": kernels.qlinear_path(), "models": {}}
+    for role, runner in dec.runners.items():
+        costs = model_costs(runner.model)
+        times = forward_ms(runner, widths, args.context, args.repeats)
+        main_ms = times.get("compiled", times["eager"])
+        rows = table(costs, roofs, widths, main_ms, args.context)
+        result["models"][role] = {"costs": costs.__dict__, "rows": rows, "eager_ms": [round(t, 2) for t in times["eager"]]}
+        for row in rows:
+            print(f"{role:6s} W {row['width']:3d}  {row['ms']:7.1f} ms  floor {row['floor_ms']:6.1f} ({row['bound']})  "
+                  f"x{row['of_floor']:.2f} of floor  T(W)/T(1) {row['of_t1']:.2f}", flush=True)
+    stem = "roofline" + (f"-{args.label}" if args.label else "")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(markdown(result))
+    print(f"wrote {out / stem}.json, .md and {plot(out)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The roofline of a forward: it cannot beat max(bytes it reads / read bandwidth, rows x multiply-adds
+per row / compute peak). Both roofs are measured on the machine by the kernel library
+(`ygg_runtime.kernels.read_bandwidth` and `int8_peak`, on the torch threads); a model's bytes and
+multiply-adds per row are counted from its layers. `ygg compile` records the roofs in the plan's
+profile, `ygg inspect` shows each forward width beside its floor, and `benchmarks/roofline.py`
+times both models against it.
+
+What counts: the bytes a forward reads are every weight but the embedding table (a forward reads
+W rows of it) plus the KV cache rows it attends to; the multiply-adds are the linear layers'
+(attention's are counted in the bytes' spirit: they are small next to the weights at the contexts
+planned for). The compute roof is the int8 dot-product peak, what quantized linears run on; a model
+held in floats is compared with the memory roof only (its float peak is not measured).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from torch import nn
+
+from ygg_runtime import kernels
+from ygg_runtime.model import Transformer
+
+
+@dataclass
+class Roofs:
+    bandwidth: float  # bytes per second, streaming reads on the torch threads
+    int8_peak: float  # int8 multiply-adds per second on the torch threads
+    threads: int
+
+    def as_dict(self) -> dict:
+        return {k: round(v, 1) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+@dataclass
+class Costs:
+    weight_bytes: int  # read by every forward (embedding table excluded)
+    kv_bytes_per_token: int  # cache bytes one attended position costs, all layers
+    macs_per_row: int  # of the linear layers, head included
+    quantized: bool  # the linears run on int8 dot products (else: floats, memory roof only)
+
+    def bytes(self, context: int) -> int:
+        return self.weight_bytes + self.kv_bytes_per_token * context
+
+
+def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5) -> Roofs:
+    """Both roofs of this machine (about a second: the buffer read is far larger than the caches)."""
+    import torch
+
+    return Roofs(kernels.read_bandwidth(bandwidth_bytes, repeats), kernels.int8_peak(0.1, repeats), torch.get_num_threads())
+
+
+def model_costs(model: Transformer) -> Costs:
+    """What one forward of `model` reads and computes per row."""
+    skip = {id(t) for t in model.tok_embeddings.buffers()} | {id(t) for t in model.tok_embeddings.parameters()}
+    skip.add(id(model.inv_freq))
+    caches = [layer.attention.kv_cache for layer in model.layers if layer.attention.kv_cache is not None]
+    for c in caches:
+        skip |= {id(c.k), id(c.v)}
+    seen, nbytes = set(), 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in skip or id(t) in seen or t.device.type == "meta":
+            continue
+        seen.add(id(t))
+        nbytes += t.numel() * t.element_size()
+    if model.args.tie_embeddings:  # the head reads the embedding table whole
+        nbytes += model.tok_embeddings.weight.numel() * model.tok_embeddings.weight.element_size()
+    macs, quantized = 0, False
+    for m in model.modules():
+        if isinstance(m, nn.Linear):
+            macs += m.in_features * m.out_features
+        elif hasattr(m, "in_features") and hasattr(m, "out_features"):  # QLinear
+            macs += m.in_features * m.out_features
+            quantized = True
+    a = model.args
+    kv = 2 * a.n_layers * a.n_kv_heads * a.head_dim * model.dtype.itemsize
+    return Costs(nbytes, kv, macs, quantized)
+
+
+def section(runners: dict) -> dict:
+    """The plan's `profile.roofline`: this machine's roofs and each model's costs (`ygg inspect`
+    sets them beside the profile's T(W))."""
+    roofs = measure_roofs(512 << 20, repeats=3)
+    return {"roofs": roofs.as_dict(), **{role: asdict(model_costs(r.model)) for role, r in runners.items()}}
+
+
+def floor_ms(costs: Costs, roofs: Roofs, width: int, context: int) -> dict:
+    """The two floors of a forward of `width` rows after `context` positions, in ms, and which binds."""
+    memory = 1000.0 * costs.bytes(context) / roofs.bandwidth
+    compute = 1000.0 * width * costs.macs_per_row / roofs.int8_peak if costs.quantized else None
+    bound = "compute" if compute is not None and compute > memory else "memory"
+    return {"memory_ms": round(memory, 4), "compute_ms": round(compute, 4) if compute is not None else None,
+            "floor_ms": round(max(memory, compute or 0.0), 4), "bound": bound}
+
+
+def table(costs: Costs, roofs: Roofs, widths: list[int], times_ms: list[float], context: int) -> list[dict]:
+    """Each width's measured time beside its floors: the rows `ygg inspect` and the benchmark print."""
+    rows = []
+    for w, t in zip(widths, times_ms):
+        f = floor_ms(costs, roofs, w, context)
+        rows.append({"width": w, "ms": round(t, 2), **f, "of_floor": round(t / max(f["floor_ms"], 1e-9), 2),
+                     "of_t1": round(t / times_ms[0], 2)})
+    return rows
