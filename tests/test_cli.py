@@ -202,7 +202,7 @@ def test_compile_reuses_a_matching_profile_and_reprofile_measures_again(tmp_path
     again = ygg(*args, "-o", tmp_path / "a")
     assert again.returncode == 0, again.stderr
     said = again.stderr.replace("\n", " ")
-    assert said.count("reusing the measured profile") == 2 and "measuring" not in said
+    assert said.count("reusing the measured profile") == 2 and "measuring its latency profile" not in said
     plan = yaml.safe_load((tmp_path / "a" / "plan.yaml").read_text())
     assert plan["calibration"]["prompts"] == 2 and plan["calibration"]["source"] == str(small_calib)
     stored = Path(plan["profile"]["files"]["target"])
@@ -219,6 +219,33 @@ def test_compile_reuses_a_matching_profile_and_reprofile_measures_again(tmp_path
     moved = ygg(*args, "-o", tmp_path / "c")
     said = moved.stderr.replace("\n", " ")
     assert moved.returncode == 0 and "measuring target T(W)" in said and "another machine" in said
+
+
+def test_a_profile_from_a_slower_machine_of_the_same_name_is_spot_checked_and_measured_again(tmp_path, pair, small_calib):
+    """Two machines of one device name (2-core EPYCs with half the memory bandwidth of each other)
+    file their profiles under one name: a stored profile whose times a few forwards timed here
+    disagree with (here: every time scaled by 10, as a much slower machine would have measured)
+    is measured anew, and the compile says why; a matching one is reused after the same check."""
+    args = ["compile", "--draft", pair["draft"], "--target", pair["target"], "--dtype", "float32",
+            "--max-context", 256, "--calib", small_calib, "--calib-tokens", 8, "--no-aot", "--quick"]
+    profiles = tmp_path / "profiles"
+    first = ygg(*args, "-o", tmp_path / "first", env={"YGG_PROFILES": str(profiles)})
+    assert first.returncode == 0, first.stderr
+    stored = Path(yaml.safe_load((tmp_path / "first" / "plan.yaml").read_text())["profile"]["files"]["target"])
+    slower = yaml.safe_load(stored.read_text())
+    measured = slower["forward_ms"][0][0]
+    slower["forward_ms"] = [[round(t * 10, 3) for t in row] for row in slower["forward_ms"]]
+    stored.write_text(yaml.safe_dump(slower, sort_keys=False))
+    again = ygg(*args, "-o", tmp_path / "again", env={"YGG_PROFILES": str(profiles)})
+    assert again.returncode == 0, again.stderr
+    said = " ".join(again.stderr.split())
+    assert "target: measuring its latency profile (the stored profile disagrees with this machine: T(1)" in said
+    assert "draft: reusing the measured profile" in said and "spot check: T(1)" in said
+    plan = yaml.safe_load((tmp_path / "again" / "plan.yaml").read_text())
+    check = plan["profile"]["spot_checks"]
+    assert check["target"]["agrees"] is False and check["draft"]["agrees"] is True  # what was checked, and found
+    remeasured = yaml.safe_load(stored.read_text())["forward_ms"][0][0]
+    assert remeasured < measured * 5  # the profile on file is this machine's again
 
 
 @pytest.mark.parametrize("content, needle", [(None, "does not exist"), ("", "no calibration prompts"),

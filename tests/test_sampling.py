@@ -97,6 +97,50 @@ def test_sampling_with_an_eos_inside_the_tree_matches_the_target(models, method,
     assert chi_square_pvalue(counts, exact_joint(target, 1.0, eos=eos)) > ALPHA
 
 
+@pytest.fixture(scope="module")
+def cut_drafter(models):
+    """The noised drafter with its head cut to 5 of the 8 tokens, the target's likeliest first
+    token among those it lacks (`ygg_compile.draft_vocab`)."""
+    from helpers import from_state
+
+    from ygg_compile.draft_vocab import cut_head
+
+    target, draft = models
+    target.reset()
+    first = target.forward_chain(PROMPT)[-1].argmax().item()
+    keep = torch.tensor(sorted([t for t in range(VOCAB) if t != first][:5]))
+    model = draft.model
+    return runner(from_state(*cut_head(model.args, dict(model.state_dict()), keep)), 64), first
+
+
+@pytest.mark.parametrize("method,params", [("chain", {"k": 3}), ("egt", EGT)], ids=str)
+def test_sampling_with_a_drafter_whose_head_lacks_tokens_matches_the_target(models, cut_drafter, method, params):
+    """A drafter that can never propose three of the tokens (the target's favourite among them):
+    its q is the cut head's softmax, 0 elsewhere, and the output is still the target's."""
+    target, _ = models
+    draft, missing = cut_drafter
+    counts, accepted = sample_counts(target, draft, method, params, 1.0)
+    assert 0.1 < accepted < N_TOKENS and counts.view(VOCAB, VOCAB)[missing].sum() > 100  # it is sampled, never drafted
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0)) > ALPHA
+
+
+def test_chi_square_detects_a_wrong_rule_with_a_cut_head_drafter(models, cut_drafter, monkeypatch):
+    """The same test's power: accepting a drafted token with p/q where q is taken over the whole
+    vocabulary's normalisation (as if the missing rows had kept their mass) skews the output."""
+    target, _ = models
+    draft, _ = cut_drafter
+    real = accept.accept_sampling
+
+    def inflated(tree, target_probs, generator):
+        for node, q in list(tree.draft_dists.items()):
+            tree.draft_dists[node] = q * 0.6  # the cut head's q, renormalised as if 40 % sat off the head
+        return real(tree, target_probs, generator)
+
+    monkeypatch.setattr("ygg_runtime.engine.accept_sampling", inflated)
+    counts, _ = sample_counts(target, draft, "chain", {"k": 3}, 1.0)
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0)) < ALPHA
+
+
 def test_chi_square_detects_a_wrong_residual_rule(models, monkeypatch):
     """The test above has the power to catch a lossy rule: sampling the bonus from p itself
     after a rejection (instead of the residual) fails it."""
