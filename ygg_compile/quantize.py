@@ -170,10 +170,11 @@ def _half(t: Tensor) -> Tensor:
 
 def quantize(w: Tensor, bits: int) -> Codes:
     """Float weights [N, K] (K a multiple of 32) -> codes (lossy). 8 bits: symmetric per 32
-    (llama.cpp's Q8_0). 4, 3 or 2 bits: per group (32 columns at 4 bits, 16 below) an affine range,
-    its scale and minimum quantized to 6 bits per super-block of 256 (Q4_K's format; with K holding
-    no whole 256, per 32 with float16 factors, Q4_1's), the codes then chosen against the
-    quantized range."""
+    (llama.cpp's Q8_0). 4, 3 or 2 bits: per group (32 columns at 4 bits, 16 below) an affine range
+    (searched: `_fit_ranges`), its scale and minimum quantized to 6 bits per super-block of 256
+    (Q4_K's format), or of 128 or 64 where the rows hold no whole 256 (a 0.5B Qwen's 896); rows of
+    an odd number of 32s get blocks of 32 with float16 factors (Q4_1's). The codes are chosen
+    against the quantized range."""
     w = w.float()
     n, k = w.shape
     if bits == 8:
@@ -184,7 +185,8 @@ def quantize(w: Tensor, bits: int) -> Codes:
         ones = torch.ones(n, k // 32, dtype=torch.int8)
         return Codes((q + 128).to(torch.uint8).reshape(n, k), d, -128 * d, ones, ones, 8, "int8")
     top = 2 ** bits - 1
-    if k % QK:  # blocks of 32 with their own float16 scale and minimum
+    superblock = next((s for s in (QK, 128, 64) if k % s == 0), None)
+    if superblock is None:  # blocks of 32 with their own float16 scale and minimum
         g = w.reshape(n, k // 32, 32)
         lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
         d, m = _half((hi - lo) / top), _half(lo)
@@ -192,10 +194,8 @@ def quantize(w: Tensor, bits: int) -> Codes:
         ones = torch.ones(n, k // 32, dtype=torch.int8)
         return Codes(q.clamp(0, top).to(torch.uint8).reshape(n, k), d, m, ones, ones, bits, f"int{bits}")
     group = 32 if bits == 4 else 16
-    g = w.reshape(n, k // QK, QK // group, group)
-    lo = g.amin(-1).clamp(max=0)
-    hi = g.amax(-1).clamp(min=0)
-    scale, low = (hi - lo) / top, -lo  # per group: w ~= scale * q - low
+    g = w.reshape(n, k // superblock, superblock // group, group)
+    scale, low = _fit_ranges(g, top)  # per group: w ~= scale * q - low
     d = _half(scale.amax(-1) / 63)
     dmin = _half(low.amax(-1) / 63)
     sc = torch.where(d[..., None] > 0, (scale / d.clamp(min=1e-30)[..., None]).round(), torch.zeros_like(scale)).clamp(0, 63)
@@ -205,6 +205,37 @@ def quantize(w: Tensor, bits: int) -> Codes:
                     torch.zeros_like(g)).clamp(0, top)
     return Codes(q.to(torch.uint8).reshape(n, k), d, -dmin, sc.to(torch.int8).reshape(n, -1), mn.to(torch.int8).reshape(n, -1),
                  bits, f"int{bits}")
+
+
+SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)  # fractions of a group's range tried (fewer bits: outliers cost more)
+
+
+def _fit_ranges(g: Tensor, top: int, rows: int = 1024) -> tuple[Tensor, Tensor]:
+    """Per group of the last axis, the affine range (scale, low: w ~= scale * q - low, low >= 0)
+    with the least squared error among the group's own [min(w, 0), max(w, 0)] shrunk towards its
+    middle by each of SHRINK: at 2-4 bits, clipping a group's extremes usually serves the rest
+    better (llama.cpp's quantizers search likewise). In chunks of rows, to bound memory."""
+    scales, lows = [], []
+    for r in range(0, g.shape[0], rows):
+        x = g[r:r + rows]
+        lo, hi = x.amin(-1).clamp(max=0), x.amax(-1).clamp(min=0)
+        best = best_scale = best_low = None
+        for f in SHRINK:
+            a = (lo + hi) / 2 - (hi - lo) * f / 2
+            b = (lo + hi) / 2 + (hi - lo) * f / 2
+            a = a.clamp(max=0)
+            scale = (b - a) / top
+            q = torch.where(scale[..., None] > 0, ((x - a[..., None]) / scale.clamp(min=1e-30)[..., None]).round().clamp(0, top), 0)
+            err = ((q * scale[..., None] + a[..., None] - x) ** 2).sum(-1)
+            if best is None:
+                best, best_scale, best_low = err, scale, -a
+            else:
+                better = err < best
+                best = torch.where(better, err, best)
+                best_scale, best_low = torch.where(better, scale, best_scale), torch.where(better, -a, best_low)
+        scales.append(best_scale)
+        lows.append(best_low)
+    return torch.cat(scales), torch.cat(lows)
 
 
 def holdable(c: Codes) -> bool:

@@ -5,10 +5,10 @@ One format holds every quantization the native kernel takes (csrc/qlinear.cpp):
     w[n, k] = D[n, s] * sc[n, j] * c[n, k] + M[n, s] * mn[n, j]
 
 codes c in [0, 2**bits) (bits 2, 3, 4, 6 or 8), groups j of G = 16 or 32 input columns with int8
-multipliers (sc, mn), super-blocks s of S = 256 columns with float16 factors (D, M), or S = G = 32
-with sc = mn = 1. A GGUF file's blocks are exactly this: Q4_K and Q5_K (G = 32, 6-bit scales and
-mins), Q6_K (G = 16, signed scales, the -32 of its codes in M), and the legacy Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0 (blocks of 32). So an artifact keeps the file's own numbers (`ygg_compile.quantize` reads
+multipliers (sc, mn), super-blocks s of S = 256 columns (or 128 or 64, for rows without whole
+256s) with float16 factors (D, M), or S = G = 32 with sc = mn = 1. A GGUF file's blocks are exactly
+this: Q4_K and Q5_K (G = 32, 6-bit scales and mins), Q6_K (G = 16, signed scales, the -32 of its
+codes in M), and the legacy Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (blocks of 32). So an artifact keeps the file's own numbers (`ygg_compile.quantize` reads
 them), and the parts of a fused tensor (q, k and v in one matrix) keep their own formats, as row
 segments of one layer.
 
@@ -112,13 +112,13 @@ def segment_kind(c: Codes) -> tuple[int, int]:
     ones (blocks of 32, a GGUF legacy block); "folded" (flags without GENERAL) when mn = sc and M =
     -off * D for one integer off, as in Q6_K, Q8_0, Q4_0 and Q5_0. Raises ValueError for what the
     kernel cannot hold exactly: factors that are not float16 numbers, multipliers in blocks of 32."""
-    if c.superblock == 256 and c.group in (16, 32):
+    if c.superblock in (64, 128, 256) and c.group in (16, 32):
         flags = HAS_SC
     elif c.superblock == c.group == BLOCK and bool((c.sc == 1).all()) and bool((c.mn == 1).all()):
         flags = 0
     else:
         raise ValueError(f"groups of {c.group} in super-blocks of {c.superblock} "
-                         "(the kernel takes groups of 16 or 32 in super-blocks of 256, or blocks of 32 with unit multipliers)")
+                         "(the kernel takes groups of 16 or 32 in super-blocks of 64, 128 or 256, or blocks of 32 with unit multipliers)")
     if not _exact_half(c.D) or not _exact_half(c.M):
         raise ValueError("the super-blocks' factors are not float16 numbers")
     if torch.equal(c.mn, c.sc):

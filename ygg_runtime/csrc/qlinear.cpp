@@ -94,7 +94,8 @@ Segment describe(const int64_t* f) {
   TORCH_CHECK(s.rows > 0 && s.K > 0 && s.K % B == 0, "ygg::qlinear: a segment of ", s.rows, " rows and ", s.K, " inputs");
   TORCH_CHECK(s.bits == 2 || s.bits == 3 || s.bits == 4 || s.bits == 6 || s.bits == 8, "ygg::qlinear: ", s.bits, "-bit codes");
   TORCH_CHECK((s.G == 16 || s.G == 32) && s.K % s.S == 0 && s.off >= 0 && s.off < 256, "ygg::qlinear: a malformed segment layout");
-  TORCH_CHECK(s.has_sc() ? s.S == 256 : (s.S == 32 && s.G == 32), "ygg::qlinear: groups with multipliers in super-blocks of 256, unit ones in blocks of 32");
+  TORCH_CHECK(s.has_sc() ? (s.S == 64 || s.S == 128 || s.S == 256) : (s.S == 32 && s.G == 32),
+              "ygg::qlinear: groups with multipliers in super-blocks of 64, 128 or 256, unit ones in blocks of 32");
   s.tiles = (s.rows + T - 1) / T;
   s.codes_bytes = s.S / B * 64 * s.bits;
   s.sc_bytes = s.has_sc() ? s.S / s.G * T : 0;
@@ -490,13 +491,14 @@ struct Prefetch {
   const uint8_t* base;  // the thread's run of bytes
   int64_t end;          // its length
   int64_t done;         // asked for up to here
-  int64_t start, bytes; // the tile's place in the run and its size
-  int64_t steps, step;  // super-block steps of the tile over all passes, and those taken
+  int64_t want, step;   // where the next step asks up to, and by how much each step moves it
   int64_t ahead;        // bytes asked for ahead of the place
+  void tile(int64_t start, int64_t bytes, int64_t steps) {  // a tile at `start` of the run, `steps` steps over all passes
+    want = start + ahead, step = (bytes + steps - 1) / steps;
+  }
   void advance() {
-    ++step;
-    const int64_t want = std::min(end, start + ahead + bytes * step / steps);
-    for (; done < want; done += 64) __builtin_prefetch(base + done, 0, PREFETCH_LOCALITY);
+    want += step;
+    for (const int64_t to = std::min(end, want); done < to; done += 64) __builtin_prefetch(base + done, 0, PREFETCH_LOCALITY);
   }
 };
 
@@ -505,8 +507,10 @@ struct Rows {
   // Rows r0..r0+NR of tile w (columns of half h): their float sums into acc [NR][T] (columns 8h..).
   static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
                   float* acc_out, Prefetch& pf) {
-    constexpr int S = SC ? 256 : 32, QG = G / 4, GB = B / G, BPS = S / B, GS = S / G, CH = NR >= 8 ? 1 : 8 / NR;
-    constexpr int RN = !GEN ? GS : SC ? GS / 2 : 1;  // row sums per super-block (RowSums)
+    // super-blocks of 64 to 256 columns with multipliers (S runtime: a row of 896 takes 128), else of 32
+    constexpr int QG = G / 4, GB = B / G, CH = NR >= 8 ? 1 : 8 / NR, MAX_PAIRS = 256 / G / 2;
+    const int S = SC ? static_cast<int>(s.S) : 32, BPS = S / B, GS = S / G;
+    const int RN = !GEN ? GS : SC ? GS / 2 : 1;  // row sums per super-block (RowSums)
     const int64_t K = s.K, KS = K / S;
     using I = typename V::I;
     using F = typename V::F;
@@ -566,7 +570,7 @@ struct Rows {
       const F D = V::load_half(w.D, h);
       if constexpr (GEN) {
         const F M = V::load_half(w.M, h);
-        typename V::P mn[SC ? GS / 2 : 1];  // the mins' multipliers, widened once for every row
+        typename V::P mn[SC ? MAX_PAIRS : 1];  // the mins' multipliers, widened once for every row
         if constexpr (SC)
           for (int p = 0; p < GS / 2; ++p) mn[p] = V::load_pairs(w.mn + p * 2 * T, h);
         for (int r = 0; r < NR; ++r) {
@@ -716,10 +720,30 @@ void emit(O* out, int64_t n, const float* bias, const float* acc, int64_t rows, 
 #endif
 }
 
+// Each thread takes a run of whole tiles holding an equal share of the bytes (segments of other
+// code widths cost more per tile): thread th starts at the first tile that starts at or past th /
+// threads of them. split: each run's first tile (and the end); split_bytes: its first byte.
+void split_runs(const std::vector<Segment>& segs, int64_t total, int threads, std::vector<int64_t>& split,
+                std::vector<int64_t>& split_bytes) {
+  const int64_t tiles = segs.back().first_tile + segs.back().tiles;
+  split.assign(threads + 1, tiles);
+  split_bytes.assign(threads + 1, total);
+  split[0] = split_bytes[0] = 0;
+  for (int th = 1; th < threads; ++th) {
+    const int64_t target = total * th / threads;
+    for (const Segment& s : segs)
+      if (target < s.first_byte + s.tiles * s.tile_bytes) {
+        const int64_t i = (target - s.first_byte + s.tile_bytes - 1) / s.tile_bytes;
+        split[th] = s.first_tile + i, split_bytes[th] = s.first_byte + i * s.tile_bytes;
+        break;
+      }
+  }
+}
+
 // What a call needs besides its inputs, kept per calling thread so that a forward's hundred calls
 // allocate nothing (a call on a small matrix costs a few microseconds; allocations were a third).
 struct Scratch {
-  Activations acts[2];  // per super-block size: 256, 32
+  Activations acts[4];  // per super-block size: 256, 128, 64, 32
   std::vector<RowSums> sums;
   std::vector<float> bias;
 };
@@ -735,9 +759,9 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
   const at::Tensor x = x_in.contiguous();
   const int64_t rows = x.numel() / K;
   thread_local Scratch scratch;
-  Activations* by_s[2] = {nullptr, nullptr};
+  Activations* by_s[4] = {nullptr, nullptr, nullptr, nullptr};
   for (const Segment& s : segs) {
-    const int i = s.S == 256 ? 0 : 1;
+    const int i = s.S == 256 ? 0 : s.S == 128 ? 1 : s.S == 64 ? 2 : 3;
     if (by_s[i]) continue;
     Activations& a = *(by_s[i] = &scratch.acts[i]);
     a.S = s.S;
@@ -748,7 +772,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
       default: TORCH_CHECK(false, "ygg::qlinear: float32, bfloat16 or float16 inputs only");
     }
   }
-  auto acts_of = [&](const Segment& s) -> const Activations& { return *by_s[s.S == 256 ? 0 : 1]; };
+  auto acts_of = [&](const Segment& s) -> const Activations& { return *by_s[s.S == 256 ? 0 : s.S == 128 ? 1 : s.S == 64 ? 2 : 3]; };
   std::vector<RowSums>& sums = scratch.sums;
   sums.resize(segs.size());
   std::vector<std::array<RowsFn, 4>> fns;
@@ -769,21 +793,9 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
     });
   }
   const uint8_t* bytes = data.const_data_ptr<uint8_t>();
-  // Each thread takes a run of whole tiles holding an equal share of the bytes (segments of other
-  // code widths cost more per tile): thread th starts at the first tile that starts at or past
-  // th / threads of them.
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles)));
-  std::vector<int64_t> split(threads + 1, tiles), split_bytes(threads + 1, data.numel());
-  split[0] = split_bytes[0] = 0;
-  for (int th = 1; th < threads; ++th) {
-    const int64_t target = data.numel() * th / threads;
-    for (const Segment& s : segs)
-      if (target < s.first_byte + s.tiles * s.tile_bytes) {
-        const int64_t i = (target - s.first_byte + s.tile_bytes - 1) / s.tile_bytes;
-        split[th] = s.first_tile + i, split_bytes[th] = s.first_byte + i * s.tile_bytes;
-        break;
-      }
-  }
+  std::vector<int64_t> split, split_bytes;
+  split_runs(segs, data.numel(), threads, split, split_bytes);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "qlinear_out", [&] {
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, threads, 1, [&](int64_t th0, int64_t th1) {
@@ -791,7 +803,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
       for (int64_t th = th0; th < th1; ++th) {
         size_t si = 0;
         const uint8_t* run = bytes + split_bytes[th];
-        Prefetch pf{run, split_bytes[th + 1] - split_bytes[th], 0, 0, 0, 1, 0, prefetch_ahead()};
+        Prefetch pf{run, split_bytes[th + 1] - split_bytes[th], 0, 0, 0, prefetch_ahead()};
         for (int64_t t = split[th]; t < split[th + 1]; ++t) {
           while (t >= segs[si].first_tile + segs[si].tiles) ++si;
           const Segment& s = segs[si];
@@ -808,7 +820,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
           }
           // rows go 8 at a time, then 4, 2, 1: one pass over the tile each
           const int64_t passes = rows / MAX_NR + __builtin_popcountll(rows % MAX_NR);
-          pf.start = w - run, pf.bytes = s.tile_bytes, pf.steps = passes * (s.K / s.S), pf.step = 0;
+          pf.tile(w - run, s.tile_bytes, passes * (s.K / s.S));
           row_blocks(rows, [&](int64_t r0, int64_t nr) {
             const int idx = nr == 8 ? 3 : nr == 4 ? 2 : nr == 2 ? 1 : 0;
             for (int h = 0; h < halves(); ++h) fns[si][idx](s, w, a, sums[si], r0, h, acc, pf);
