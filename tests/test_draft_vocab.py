@@ -100,3 +100,24 @@ def test_compile_cuts_the_drafters_head_as_asked_and_every_method_equals_ar(pair
     runs = {m: json.loads(ygg("run", prompt, "-a", out, "-m", m, "-n", 24, "--json", "--ignore-eos").stdout)
             for m in ("ar", "chain", "egt", "sequoia")}
     assert runs["chain"]["token_ids"] == runs["egt"]["token_ids"] == runs["sequoia"]["token_ids"] == runs["ar"]["token_ids"]
+
+
+def test_auto_measures_every_head_size_and_keeps_the_fastest_modelled_chain():
+    """A 20k-token vocabulary (larger than the size kept whole): every candidate size is tried on
+    held-out halves of the texts, and the choice is the table's best modelled speed-up."""
+    hf = tiny.hf_model("llama", seed=45, vocab_size=20000)
+    target = runner(to_runtime(hf), 256)
+    draft = runner(noised_runtime(to_runtime(hf), 0.05, seed=46), 256)
+    g = torch.Generator().manual_seed(0)
+    texts, starts = {}, {}
+    for i in range(4):  # a prompt of frequent ids, then the target's greedy continuation
+        prompt = torch.randint(0, 300, (12,), generator=g).tolist()
+        out, _ = decode(target, None, "ar", {}, prompt, 24)
+        texts[i], starts[i] = prompt + out, len(prompt)
+    choice = draft_vocab.choose(target, draft, texts, starts, special=[19999], asked=None)
+    assert [r["rows"] for r in choice.table] == [4096, 8192, 16384, 20000]
+    best = max(choice.table, key=lambda r: (r["chain_speedup"], r["rows"]))
+    assert choice.rows == best["rows"] and "measured" in choice.why
+    assert all(1.0 <= r["tokens_per_forward"] <= draft_vocab.CHAIN_K + 1 for r in choice.table)
+    if choice.ids is not None:
+        assert len(choice.ids) == choice.rows and 19999 in choice.ids.tolist()  # special tokens always kept

@@ -17,9 +17,10 @@ How many: `auto` measures, for each candidate size, the acceptance it keeps and 
 Acceptance is cross-validated on the calibration texts (rows ranked on half of the prompts,
 agreement measured on the other half, and the reverse): along the target's own continuation the
 drafter's greedy token, among the head's rows only, is compared with the target's, and a chain of
-k = 4 is replayed on the agreements (tokens per target forward). The cost is measured: the
-drafter's forward and its head alone at one row, the head's share scaling with its rows, and the
-target's forwards at 1 and k + 1 rows. The size with the best modelled chain speed-up wins.
+k = 4 is replayed on the agreements (tokens per target forward). The cost: the target's compiled
+forwards at 1 and k + 1 rows are timed, and a drafter forward of one row, bound by the bytes it
+streams like the target's, costs the target's time per byte for its body and its head's rows. The
+size with the best modelled chain speed-up wins.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ygg_compile.roofline import model_costs
 from ygg_runtime.errors import YggError
 from ygg_runtime.model import ModelArgs
 from ygg_runtime.quant import pack, unpack
@@ -146,14 +148,16 @@ def choose(target: ModelRunner, draft: ModelRunner, texts: dict[int, list[int]],
                 agree[n] += (picks[i] == want).tolist()
             ends.append((ends[-1] if ends else 0) + len(want))
     draft.reset()
-    # costs: the drafter at one row, its head alone, the target at 1 and k + 1 rows
-    draft_ms = _forward_ms(draft, 1)
-    head_ms = _head_ms(draft)
+    # costs: the target's (compiled) forwards at 1 and k + 1 rows are timed; a forward of one row
+    # streams its weights (memory-bound), so the drafter's costs what its bytes cost the target
+    # (the drafter is compiled only once its head is cut: timing it eager would add Python's time)
     verify_ms, plain_ms = _forward_ms(target, CHAIN_K + 1), _forward_ms(target, 1)
+    per_byte = plain_ms / model_costs(target.model).weight_bytes
+    body = model_costs(draft.model).weight_bytes - _head_bytes(draft)
     table = []
     for n in sizes:
         tpf = chain_tokens_per_forward(agree[n], ends)
-        d_ms = draft_ms - head_ms * (1 - n / vocab)
+        d_ms = per_byte * (body + _head_bytes(draft) * n / vocab)
         speedup = tpf * plain_ms / (CHAIN_K * d_ms + verify_ms)
         table.append({"rows": n, "tokens_per_forward": round(tpf, 3), "top1_agreement": round(sum(agree[n]) / max(1, len(agree[n])), 4),
                       "draft_ms": round(d_ms, 2), "chain_speedup": round(speedup, 3)})
@@ -188,10 +192,9 @@ def _forward_ms(runner: ModelRunner, width: int, context: int = 64) -> float:
     return ms
 
 
-def _head_ms(runner: ModelRunner) -> float:
+def _head_bytes(runner: ModelRunner) -> int:
     head = runner.model.output
-    x = torch.randn(1, 1, runner.model.args.dim).to(runner.model.dtype)
-    return _time(lambda: head(x))
+    return sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
 
 
 def cut_head(args: ModelArgs, state: dict[str, Tensor], ids: Tensor) -> tuple[ModelArgs, dict[str, Tensor]]:
