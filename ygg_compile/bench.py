@@ -25,6 +25,8 @@ import torch
 
 import ygg_runtime
 from ygg_compile import hardware, sources
+from ygg_compile.roofline import measure_roofs
+from ygg_runtime import kernels
 from ygg_compile.ui import Reporter
 from ygg_compile.peers import HF_PEERS, LLAMA_MISSING, LLAMA_PEERS, PEERS, HFPeers, LlamaCppPeers
 from ygg_compile.profile import fitting_widths, profile_models
@@ -354,6 +356,10 @@ def machine_info(plan: Plan) -> dict:
         pass
     if plan.device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
+    if plan.device.startswith("cpu") and kernels.loaded() is not None:
+        # two machines of one name differ in memory bandwidth: every result names its machine's roofs
+        roofs = measure_roofs(512 << 20, repeats=3)
+        info["read_bandwidth_gbs"], info["int8_peak_gmacs"] = round(roofs.bandwidth / 1e9, 1), round(roofs.int8_peak / 1e9)
     return info
 
 

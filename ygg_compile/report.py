@@ -182,6 +182,8 @@ def summary_markdown(results: dict) -> str:
         f"draft `{models.get('draft', {}).get('spec', '–')}`; {mach['dtype']} on {mach['device']}",
         f"- **Machine**: {mach['cpu']}, {mach['threads']} torch threads ({mach['cores']} cores)"
         + (f", GPU {mach['gpu']}" if "gpu" in mach else "")
+        + (f", read bandwidth {mach['read_bandwidth_gbs']} GB/s and int8 peak {mach['int8_peak_gmacs']} G multiply-adds/s "
+           "(measured after the runs)" if "read_bandwidth_gbs" in mach else "")
         + f"; torch {mach['torch']}, transformers {mach.get('transformers', '–')}, Python {mach['python']}; {mach['date']}",
         f"- **Prompts**: {cfg['prompts']}, {len(cfg['prompt_keys'])} prompts; {cfg['max_new_tokens']} new tokens at most "
         f"(stopping at end of sequence), temperature {cfg['temperature']}, {cfg['rounds']} round(s), interleaved",
