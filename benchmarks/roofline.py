@@ -79,16 +79,14 @@ def plot(directory: Path) -> Path:
     roles = list(dict.fromkeys(role for run in runs for role in run["models"]))
     fig, axes = plt.subplots(1, len(roles), figsize=(6 * len(roles), 4.2), squeeze=False)
     for ax, role in zip(axes[0], roles):
-        floor_drawn = False
         for run in runs:
             m = run["models"].get(role)
             if not m:
                 continue
             widths = [row["width"] for row in m["rows"]]
-            ax.plot(widths, [row["ms"] for row in m["rows"]], "o-", label=f"{run['label'] or 'measured'} (compiled)")
-            if not floor_drawn:
-                ax.plot(widths, [row["floor_ms"] for row in m["rows"]], "k--", label="floor: max(bytes/BW, W·MACs/peak)")
-                floor_drawn = True
+            line, = ax.plot(widths, [row["ms"] for row in m["rows"]], "o-", label=f"{run['label'] or 'measured'} (compiled)")
+            ax.plot(widths, [row["floor_ms"] for row in m["rows"]], "--", color=line.get_color(),
+                    label=f"its floor: max({m['costs']['weight_bytes'] / 1e9:.2f} GB / BW, W·MACs / peak)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("forward width W (rows)")
         ax.set_ylabel("ms per forward")

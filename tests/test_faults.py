@@ -418,7 +418,7 @@ COMPILE_CASES = {
     "weights that do not fit in memory": (_with_target(_huge_checkpoint),
                                           ["do not fit in memory", "converting the target needs about 800.00 GB",
                                            "(target 100.0B, draft 0.1M parameters in float32)", "--dtype bfloat16 halves it"], None),
-    "--weights unknown": (lambda pair, out, tmp: [*_compile_args(pair, out), "--weights", "int3"], ["--weights must be"], None),
+    "--weights unknown": (lambda pair, out, tmp: [*_compile_args(pair, out), "--weights", "int5"], ["--weights must be"], None),
     "--device cuda without one": (lambda pair, out, tmp: [*_compile_args(pair, out), "--device", "cuda"],
                                   ["--device cuda was asked for but CUDA is not available"], None),
     "--dtype unknown": (lambda pair, out, tmp: [*_compile_args(pair, out), "--dtype", "fp8"], ["unknown dtype 'fp8'"], None),

@@ -24,6 +24,7 @@ from ygg_compile.build import CompileOptions, compile_artifact
 from ygg_compile.inspection import inspect_artifact
 from ygg_compile.peers import HF_PEERS
 from ygg_compile.report import fmt, render_table
+from ygg_compile.roofline import Costs, Roofs, floor_ms
 from ygg_compile.serve import serve
 from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR, plan_sha256
@@ -112,8 +113,6 @@ def compile_cmd(
 def roofline_table(plan: Plan):
     """Each measured forward (the profile's first context) beside the floor this machine allows it,
     max(bytes / read bandwidth, rows x multiply-adds / int8 peak), both roofs measured at compile."""
-    from ygg_compile.roofline import Costs, Roofs, floor_ms
-
     section = plan.profile.get("roofline")
     if not section:
         return "roofline: not measured (an artifact compiled before it was, or off the CPU)"
