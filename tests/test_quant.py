@@ -143,7 +143,9 @@ def test_result_is_the_dequantized_matmul_up_to_the_int8_activations(bits, group
     for b in x.reshape(5, -1, superblock):
         amax = b.abs().amax(-1)
         d = (amax / 127).float()
-        qq = torch.where(amax[:, None] > 0, torch.round(b * (127 / amax.float())[:, None]), torch.zeros_like(b))
+        inv = torch.full_like(amax, 127.0) / amax  # 127 / amax rounded once, as the kernel does (torch's
+        # `127 / t` is 127 * (1 / t), an ulp off at times: a near-tie then rounds the other way)
+        qq = torch.where(amax[:, None] > 0, torch.round(b * inv[:, None]), torch.zeros_like(b))
         q.append(qq.reshape(-1))
         da.append(d.repeat_interleave(superblock))
     xq = torch.stack(q).double() * torch.stack(da).double()
