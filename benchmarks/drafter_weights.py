@@ -17,7 +17,6 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ import ygg_runtime
 from ygg_compile import draft_vocab, prompts, quantize, sources
 from ygg_compile.aot import compile_model
 from ygg_compile.convert import convert_state
+from ygg_compile.profile import forward_times
 from ygg_runtime import engine, kernels, proposers
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.model import from_state
@@ -34,17 +34,9 @@ from ygg_runtime.runner import ModelRunner
 CATEGORIES = ("coding", "writing", "math_reasoning", "qa", "translation", "summarization")
 
 
-def forward_ms(runner: ModelRunner, width: int = 1, context: int = 100, repeats: int = 15) -> float:
-    tokens = list(range(1000, 1000 + width))
-    out = []
-    for i in range(repeats + 2):
-        runner.reset(context)
-        t = time.perf_counter()
-        runner.forward_chain(tokens)
-        if i >= 2:
-            out.append(1000 * (time.perf_counter() - t))
-    runner.reset()
-    return statistics.median(out)
+def forward_ms(runner: ModelRunner) -> float:
+    """T(1) at context 100: the median of 5 after 2 warm-up forwards."""
+    return forward_times(runner, (1,), context=100, repeats=5, warmup=2)[1]
 
 
 def main() -> None:
@@ -88,9 +80,9 @@ def main() -> None:
     # every drafter's forward and the target's, interleaved (the machine's speed drifts)
     times: dict[int, list[float]] = {i: [] for i in range(len(built) + 1)}
     for _ in range(5):
-        times[len(built)].append(forward_ms(target, repeats=5))
+        times[len(built)].append(forward_ms(target))
         for i, (_, _, _, runner) in enumerate(built):
-            times[i].append(forward_ms(runner, repeats=5))
+            times[i].append(forward_ms(runner))
     target_t1 = statistics.median(times[len(built)])
     rows = []
     for i, (bits, head, read, runner) in enumerate(built):

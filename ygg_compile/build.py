@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from tokenizers import Tokenizer
 
@@ -458,13 +458,12 @@ def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCode
     with phase("draft vocab", "measuring the drafter's head cut to the tokens it needs"):
         choice = draft_vocab.choose(runners["target"], draft, texts, starts, special, asked)
         if choice.ids is not None:
-            from safetensors.torch import load_file
-
             args = ModelArgs.load(tmp / "draft" / "config.json")
             state = load_file(str(tmp / "draft" / "model.safetensors"))
-            before = sum(v.numel() * v.element_size() for k, v in state.items() if k.startswith("output."))
+            head_bytes = lambda s: sum(v.numel() * v.element_size() for k, v in s.items() if k.startswith("output."))  # noqa: E731
+            before = head_bytes(state)
             args, state = draft_vocab.cut_head(args, state, choice.ids)
-            after = sum(v.numel() * v.element_size() for k, v in state.items() if k.startswith("output."))
+            after = head_bytes(state)
             save_file(state, str(tmp / "draft" / "model.safetensors"))
             args.save(tmp / "draft" / "config.json")
             del state

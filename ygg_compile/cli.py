@@ -17,14 +17,14 @@ from rich.console import Console
 from rich.table import Table
 
 import ygg_runtime
-from ygg_compile import cache, quantize
+from ygg_compile import cache, quantize, roofline
 from ygg_compile.bench import BenchOptions, default_output, run_bench
 from ygg_compile.bench_serve import ServeBenchOptions, run_bench_serve, summary_markdown
 from ygg_compile.build import CompileOptions, compile_artifact
 from ygg_compile.inspection import inspect_artifact
 from ygg_compile.peers import HF_PEERS
 from ygg_compile.report import fmt, render_table
-from ygg_compile.roofline import Costs, Roofs, floor_ms
+from ygg_compile.roofline import Costs, Roofs
 from ygg_compile.serve import serve
 from ygg_compile.ui import RichReporter, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR, plan_sha256
@@ -126,13 +126,11 @@ def roofline_table(plan: Plan):
         if role not in section or not prof.get(f"{role}_ms"):
             continue
         costs = Costs(**section[role])
-        row = prof[f"{role}_ms"][0]
-        for w, ms in zip(prof["widths"], row):
-            f = floor_ms(costs, roofs, w, context)
-            compute = f"{f['compute_ms']:.2f}" if f["compute_ms"] is not None else "–"
-            t.add_row(f"{role} ({costs.weight_bytes / 1e9:.2f} GB, {costs.macs_per_row / 1e9:.2f} G MAC/row)" if w == prof["widths"][0] else "",
-                      str(w), f"{ms:.2f}", f"{f['memory_ms']:.2f}", compute, f"{ms / max(f['floor_ms'], 1e-9):.1f} ({f['bound']})",
-                      f"{ms / max(row[0], 1e-9):.2f}")
+        for i, r in enumerate(roofline.table(costs, roofs, prof["widths"], prof[f"{role}_ms"][0], context)):
+            compute = f"{r['compute_ms']:.2f}" if r["compute_ms"] is not None else "–"
+            t.add_row(f"{role} ({costs.weight_bytes / 1e9:.2f} GB, {costs.macs_per_row / 1e9:.2f} G MAC/row)" if i == 0 else "",
+                      str(r["width"]), f"{r['ms']:.2f}", f"{r['memory_ms']:.2f}", compute, f"{r['of_floor']:.1f} ({r['bound']})",
+                      f"{r['of_t1']:.2f}")
     return t
 
 

@@ -25,14 +25,13 @@ size with the best modelled chain speed-up wins.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
+from ygg_compile.profile import forward_times
 from ygg_compile.roofline import model_costs
 from ygg_runtime.errors import YggError
 from ygg_runtime.model import ModelArgs
@@ -99,16 +98,6 @@ class Choice:
     ids: Tensor | None = None  # the kept token ids, ascending (None: the whole vocabulary)
 
 
-def _time(fn, repeats: int = 7) -> float:
-    fn()
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append(1000 * (time.perf_counter() - t))
-    return statistics.median(out)
-
-
 def _greedy_within(draft_logits: Tensor, order: Tensor, sizes: list[int]) -> Tensor:
     """[len(sizes), n]: for each head size, the drafter's greedy token when only the first `size`
     tokens of `order` have rows."""
@@ -151,7 +140,8 @@ def choose(target: ModelRunner, draft: ModelRunner, texts: dict[int, list[int]],
     # costs: the target's (compiled) forwards at 1 and k + 1 rows are timed; a forward of one row
     # streams its weights (memory-bound), so the drafter's costs what its bytes cost the target
     # (the drafter is compiled only once its head is cut: timing it eager would add Python's time)
-    verify_ms, plain_ms = _forward_ms(target, CHAIN_K + 1), _forward_ms(target, 1)
+    times = forward_times(target, (1, CHAIN_K + 1), context=64, repeats=7)
+    verify_ms, plain_ms = times[CHAIN_K + 1], times[1]
     per_byte = plain_ms / model_costs(target.model).weight_bytes
     body = model_costs(draft.model).weight_bytes - _head_bytes(draft)
     table = []
@@ -180,18 +170,6 @@ def _teacher_forced(runner: ModelRunner, seq: list[int], chunk: int = 64) -> Ten
     return torch.cat(out)
 
 
-def _forward_ms(runner: ModelRunner, width: int, context: int = 64) -> float:
-    tokens = list(range(100, 100 + width))
-
-    def one():
-        runner.reset(context)
-        runner.forward_chain(tokens)
-
-    ms = _time(one)
-    runner.reset()
-    return ms
-
-
 def _head_bytes(runner: ModelRunner) -> int:
     head = runner.model.output
     return sum(t.numel() * t.element_size() for t in [*head.parameters(), *head.buffers()])
@@ -201,8 +179,6 @@ def cut_head(args: ModelArgs, state: dict[str, Tensor], ids: Tensor) -> tuple[Mo
     """The converted drafter with its head cut to the rows of `ids` (ascending token ids): a
     quantized head is unpacked and packed again with those rows; a float one (or the embedding
     table it is tied to) sliced. `head_ids` maps the rows back to token ids."""
-    from dataclasses import replace
-
     state = dict(state)
     if "output.data" in state:
         (codes,) = unpack({"data": state["output.data"], "layout": state["output.layout"]})

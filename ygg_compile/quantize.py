@@ -306,7 +306,8 @@ def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf
         del out[f"{ours}.weight"]
         out.update({f"{ours}.{k}": v for k, v in packed.items()})
         for part in parts:
-            kind = "requantized" if part.kind.startswith("int") and source else "quantized" if part.kind.startswith("int") else part.kind
+            ours_too = part.kind.startswith("int")  # quantized here, not a file's own block type
+            kind = ("requantized" if source else "quantized") if ours_too else part.kind
             label = f"{kind} {part.bits}-bit" + (f" g{part.group}" if part.group != 32 else "")
             report.formats[label] = report.formats.get(label, 0) + 1
         report.bytes += sum(v.numel() * v.element_size() for v in packed.values())

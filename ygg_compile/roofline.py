@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import torch
 from torch import nn
 
 from ygg_runtime import kernels
 from ygg_runtime.model import Transformer
+from ygg_runtime.quant import QLinear
 
 
 @dataclass
@@ -45,8 +47,6 @@ class Costs:
 
 def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5) -> Roofs:
     """Both roofs of this machine (about a second: the buffer read is far larger than the caches)."""
-    import torch
-
     return Roofs(kernels.read_bandwidth(bandwidth_bytes, repeats), kernels.int8_peak(0.1, repeats), torch.get_num_threads())
 
 
@@ -65,13 +65,9 @@ def model_costs(model: Transformer) -> Costs:
         nbytes += t.numel() * t.element_size()
     if model.args.tie_embeddings:  # the head reads the embedding table whole
         nbytes += model.tok_embeddings.weight.numel() * model.tok_embeddings.weight.element_size()
-    macs, quantized = 0, False
-    for m in model.modules():
-        if isinstance(m, nn.Linear):
-            macs += m.in_features * m.out_features
-        elif hasattr(m, "in_features") and hasattr(m, "out_features"):  # QLinear
-            macs += m.in_features * m.out_features
-            quantized = True
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, QLinear))]
+    macs = sum(m.in_features * m.out_features for m in linears)
+    quantized = any(isinstance(m, QLinear) for m in linears)
     a = model.args
     kv = 2 * a.n_layers * a.n_kv_heads * a.head_dim * model.dtype.itemsize
     return Costs(nbytes, kv, macs, quantized)

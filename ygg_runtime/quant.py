@@ -96,6 +96,8 @@ def fits_kernel(shape: tuple[int, int]) -> bool:
 
 BITS = (2, 3, 4, 6, 8)  # the code widths the kernel reads (5-bit codes are held in 6)
 HAS_SC, GENERAL = 1, 2  # a segment's flags (csrc/qlinear.cpp)
+# Each code width's bit planes, (shift, width): the low 4 (or 2) bits of the codes, then the bits above.
+PLANES = {6: [(0, 4), (4, 2)], 4: [(0, 4)], 3: [(0, 2), (2, 1)], 2: [(0, 2)]}
 
 
 def bits_for(top: int) -> int:
@@ -150,8 +152,7 @@ def _planes(q: Tensor, bits: int) -> Tensor:
             out |= v[:, :, j::per] << (width * j)
         return out.reshape(tiles, blocks, -1)
 
-    parts = {6: [(0, 4), (4, 2)], 4: [(0, 4)], 3: [(0, 2), (2, 1)], 2: [(0, 2)]}[bits]
-    return torch.cat([plane((q >> shift) & ((1 << width) - 1), width) for shift, width in parts], dim=-1)
+    return torch.cat([plane((q >> shift) & ((1 << width) - 1), width) for shift, width in PLANES[bits]], dim=-1)
 
 
 def _unplanes(p: Tensor, bits: int) -> Tensor:
@@ -159,9 +160,8 @@ def _unplanes(p: Tensor, bits: int) -> Tensor:
     tiles, blocks = p.shape[:2]
     if bits == 8:
         return p.reshape(tiles, blocks, 8, TILE, 4)
-    parts = {6: [(0, 4), (4, 2)], 4: [(0, 4)], 3: [(0, 2), (2, 1)], 2: [(0, 2)]}[bits]
     out, at = torch.zeros(tiles, blocks, 8, TILE, 4, dtype=torch.uint8), 0
-    for shift, width in parts:
+    for shift, width in PLANES[bits]:
         per = 8 // width
         v = p[..., at * 64:(at + width) * 64].reshape(tiles, blocks, 8 // per, TILE, 4)
         for j in range(per):
