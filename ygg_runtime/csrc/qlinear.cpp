@@ -20,9 +20,10 @@
 // row segments (the parts of a fused q/k/v or gate/up matrix keep their own formats), each
 //   w[n, k] = D[n, s] * sc[n, j] * c[n, k] + M[n, s] * mn[n, j]
 // with codes c in [0, 2^bits), groups j of G = 16 or 32 columns of k with int8 multipliers (sc, mn),
-// super-blocks s of S = 256 columns with float16 factors (D, M) — or S = G = 32 with sc = mn = 1 (a
-// GGUF legacy block). When mn = sc and M = -off * D for an integer off (Q6_K: 32, Q8_0: 128, Q4_0: 8,
-// Q5_0: 16), the segment is "folded": w = D * sc * (c - off), and neither M nor mn is stored.
+// super-blocks s of S = 256 columns (64 or 128 for rows without whole 256s) with float16 factors
+// (D, M) — or S = G = 32 with sc = mn = 1 (a GGUF legacy block). When mn = sc and M = -off * D for
+// an integer off (Q6_K: 32, Q8_0: 128, Q4_0: 8, Q5_0: 16), the segment is "folded":
+// w = D * sc * (c - off), and neither M nor mn is stored.
 //
 // The arithmetic (its definition is `reference`, which every fast path equals bit for bit):
 // activations are quantized per row and per S columns to int8 (a = da * q, |q| <= 127), and for
@@ -68,7 +69,7 @@ constexpr int B = 32;      // columns of k per code block (8 quads of 4)
 constexpr int MAX_NR = 8;  // rows that share one unpacked weight block
 constexpr int PREFETCH_LOCALITY = 2;  // __builtin_prefetch's: into L2 (and the L3)
 
-enum Flags : int64_t { HAS_SC = 1, GENERAL = 2 };  // a segment's layout[4]
+enum Flags : int64_t { HAS_SC = 1, GENERAL = 2 };  // a segment's layout[5]
 
 // One row segment of a weight, as the layout tensor describes it ([rows, K, bits, G, S, flags, off]),
 // with where its tiles' bytes are. A tile (T output columns) is K/S records, one per super-block,
