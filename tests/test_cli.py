@@ -40,6 +40,14 @@ def test_compile_writes_a_complete_artifact(artifact):
     assert [p.name for p in artifact.parent.iterdir()] == ["tiny"]  # no temporary directory or lock left
 
 
+def test_piped_output_keeps_each_line_whole(artifact, prompt_file):
+    """A pipe or a CI log gets lines as they are: rich would wrap them at 80 columns mid-word."""
+    proc = ygg("run", prompt_file, "--artifact", artifact, "-n", 8, "--json", "--stats")
+    assert proc.returncode == 0, proc.stderr
+    line = f"exactness: {json.loads(proc.stdout)['exactness']}"
+    assert len(line) > 80 and line in proc.stderr.splitlines()
+
+
 @pytest.mark.parametrize("method", ["ar", "chain", "specinfer", "sequoia", "egt", "pld"])
 def test_run_json_is_the_targets_greedy_output(pair, artifact, prompt_file, method):
     proc = ygg("run", prompt_file, "--artifact", artifact, "--method", method, "-n", 40, "--json", "--ignore-eos")

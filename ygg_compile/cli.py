@@ -13,7 +13,6 @@ from typing import Optional
 
 import click
 import typer
-from rich.console import Console
 from rich.table import Table
 
 import ygg_runtime
@@ -26,7 +25,7 @@ from ygg_compile.peers import HF_PEERS
 from ygg_compile.report import fmt, render_table
 from ygg_compile.roofline import Costs, Roofs
 from ygg_compile.serve import serve
-from ygg_compile.ui import RichReporter, err, stats_table
+from ygg_compile.ui import RichReporter, console, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR, plan_sha256
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import size
@@ -342,7 +341,7 @@ def bench_cmd(
     )
     with RichReporter() as ui:
         results = run_bench(opts, ui)
-    Console(width=None if sys.stdout.isatty() else 200).print(render_table(results))  # piped: keep every column
+    console().print(render_table(results))
     err.print(f"[green]wrote[/] {output}/summary.md, results.json, results.csv, speedup.png, tpot_vs_accepted.png, tw_curves.png")
 
 
@@ -387,7 +386,7 @@ def cache_ls() -> None:
         table.add_column(col, justify="right" if col == "size" else "left")
     for e in found:
         table.add_row(e.kind, e.what, size(e.bytes), time.strftime("%Y-%m-%d %H:%M", time.localtime(e.used)))
-    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    console().print(table)
     print(f"{len(found)} entries, {size(sum(e.bytes for e in found))} in all"
           f" (kinds: {', '.join(cache.KINDS)}; `ygg cache clear [KIND]...` removes them)")
 
@@ -426,7 +425,7 @@ def inspect_cmd(
             raise YggError("the prompt is empty")
     out = output or artifact.with_name(artifact.name + "-inspect")
     rep = inspect_artifact(artifact, out, text, method, step, max_new_tokens)
-    plan, con = rep.plan, Console(width=None if sys.stdout.isatty() else 200)
+    plan, con = rep.plan, console()
     models = plan.models
     info = Table(show_header=False, title=f"artifact {artifact}", title_justify="left")
     info.add_column(style="bold")

@@ -4,6 +4,7 @@ bars, and the tables the CLI prints."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from typing import Iterator
 
@@ -13,7 +14,15 @@ from rich.table import Table
 
 from ygg_runtime.metrics import Metrics
 
-err = Console(stderr=True)
+
+def console(stderr: bool = False) -> Console:
+    """A console for stdout or stderr. A terminal gets rich's own width; a pipe or a CI log gets each
+    line whole (rich would wrap it at 80 columns, mid-word and mid-path) and tables up to 200 columns."""
+    tty = (sys.stderr if stderr else sys.stdout).isatty()
+    return Console(stderr=stderr, width=None if tty else 200, soft_wrap=not tty)
+
+
+err = console(stderr=True)
 
 
 class Reporter:
