@@ -20,7 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import assert_one_line_error, ygg
+from ygg_compile.serve import ServeOptions
 from ygg_runtime import artifact as artifacts
+from ygg_runtime.batch import MAX_ROWS
+from ygg_runtime.errors import YggError
 
 YGG = str(Path(sys.executable).parent / "ygg")
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "Once upon a time", "import numpy as np\n",
@@ -97,6 +100,21 @@ def alone(decoder, prompt: str, n: int, method: str | None = None) -> list[int]:
 def complete(server: Served, prompt: str, n: int, **extra):
     return server.client.completions.create(model=server.model, prompt=prompt, max_tokens=n, temperature=0,
                                             extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"max_batch": 0}, f"--max-batch must be in 1..{MAX_ROWS}, not 0"),
+    ({"max_batch": MAX_ROWS + 1}, f"--max-batch must be in 1..{MAX_ROWS}"),
+    ({"max_queue": -1}, "--max-queue must be at least 0"),
+    ({"port": 65536}, "--port must be in 0..65535"),
+])
+def test_python_and_the_cli_refuse_the_same_serve_options(bad, needle):
+    """One home for serve's defaults and checks: `serve()` from Python refuses what `ygg serve` does,
+    and the command says so before it loads a model."""
+    with pytest.raises(YggError, match=needle.replace(".", "\\.")):
+        ServeOptions(**bad)
+    (option, value), = bad.items()
+    assert_one_line_error(ygg("serve", "-a", "/nonexistent", f"--{option.replace('_', '-')}", value), needle)
 
 
 def test_the_server_binds_to_loopback_and_lists_its_model(server):

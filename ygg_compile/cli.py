@@ -24,7 +24,7 @@ from ygg_compile.inspection import inspect_artifact
 from ygg_compile.peers import HF_PEERS
 from ygg_compile.report import fmt, render_table
 from ygg_compile.roofline import Costs, Roofs
-from ygg_compile.serve import serve
+from ygg_compile.serve import ServeOptions, serve
 from ygg_compile.ui import RichReporter, console, err, stats_table
 from ygg_runtime.artifact import DEFAULT_DIR, plan_sha256
 from ygg_runtime.errors import YggError, first_line
@@ -33,8 +33,11 @@ from ygg_runtime.exactness import verdict
 from ygg_runtime.integrity import cache_dir
 from ygg_runtime.plan import Plan
 from ygg_runtime.proposers.chain import ChainParams
-from ygg_runtime.proposers import DEFAULT_PARAMS
+from ygg_runtime.decoder import MAX_NEW_TOKENS
+from ygg_runtime.proposers import DEFAULT_PARAMS, METHODS
 from ygg_runtime.proposers.specinfer import SpecInferParams
+
+METHOD_NAMES = ", ".join(METHODS)  # for help strings: the methods as the runtime defines them
 
 app = typer.Typer(
     add_completion=False,
@@ -49,7 +52,7 @@ def compile_cmd(
     draft: str = typer.Option(..., "--draft", help="draft model: alias, local HF directory, .gguf file or Hub id"),
     target: str = typer.Option(..., "--target", help="target model (same forms as --draft)"),
     output: Path = typer.Option(DEFAULT_DIR, "-o", "--output", help="artifact directory to write"),
-    method: str = typer.Option(CompileOptions.method, "--method", help="default method of the artifact: egt, sequoia, specinfer, chain, pld or ar"),
+    method: str = typer.Option(CompileOptions.method, "--method", help=f"default method of the artifact: {METHOD_NAMES}"),
     device: str = typer.Option(CompileOptions.device, "--device", help="cpu or cuda"),
     dtype: str = typer.Option(CompileOptions.dtype, "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
     weights: str = typer.Option(CompileOptions.weights, "--weights",
@@ -219,8 +222,8 @@ def predictor_summary(r: dict) -> str:
 def run_cmd(
     prompt_file: str = typer.Argument(..., metavar="PROMPT_FILE", help="file holding the prompt, or - for stdin"),
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
-    method: Optional[str] = typer.Option(None, "--method", "-m", help="egt, sequoia, specinfer, chain, pld or ar (default: the plan's)"),
-    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", help="tokens to generate at most"),
+    method: Optional[str] = typer.Option(None, "--method", "-m", help=f"{METHOD_NAMES} (default: the plan's)"),
+    max_new_tokens: int = typer.Option(MAX_NEW_TOKENS, "--max-new-tokens", "-n", help="tokens to generate at most"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples losslessly"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),
     seed: Optional[int] = typer.Option(None, "--seed", help="random seed for sampling"),
@@ -284,35 +287,24 @@ def _split(values: Optional[list[str]], option: str | None = None) -> Optional[l
 @app.command("serve")
 def serve_cmd(
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
-    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (loopback unless told otherwise)"),
-    port: int = typer.Option(8000, "--port", help="TCP port"),
-    max_batch: int = typer.Option(8, "--max-batch", help="requests decoded together at most"),
-    max_queue: int = typer.Option(64, "--max-queue", help="requests waiting for a batch row at most (more: 429)"),
+    host: str = typer.Option(ServeOptions.host, "--host", help="address to bind (loopback unless told otherwise)"),
+    port: int = typer.Option(ServeOptions.port, "--port", help="TCP port"),
+    max_batch: int = typer.Option(ServeOptions.max_batch, "--max-batch", help="requests decoded together at most"),
+    max_queue: int = typer.Option(ServeOptions.max_queue, "--max-queue", help="requests waiting for a batch row at most (more: 429)"),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="the model name clients send (default: the target's)"),
     no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="keep every request's own tree under load (no CAST allocation)"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
-    import socket
-
-    if not 1 <= max_batch <= 64:
-        raise YggError(f"--max-batch must be in 1..64, not {max_batch}")
-    if max_queue < 0:
-        raise YggError(f"--max-queue must be at least 0, not {max_queue}")
-    if not 0 <= port < 65536:
-        raise YggError(f"--port must be in 0..65535, not {port}")
-    try:  # a clear line now rather than uvicorn's log after loading the models
-        with socket.create_server((host, port)):
-            pass
-    except OSError as e:
-        raise YggError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware)
+    opts.check_address()
     decoder = ygg_runtime.load(artifact, eager=eager, expect_plan=expect_plan)
     target = decoder.plan.models["target"].spec if decoder.plan else "model"
     name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
     err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{host}:{port}/v1 · batch "
               f"≤ {max_batch}, queue ≤ {max_queue} · Ctrl-C or SIGTERM stops it once running requests finish")
-    serve(decoder, name, host, port, max_batch, max_queue, cost_aware=not no_cost_aware)
+    serve(decoder, name, opts)
     err.print("ygg serve: stopped")
 
 

@@ -30,7 +30,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ygg_runtime.accept import Verdict
-from ygg_runtime.batch import Member
+from ygg_runtime.batch import MAX_BATCH, Member, check_max_batch
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.text import StreamDecoder
@@ -337,8 +337,38 @@ class StopText:
         return out
 
 
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `ygg serve` (and `serve()` from Python) serves: the defaults and their checks, one place
+    for both callers. Invalid values raise YggError when the options are made, before any model
+    loads."""
+
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = 8000
+    max_batch: int = MAX_BATCH  # requests decoded together at most
+    max_queue: int = 64  # requests waiting for a batch row at most (more: 429)
+    cost_aware: bool = True  # CAST: trees sized to the batch's load
+
+    def __post_init__(self) -> None:
+        check_max_batch(self.max_batch)
+        if self.max_queue < 0:
+            raise YggError(f"--max-queue must be at least 0, not {self.max_queue}")
+        if not 0 <= self.port < 65536:
+            raise YggError(f"--port must be in 0..65535, not {self.port}")
+
+    def check_address(self) -> None:
+        """A clear line now rather than uvicorn's log after the models have loaded."""
+        import socket
+
+        try:
+            with socket.create_server((self.host, self.port)):
+                pass
+        except OSError as e:
+            raise YggError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+
+
 class Server:
-    def __init__(self, decoder: Decoder, model_name: str, max_batch: int = 8, max_queue: int = 64,
+    def __init__(self, decoder: Decoder, model_name: str, max_batch: int = MAX_BATCH, max_queue: int = 64,
                  cost_aware: bool = True):
         if decoder.codec is None:
             raise YggError("this artifact has no tokenizer to serve text with")
@@ -563,14 +593,15 @@ def create_app(server: Server) -> "FastAPI":
     return app
 
 
-def serve(decoder: Decoder, model_name: str, host: str, port: int, max_batch: int, max_queue: int,
-          cost_aware: bool = True) -> None:
+def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()) -> None:
     """Run the server until SIGINT or SIGTERM, which stop new connections, let running requests
     finish, then stop the engine. Call from the main thread (the one that loaded the decoder):
     the engine steps there, uvicorn serves HTTP from a thread of its own."""
     import uvicorn
 
-    server = Server(decoder, model_name, max_batch, max_queue, cost_aware)
+    opts.check_address()
+    host, port = opts.host, opts.port
+    server = Server(decoder, model_name, opts.max_batch, opts.max_queue, opts.cost_aware)
     config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=600)
     http = uvicorn.Server(config)

@@ -35,6 +35,7 @@ from torch import Tensor
 from ygg_runtime import engine, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.engine import Generation, step_room
+from ygg_runtime.errors import YggError
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter, Proposer
 from ygg_runtime.runner import Call, ModelRunner, forward_many
@@ -43,6 +44,15 @@ from ygg_runtime.tree import TokenTree
 # The most rows one batched forward carries: the widest forward the compile-time row check covers
 # (ygg_compile.profile's grid ends at 64), so every row of it is scored as it is alone.
 MAX_ROWS = 64
+# Sequences decoded together unless told otherwise (`ygg serve --max-batch`); at most MAX_ROWS, as
+# every member puts at least one row in each verify.
+MAX_BATCH = 8
+
+
+def check_max_batch(max_batch: int) -> int:
+    if not 1 <= max_batch <= MAX_ROWS:
+        raise YggError(f"--max-batch must be in 1..{MAX_ROWS}, not {max_batch}")
+    return max_batch
 
 
 class Regions:
@@ -155,11 +165,11 @@ class Batch:
 
     def __init__(self, target: ModelRunner, drafter: ModelRunner | None,
                  make_proposer: Callable[[str, Drafter | None], Proposer], curves: Curves | None = None,
-                 max_batch: int = 8, cost_aware: bool = True):
+                 max_batch: int = MAX_BATCH, cost_aware: bool = True):
         self.target, self.drafter = target, drafter
         self.make_proposer = make_proposer
         self.curves = curves if cost_aware else None
-        self.max_batch = max_batch
+        self.max_batch = check_max_batch(max_batch)
         self.regions = Regions(target.max_len if drafter is None else min(target.max_len, drafter.max_len))
         self.members: list[Member] = []
         self.steps = 0

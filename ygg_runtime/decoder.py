@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ygg_runtime import engine, exactness, proposers
-from ygg_runtime.batch import Batch
+from ygg_runtime.batch import MAX_BATCH, Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
@@ -16,6 +16,9 @@ from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.retrieval import AdjacencyTable
 from ygg_runtime.runner import ModelRunner, PrefixCache
 from ygg_runtime.text import StreamDecoder, TextCodec
+
+# Tokens a generation produces at most unless told otherwise: `ygg run`'s and `Decoder.generate`'s.
+MAX_NEW_TOKENS = 256
 
 
 @dataclass
@@ -120,7 +123,7 @@ class Decoder:
         profile = self.plan.profile if self.plan else None
         return Curves(profile) if profile else None
 
-    def batch(self, max_batch: int = 8, cost_aware: bool = True) -> Batch:
+    def batch(self, max_batch: int = MAX_BATCH, cost_aware: bool = True) -> Batch:
         """Several sequences decoding together (`ygg_runtime.batch`), each in its own region of
         this decoder's caches, every method as compiled (egt with its depth predictor)."""
         def make(method: str, drafter: proposers.Drafter | None) -> proposers.Proposer:
@@ -145,7 +148,7 @@ class Decoder:
         self,
         prompt: str | list[int],
         *,
-        max_new_tokens: int = 128,
+        max_new_tokens: int = MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
