@@ -11,7 +11,8 @@ from ygg_compile import invariance, quantize
 from ygg_compile.convert import convert_state, to_runtime
 from ygg_runtime import artifact as artifacts
 from ygg_runtime import proposers
-from ygg_runtime.batch import MAX_ROWS, Batch, Regions
+from ygg_runtime.batch import Batch, Regions
+from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.model import from_state
 from ygg_runtime.runner import Call, forward_many
 

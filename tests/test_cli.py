@@ -309,3 +309,26 @@ def test_a_pair_whose_target_has_more_vocabulary_rows_compiles_and_runs(tmp_path
         run = ygg("run", prompt_file, "-a", out, "-m", method, "-n", 32, "--json", "--ignore-eos")
         assert run.returncode == 0, run.stderr
         assert json.loads(run.stdout)["token_ids"] == want, method
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "nope.txt"], "prompt file nope.txt does not exist"),
+    (["run", "p.txt", "-a", "no-artifact"], "artifact directory no-artifact does not exist"),
+    (["run", "p.txt", "-a", ".", "-n", "0"], "--max-new-tokens must be at least 1"),
+    (["run", "p.txt", "-a", ".", "--top-p", "2"], "--top-p must be in (0, 1]"),
+    (["run", "p.txt", "-a", "."], ". is not a Yggdrasil artifact: it has no plan.yaml"),
+    (["serve", "-a", ".", "--max-batch", "0"], "--max-batch must be in 1..64"),
+    (["inspect", "no-artifact"], "artifact directory no-artifact does not exist"),
+])
+def test_a_refused_call_answers_before_torch_is_imported(tmp_path, args, needle):
+    """Bad input and missing files get their one line from the light command line: torch, the
+    toolchain and the commands' bodies are never imported (`python -X importtime` lists every module
+    a process imports)."""
+    (tmp_path / "p.txt").write_text(PROMPT)
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ygg_compile", *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 1 and said == [f"error: {said[0][7:]}"] and needle in said[0], proc.stderr[-2000:]
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert {"ygg_compile", "ygg_compile.cli"} <= imported  # the measurement saw the command line
+    assert not {"torch", "transformers", "ygg_compile.commands", "ygg_runtime.artifact"} & imported

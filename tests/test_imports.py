@@ -11,11 +11,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import import_graph  # noqa: E402
 
 
+# Our own imports inside a function, each on purpose (the graph counts them, so no cycle hides there):
+# the command line imports what its commands do once their arguments pass, so a refused call never
+# imports torch; the runtime package exports `load`, `Decoder` and `Result` on first use (PEP 562),
+# so its light modules import without torch.
+DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2}
+
+
 @pytest.mark.parametrize("package", ["ygg_compile", "ygg_runtime"])
 def test_the_import_graph_is_acyclic_with_our_imports_at_module_level(package):
     graph, _, own = import_graph.imports(package)
     assert import_graph.cycles(graph) == []
-    assert {m: n for m, n in own.items() if n} == {}
+    assert {m: n for m, n in own.items() if n} == {m: n for m, n in DEFERRED.items() if m.split(".")[0] == package}
 
 
 def test_the_runtime_never_imports_the_compiler():

@@ -20,10 +20,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import assert_one_line_error, ygg
-from ygg_compile.serve import ServeOptions
 from ygg_runtime import artifact as artifacts
-from ygg_runtime.batch import MAX_ROWS
 from ygg_runtime.errors import YggError
+from ygg_runtime.options import MAX_ROWS, ServeOptions
 
 YGG = str(Path(sys.executable).parent / "ygg")
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "Once upon a time", "import numpy as np\n",

@@ -17,7 +17,6 @@ import resource
 import statistics
 import time
 import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -28,7 +27,8 @@ from ygg_compile import hardware, sources
 from ygg_compile.roofline import measure_roofs
 from ygg_runtime import kernels
 from ygg_compile.ui import Reporter
-from ygg_compile.peers import HF_PEERS, LLAMA_MISSING, LLAMA_PEERS, PEERS, HFPeers, LlamaCppPeers
+from ygg_compile.options import LLAMA_PEERS, PEERS, BenchOptions
+from ygg_compile.peers import LLAMA_MISSING, HFPeers, LlamaCppPeers
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
@@ -37,27 +37,10 @@ from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.plan import Plan
 from ygg_runtime.files import output_dir
-from ygg_runtime.engine import check_settings, step_room
+from ygg_runtime.engine import step_room
+from ygg_runtime.options import check_settings
 
 WARMUP_TOKENS = 8
-
-
-@dataclass
-class BenchOptions:
-    artifact: Path
-    prompts: Path | None = None  # Spec-Bench style JSONL; None = the built-in set
-    categories: list[str] | None = None
-    limit: int | None = None  # prompts per category
-    methods: list[str] | None = None  # None = every method of the artifact
-    peers: list[str] = field(default_factory=lambda: list(HF_PEERS))  # llama.cpp's are opt-in (an extra)
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    rounds: int = 1
-    output: Path | None = None  # None: default_output(artifact)
-    resume: bool = False
-    command: str = ""
 
 
 # ---------------------------------------------------------------- contestants

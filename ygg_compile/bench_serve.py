@@ -21,11 +21,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ygg_compile import hardware, plots
 from ygg_compile.bench import machine_info
+from ygg_compile.options import ServeBenchOptions
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.ui import Reporter
 from ygg_runtime.artifact import read_plan
@@ -35,20 +35,6 @@ from ygg_runtime.text import TextCodec
 
 READY_S = 600  # loading an artifact (its compiled forwards included) takes at most this long
 REQUEST_S = 900  # one request at most
-
-
-@dataclass
-class ServeBenchOptions:
-    artifact: Path
-    prompts: Path | None = None
-    categories: list[str] | None = None
-    limit: int | None = None  # prompts per category
-    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    methods: list[str] = field(default_factory=lambda: ["egt", "ar"])
-    max_new_tokens: int = 128
-    output: Path | None = None
-    cost_aware: bool = True
-    command: str = ""
 
 
 def default_output(artifact: Path) -> Path:

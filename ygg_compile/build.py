@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -31,9 +31,10 @@ from ygg_compile import (aot, calibrate, draft_vocab, footprint, hardware, invar
                          roofline, sources, stages)
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
+from ygg_compile.options import CompileOptions
 from ygg_compile.ui import Reporter
 from ygg_runtime import engine, exactness, kernels, objective, proposers
-from ygg_runtime.artifact import DEFAULT_DIR, PLAN_FILE
+from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line, out_of_space
 from ygg_runtime.files import locked
@@ -52,33 +53,12 @@ ADJACENCY_FILE = "adjacency.safetensors"  # the seeded adjacency table egt and p
 TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode ✓", "  leading spaces\tand tabs\n\n"]
 
 
-@dataclass
-class CompileOptions:
-    draft: str
-    target: str
-    output: Path = DEFAULT_DIR
-    device: str = "cpu"
-    dtype: str = "auto"
-    weights: str = "auto"  # auto, bf16 (the float dtype), int8, int4, int3 or int2: both models' (ygg_compile.quantize)
-    draft_weights: str | None = None  # the drafter's, when it differs (None: as `weights`)
-    draft_vocab: str = "auto"  # the drafter's head rows: a number, all, or auto (ygg_compile.draft_vocab)
-    method: str = "egt"
-    methods: dict[str, dict] = field(default_factory=lambda: {k: dict(v) for k, v in DEFAULT_PARAMS.items()})
-    max_context: int = 4096
-    calib: Path | None = None  # calibration prompts (None: the shipped set)
-    calib_tokens: int = 48  # new tokens per calibration prompt
-    reprofile: bool = False  # measure T(W) even when a matching stored profile exists
-    predictor: bool = True  # train egt's depth predictor (False: egt keeps one planned depth)
-    force_predictor: bool = False  # use it even when it does not beat the fixed depth (ablation)
-    aot: bool = True  # compile every forward ahead of time (False: `ygg run` runs the models eager)
-    quick: bool = False  # a smaller plan, sooner: QUICK_PROMPTS calibration prompts, no depth predictor
-    profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
-
-
 def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
     """Build the artifact at opts.output; returns the plan written."""
     ui = ui or Reporter()
     sources.quiet_transformers()
+    opts = replace(opts, methods={k: {**v, **opts.methods.get(k, {})} for k, v in DEFAULT_PARAMS.items()}
+                   | {k: v for k, v in opts.methods.items() if k not in DEFAULT_PARAMS})
     proposers.validate(opts.methods)
     _static_trees(opts.methods)
     planned = ("sequoia", "egt")

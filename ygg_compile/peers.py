@@ -18,12 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ygg_compile.options import HF_PEERS, LLAMA_PEERS
 from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
 
-HF_PEERS = ("hf", "hf-assisted", "hf-pld")
-LLAMA_PEERS = ("llama.cpp", "llama.cpp-pld")  # an optional extra: pip install -e '.[llama]'
-PEERS = HF_PEERS + LLAMA_PEERS
 LLAMA_MISSING = ("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
                  "(it builds llama.cpp from source, a few minutes)")
 PLD_TOKENS = 10  # prompt_lookup_num_tokens, the value transformers' documentation uses

@@ -30,9 +30,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ygg_runtime.accept import Verdict
-from ygg_runtime.batch import MAX_BATCH, Member, check_max_batch
+from ygg_runtime.batch import Member
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
+from ygg_runtime.options import MAX_BATCH, ServeOptions
 from ygg_runtime.text import StreamDecoder
 from ygg_runtime.tree import TokenTree
 
@@ -335,36 +336,6 @@ class StopText:
     def flush(self) -> str:
         out, self.sent = self.text[self.sent :], len(self.text)
         return out
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """How `ygg serve` (and `serve()` from Python) serves: the defaults and their checks, one place
-    for both callers. Invalid values raise YggError when the options are made, before any model
-    loads."""
-
-    host: str = "127.0.0.1"  # loopback unless told otherwise
-    port: int = 8000
-    max_batch: int = MAX_BATCH  # requests decoded together at most
-    max_queue: int = 64  # requests waiting for a batch row at most (more: 429)
-    cost_aware: bool = True  # CAST: trees sized to the batch's load
-
-    def __post_init__(self) -> None:
-        check_max_batch(self.max_batch)
-        if self.max_queue < 0:
-            raise YggError(f"--max-queue must be at least 0, not {self.max_queue}")
-        if not 0 <= self.port < 65536:
-            raise YggError(f"--port must be in 0..65535, not {self.port}")
-
-    def check_address(self) -> None:
-        """A clear line now rather than uvicorn's log after the models have loaded."""
-        import socket
-
-        try:
-            with socket.create_server((self.host, self.port)):
-                pass
-        except OSError as e:
-            raise YggError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
 
 
 class Server:

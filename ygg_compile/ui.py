@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ygg_runtime.metrics import Metrics
+if TYPE_CHECKING:  # the command line imports this module before torch
+    from ygg_runtime.metrics import Metrics
 
 
 def console(stderr: bool = False) -> Console:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 from pathlib import Path
 
 from ygg_runtime.compiled import CompiledForward
@@ -12,14 +11,12 @@ from ygg_runtime import kernels
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import check_machine, check_memory, verify_files
 from ygg_runtime.model import load_model
-from ygg_runtime.plan import Plan
+from ygg_runtime.options import DEFAULT_DIR
+from ygg_runtime.plan import PLAN_FILE, Plan, plan_bytes
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.retrieval import AdjacencyTable
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
-
-PLAN_FILE = "plan.yaml"
-DEFAULT_DIR = Path("artifacts/default")
 
 
 def plan_sha256(directory: str | Path) -> str:
@@ -44,23 +41,8 @@ def read_plan(directory: Path, expect_plan: str | None = None, eager: bool = Fal
     which whoever can write the artifact can also set. eager=True leaves the native code out of
     the check: it will not be loaded."""
     directory = Path(directory)
-    if not directory.is_dir():
-        raise YggError(f"artifact directory {directory} does not exist (run `ygg compile` first)")
     path = directory / PLAN_FILE
-    if not path.is_file():
-        raise YggError(f"{directory} is not a Yggdrasil artifact: it has no {PLAN_FILE}")
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise YggError(f"cannot read {path}: {e.strerror or e}") from e
-    if expect_plan is not None:
-        expected = expect_plan.strip().lower()
-        if not re.fullmatch(r"[0-9a-f]{64}", expected):
-            raise YggError(f"--expect-plan takes a 64-digit hex sha256 (as `ygg compile` prints it), not {expect_plan!r}")
-        found = hashlib.sha256(raw).hexdigest()
-        if found != expected:
-            raise YggError(f"{path} has sha256 {found}, not the expected {expected}: this is not the artifact "
-                           "you pinned; refusing to load it")
+    raw = plan_bytes(directory, expect_plan)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -35,25 +35,11 @@ from torch import Tensor
 from ygg_runtime import engine, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.engine import Generation, step_room
-from ygg_runtime.errors import YggError
+from ygg_runtime.options import MAX_BATCH, MAX_ROWS, check_max_batch
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter, Proposer
 from ygg_runtime.runner import Call, ModelRunner, forward_many
 from ygg_runtime.tree import TokenTree
-
-# The most rows one batched forward carries: the widest forward the compile-time row check covers
-# (ygg_compile.profile's grid ends at 64), so every row of it is scored as it is alone.
-MAX_ROWS = 64
-# Sequences decoded together unless told otherwise (`ygg serve --max-batch`); at most MAX_ROWS, as
-# every member puts at least one row in each verify.
-MAX_BATCH = 8
-
-
-def check_max_batch(max_batch: int) -> int:
-    if not 1 <= max_batch <= MAX_ROWS:
-        raise YggError(f"--max-batch must be in 1..{MAX_ROWS}, not {max_batch}")
-    return max_batch
-
 
 class Regions:
     """First-fit allocation of cache slots [0, size) to sequences, each a contiguous range."""

@@ -7,18 +7,16 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ygg_runtime import engine, exactness, proposers
-from ygg_runtime.batch import MAX_BATCH, Batch
+from ygg_runtime.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
+from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS
 from ygg_runtime.plan import ExactnessRecord, Plan
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.retrieval import AdjacencyTable
 from ygg_runtime.runner import ModelRunner, PrefixCache
 from ygg_runtime.text import StreamDecoder, TextCodec
-
-# Tokens a generation produces at most unless told otherwise: `ygg run`'s and `Decoder.generate`'s.
-MAX_NEW_TOKENS = 256
 
 
 @dataclass

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable
 
@@ -12,6 +11,7 @@ from torch import Tensor
 from ygg_runtime.accept import Verdict, accept_greedy, accept_sampling, warp
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
+from ygg_runtime.options import check_settings
 from ygg_runtime.proposers import Proposer, Sampling, StepState
 from ygg_runtime.runner import Call, ModelRunner, fit_width
 from ygg_runtime.tree import TokenTree
@@ -133,18 +133,6 @@ def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_to
             f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
             f"{target.max_len - room} tokens; shorten the prompt or lower --max-new-tokens"
         )
-
-
-def check_settings(max_new_tokens: int, temperature: float, top_p: float, seed: int | None = None) -> None:
-    """The generation settings alone, in the CLI's words (a benchmark checks them before its runs)."""
-    if max_new_tokens < 1:
-        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
-    if not 0 <= temperature < math.inf:  # the comparison also refuses NaN
-        raise YggError(f"--temperature must be a finite number >= 0 (0 = greedy), not {temperature}")
-    if not 0 < top_p <= 1:
-        raise YggError(f"--top-p must be in (0, 1], not {top_p}")
-    if seed is not None and not 0 <= seed < 2**63:
-        raise YggError(f"--seed must be in [0, 2^63), not {seed}")
 
 
 def generate(

@@ -11,9 +11,12 @@ reads and validates), `profile` (the measured latency curves, `objective.Curves`
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -26,6 +29,31 @@ from ygg_runtime.errors import YggError, first_line
 # library for every kernel; 8: qlinear's segmented tile records (each part of a fused layer in its
 # own format, float16 factors, activations per super-block), the roofline in the profile
 FORMAT_VERSION = 8
+PLAN_FILE = "plan.yaml"  # in the artifact's directory
+
+
+def plan_bytes(directory: Path, expect_plan: str | None = None) -> bytes:
+    """plan.yaml's bytes, refusing a directory that is not an artifact and, with expect_plan (a plan
+    sha256), any other plan. Light on purpose: the command line calls it before it imports torch."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise YggError(f"artifact directory {directory} does not exist (run `ygg compile` first)")
+    path = directory / PLAN_FILE
+    if not path.is_file():
+        raise YggError(f"{directory} is not a Yggdrasil artifact: it has no {PLAN_FILE}")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise YggError(f"cannot read {path}: {e.strerror or e}") from e
+    if expect_plan is not None:
+        expected = expect_plan.strip().lower()
+        if not re.fullmatch(r"[0-9a-f]{64}", expected):
+            raise YggError(f"--expect-plan takes a 64-digit hex sha256 (as `ygg compile` prints it), not {expect_plan!r}")
+        found = hashlib.sha256(raw).hexdigest()
+        if found != expected:
+            raise YggError(f"{path} has sha256 {found}, not the expected {expected}: this is not the artifact "
+                           "you pinned; refusing to load it")
+    return raw
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import Curves
+from ygg_runtime.options import METHOD_NAMES
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers.ar import AR
 from ygg_runtime.proposers.base import Drafter, Hook, Params, Proposer, Sampling, StepInfo, StepState
@@ -16,6 +17,8 @@ from ygg_runtime.proposers.specinfer import SpecInfer
 
 METHODS: dict[str, type[Proposer]] = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia, "egt": EGT,
                                       "pld": PLD}
+# the names the command line shows and checks before it imports this module
+assert tuple(METHODS) == METHOD_NAMES, "ygg_runtime.options.METHOD_NAMES must list METHODS"
 # The hand-set methods compile writes into every plan, at their own defaults unless the user sets
 # them; sequoia's tree and egt's shape are planned at compile time (and both egt's and pld's
 # retrieval values calibrated).

@@ -1,0 +1,76 @@
+"""What a user chooses when compiling and benchmarking: each command's options, their defaults and
+the peers' names, in one place for the `ygg` command and the Python API.
+
+Imports nothing heavy (no torch): the command line builds its options from this module before it
+loads anything, so bad input is refused at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ygg_runtime.options import DEFAULT_DIR
+
+HF_PEERS = ("hf", "hf-assisted", "hf-pld")
+LLAMA_PEERS = ("llama.cpp", "llama.cpp-pld")  # an optional extra: pip install -e '.[llama]'
+PEERS = HF_PEERS + LLAMA_PEERS
+SERVE_CONCURRENCY = (1, 2, 4, 8)  # `ygg bench-serve`'s load levels
+SERVE_METHODS = ("egt", "ar")  # and the methods it loads the server with
+
+
+@dataclass
+class CompileOptions:
+    draft: str
+    target: str
+    output: Path = DEFAULT_DIR
+    device: str = "cpu"
+    dtype: str = "auto"
+    weights: str = "auto"  # auto, bf16 (the float dtype), int8, int4, int3 or int2: both models' (ygg_compile.quantize)
+    draft_weights: str | None = None  # the drafter's, when it differs (None: as `weights`)
+    draft_vocab: str = "auto"  # the drafter's head rows: a number, all, or auto (ygg_compile.draft_vocab)
+    method: str = "egt"
+    # the hand-set methods' parameters that differ from their defaults, by method (the rest as
+    # ygg_runtime.proposers.DEFAULT_PARAMS has them)
+    methods: dict[str, dict] = field(default_factory=dict)
+    max_context: int = 4096
+    calib: Path | None = None  # calibration prompts (None: the shipped set)
+    calib_tokens: int = 48  # new tokens per calibration prompt
+    reprofile: bool = False  # measure T(W) even when a matching stored profile exists
+    predictor: bool = True  # train egt's depth predictor (False: egt keeps one planned depth)
+    force_predictor: bool = False  # use it even when it does not beat the fixed depth (ablation)
+    aot: bool = True  # compile every forward ahead of time (False: `ygg run` runs the models eager)
+    quick: bool = False  # a smaller plan, sooner: QUICK_PROMPTS calibration prompts, no depth predictor
+    profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
+
+
+@dataclass
+class BenchOptions:
+    artifact: Path
+    prompts: Path | None = None  # Spec-Bench style JSONL; None = the built-in set
+    categories: list[str] | None = None
+    limit: int | None = None  # prompts per category
+    methods: list[str] | None = None  # None = every method of the artifact
+    peers: list[str] = field(default_factory=lambda: list(HF_PEERS))  # llama.cpp's are opt-in (an extra)
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    rounds: int = 1
+    output: Path | None = None  # None: default_output(artifact)
+    resume: bool = False
+    command: str = ""
+
+
+@dataclass
+class ServeBenchOptions:
+    artifact: Path
+    prompts: Path | None = None
+    categories: list[str] | None = None
+    limit: int | None = None  # prompts per category
+    concurrency: list[int] = field(default_factory=lambda: list(SERVE_CONCURRENCY))
+    methods: list[str] = field(default_factory=lambda: list(SERVE_METHODS))
+    max_new_tokens: int = 128
+    output: Path | None = None
+    cost_aware: bool = True
+    command: str = ""

@@ -1,0 +1,72 @@
+"""What a user chooses when running or serving an artifact: each default and each check in one place,
+read by the `ygg` command and the Python API alike.
+
+Imports nothing heavy (no torch): the command line checks its arguments with this module before it
+loads anything, so bad input is refused at once.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from ygg_runtime.errors import YggError
+
+DEFAULT_DIR = Path("artifacts/default")  # where `ygg compile` writes and `ygg run` looks
+# Every decoding method, as `ygg_runtime.proposers.METHODS` builds them (the two agree: a test).
+METHOD_NAMES = ("ar", "chain", "specinfer", "sequoia", "egt", "pld")
+MAX_NEW_TOKENS = 256  # tokens a generation produces at most unless told otherwise
+# The most rows one batched forward carries: the widest forward the compile-time row check covers
+# (ygg_compile.profile's grid ends at 64), so every row of it is scored as it is alone.
+MAX_ROWS = 64
+# Sequences decoded together unless told otherwise; at most MAX_ROWS, as every member puts at least
+# one row in each verify.
+MAX_BATCH = 8
+
+
+def check_max_batch(max_batch: int) -> int:
+    if not 1 <= max_batch <= MAX_ROWS:
+        raise YggError(f"--max-batch must be in 1..{MAX_ROWS}, not {max_batch}")
+    return max_batch
+
+
+def check_settings(max_new_tokens: int, temperature: float, top_p: float, seed: int | None = None) -> None:
+    """The generation settings alone, in the CLI's words: checked by every generation, and by the
+    command line and a benchmark before anything loads."""
+    if max_new_tokens < 1:
+        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
+    if not 0 <= temperature < math.inf:  # the comparison also refuses NaN
+        raise YggError(f"--temperature must be a finite number >= 0 (0 = greedy), not {temperature}")
+    if not 0 < top_p <= 1:
+        raise YggError(f"--top-p must be in (0, 1], not {top_p}")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise YggError(f"--seed must be in [0, 2^63), not {seed}")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How `ygg serve` (and `ygg_compile.serve.serve` from Python) serves. Invalid values raise
+    YggError when the options are made, before any model loads."""
+
+    host: str = "127.0.0.1"  # loopback unless told otherwise
+    port: int = 8000
+    max_batch: int = MAX_BATCH  # requests decoded together at most
+    max_queue: int = 64  # requests waiting for a batch row at most (more: 429)
+    cost_aware: bool = True  # CAST: trees sized to the batch's load
+
+    def __post_init__(self) -> None:
+        check_max_batch(self.max_batch)
+        if self.max_queue < 0:
+            raise YggError(f"--max-queue must be at least 0, not {self.max_queue}")
+        if not 0 <= self.port < 65536:
+            raise YggError(f"--port must be in 0..65535, not {self.port}")
+
+    def check_address(self) -> None:
+        """A clear line now rather than uvicorn's log after the models have loaded."""
+        try:
+            with socket.create_server((self.host, self.port)):
+                pass
+        except OSError as e:
+            raise YggError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
