@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from ygg_compile.sequoia import optimal_tree
+from ygg_compile.sequoia_tree import optimal_tree
 from ygg_runtime.prune import best_subtree, expected_accepted
 
 

@@ -11,7 +11,7 @@ import torch
 from helpers import (COMPILED, assert_one_line_error, PROFILE, depth_policy, hf_greedy, noised_runtime, random_predictor, runner,
                      to_runtime, with_random_predictor, ygg)
 
-from ygg_compile import predictor
+from ygg_compile import predictor_training
 from ygg_compile import calibrate
 from ygg_compile.calibrate import PROBE_DEPTH, Agreement, Calibration, ProbeStep
 from ygg_runtime import objective
@@ -74,7 +74,7 @@ def test_labels_use_the_top_whose_runs_match_the_probes_accepted_lengths():
     ag.rank = torch.where(ag.rank == 0, torch.randint(0, 2, ag.rank.shape), ag.rank)  # top-2 runs now = the probe's
     for s in calib.steps:
         s.accepted = 1 + int(ag.run(2, PROBE_DEPTH)[ag.row(s.prompt, s.context - 1)])
-    top, corr = predictor.label_top(calib, ag)
+    top, corr = predictor_training.label_top(calib, ag)
     assert top == 2 and corr > 0.999
 
 
@@ -94,7 +94,7 @@ def test_best_depth_maximises_tokens_per_modelled_ms():
 
 def test_predictor_learns_the_accepted_length_from_the_hidden_state_on_held_out_prompts():
     calib, ag = synthetic()
-    trained = predictor.train(calib, ag)
+    trained = predictor_training.train(calib, ag)
     assert trained is not None and trained.top == 1
     m = trained.metrics
     assert m["folds"] == 4 and m["prompts"] == 8
@@ -107,7 +107,7 @@ def test_predictor_learns_the_accepted_length_from_the_hidden_state_on_held_out_
 
 def test_exported_predictor_gives_the_scikit_learn_probabilities():
     calib, ag = synthetic(seed=1)
-    trained = predictor.train(calib, ag)
+    trained = predictor_training.train(calib, ag)
     x = ag.hidden.numpy()
     want = trained.model.predict_proba(x)
     got = DepthPredictor(trained.tensors).raw(torch.from_numpy(x)).numpy()
@@ -118,8 +118,8 @@ def test_exported_predictor_gives_the_scikit_learn_probabilities():
 
 
 def test_too_little_calibration_trains_no_predictor():
-    assert predictor.train(*synthetic(prompts=1)) is None  # nothing to validate on
-    assert predictor.train(*synthetic(prompts=2, length=30)) is None  # too few positions
+    assert predictor_training.train(*synthetic(prompts=1)) is None  # nothing to validate on
+    assert predictor_training.train(*synthetic(prompts=2, length=30)) is None  # too few positions
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +234,7 @@ def test_force_predictor_puts_the_predictor_in_the_plan_even_without_a_gain(tmp_
     report = plan["planning"]["predictor"]
     assert report["used"] and plan["methods"]["egt"]["depth_policy"]["file"] == "predictor.safetensors"
     assert "predictor.safetensors" in plan["files"]
-    gained = report["validation_speedup"] >= predictor.MIN_GAIN * report["fixed_validation_speedup"]
+    gained = report["validation_speedup"] >= predictor_training.MIN_GAIN * report["fixed_validation_speedup"]
     assert gained or "used anyway: --force-predictor" in report["why"]
 
 

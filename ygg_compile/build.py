@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from tokenizers import Tokenizer
 
-from ygg_compile import (aot, calibrate, draft_vocab, footprint, hardware, invariance, predictor, prompts, quantize,
+from ygg_compile import (aot, calibrate, draft_vocab, footprint, hardware, invariance, predictor_training, prompts, quantize,
                          roofline, sources, stages)
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
@@ -563,15 +563,15 @@ def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: 
         replays = calibrate.replay_all(calib, curves, accept, verify, draft_widths)
         egt, egt_rows = calibrate.plan_egt(replays, accept, verify)
         if use_predictor:
-            trained = predictor.train(calib, agreement) if agreement is not None else None
+            trained = predictor_training.train(calib, agreement) if agreement is not None else None
             if trained is not None:
-                policy, report = predictor.plan_policy(trained, calib, agreement, replays, curves, egt, verify)
+                policy, report = predictor_training.plan_policy(trained, calib, agreement, replays, curves, egt, verify)
                 report |= trained.metrics
                 if not report["used"]:
                     report["why"] = ("slower than the fixed depth on held-out prompts"
                                      + ("; used anyway: --force-predictor" if opts.force_predictor else ""))
                 if report["used"] or opts.force_predictor:
-                    predictor.save(trained, tmp / predictor.FILE)
+                    predictor_training.save(trained, tmp / predictor_training.FILE)
                     egt["depth_policy"] = policy
                     report["used"] = True
     seq, seq_rows = calibrate.plan_sequoia(ranks, curves, verify_widths, context)

@@ -11,7 +11,7 @@ every verified node, the accepted length and the target's final hidden state at 
 - every smaller `egt` shape replayed on the recorded trees with the same code the runtime runs, so
   its tokens per step are measured, not modelled; the objective then picks depth and draft width
   (depth 0, plain decoding, included);
-- per-step accepted lengths with the hidden state, which the depth predictor is gated on (`ygg_compile.predictor`);
+- per-step accepted lengths with the hidden state, which the depth predictor is gated on (`ygg_compile.predictor_training`);
 - retrieval's values (`graft_values`): at every position of the target's continuations, what the
   context index and the adjacency table would have proposed and how much of it the target wrote,
   which also seeds the adjacency table the artifact ships.
@@ -34,7 +34,7 @@ from functools import cached_property
 import torch
 
 from ygg_compile.ui import Reporter
-from ygg_compile.sequoia import SequoiaTables
+from ygg_compile.sequoia_tree import SequoiaTables
 from ygg_runtime import engine, objective
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter

@@ -12,10 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ygg_runtime
-from ygg_compile import plots
+from rich.console import Console
+from rich.table import Table
+
+from ygg_compile import plots, quantize, roofline
+from ygg_compile.report import fmt
+from ygg_compile.roofline import Costs, Roofs
 from ygg_runtime import objective, proposers
-from ygg_runtime.artifact import read_plan
+from ygg_runtime.artifact import plan_sha256, read_plan
 from ygg_runtime.errors import YggError
+from ygg_runtime.exactness import verdict
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.plan import Plan
 from ygg_runtime.tree import DRAFT
@@ -123,3 +129,202 @@ def _write(path: Path, data: bytes, result: Inspection) -> None:
     except OSError as e:
         raise YggError(f"cannot write {path}: {e.strerror or e}") from e
     result.files.append(path)
+
+
+# ---------------------------------------------------------------- rendering (ygg inspect; ygg compile's summary)
+
+
+def roofline_table(plan: Plan):
+    """Each measured forward (the profile's first context) beside the floor this machine allows it,
+    max(bytes / read bandwidth, rows x multiply-adds / int8 peak), both roofs measured at compile."""
+    section = plan.profile.get("roofline")
+    if not section:
+        return "roofline: not measured (an artifact compiled before it was, or off the CPU)"
+    roofs = Roofs(**section["roofs"])
+    prof, context = plan.profile, plan.profile["contexts"][0]
+    t = Table(title=f"roofline: {roofs.bandwidth / 1e9:.1f} GB/s read, {roofs.int8_peak / 1e9:.0f} G int8 multiply-adds/s "
+              f"({roofs.threads} threads, measured at compile); forwards at context {context}", title_justify="left")
+    for col in ("model", "W", "measured ms", "memory floor", "compute floor", "× floor", "T(W)/T(1)"):
+        t.add_column(col, justify="left" if col == "model" else "right")
+    for role in ("target", "draft"):
+        if role not in section or not prof.get(f"{role}_ms"):
+            continue
+        costs = Costs(**section[role])
+        for i, r in enumerate(roofline.table(costs, roofs, prof["widths"], prof[f"{role}_ms"][0], context)):
+            compute = f"{r['compute_ms']:.2f}" if r["compute_ms"] is not None else "–"
+            t.add_row(f"{role} ({costs.weight_bytes / 1e9:.2f} GB, {costs.macs_per_row / 1e9:.2f} G MAC/row)" if i == 0 else "",
+                      str(r["width"]), f"{r['ms']:.2f}", f"{r['memory_ms']:.2f}", compute, f"{r['of_floor']:.1f} ({r['bound']})",
+                      f"{r['of_t1']:.2f}")
+    return t
+
+
+def weights_summary(m, dtype: str) -> str:
+    """How one model's weights are held, in a line: float, or codes and where their numbers came from."""
+    w = m.weights
+    if w.kind == "float":
+        return f"{dtype} (F.linear)"
+    numbers = ("the GGUF file's own quantization" if w.numbers == "gguf" and not w.fallbacks else
+               "the GGUF file's numbers where the kind holds them" if w.numbers == "gguf" else
+               "quantized by ygg compile from the float checkpoint: lossy against it")
+    formats = ", ".join(f"{k} ×{n}" for k, n in w.formats.items())
+    line = f"{w.kind} codes, {numbers} — {formats}; {w.bytes / 1e9:.2f} GB"
+    if w.numbers == "gguf":
+        line += f"; decoded = converted checkpoint within {w.max_rel_error:.1e} of max |w|"
+    if w.fallbacks:
+        line += f"; {quantize.fallbacks_line(w.fallbacks)}"
+    return line
+
+
+def exactness_summary(plan: Plan) -> str:
+    """One line on whether greedy output is plain decoding's, for each forward kind checked."""
+    lines = []
+    for kind, record in plan.exactness.items():
+        _, why = verdict(record, kind=kind)
+        checked = f"checked in {record.seconds:.0f} s"
+        lines.append(f"exactness ({kind} forwards, {checked}): {why}")
+    return "\n".join(lines)
+
+
+def stages_summary(r: dict) -> str:
+    """One line on egt's stage order and the alternatives' modelled times per token."""
+    alts = "; ".join(f"tail {a['tail']}/head {a['head']} {a['ms_per_token']:.3g} ms/token (head hits {a['head_hit_rate']:.0%})"
+                     for a in r["alternatives"])
+    return f"stages: {r['why']}" + (f" — modelled {alts}" if alts else "")
+
+
+def predictor_summary(r: dict) -> str:
+    """One line on egt's depth predictor: its validation figures and whether the plan uses it."""
+    if "heads" not in r:
+        return f"depth predictor: none ({r.get('why', 'not trained')})"
+    aucs = " ".join("–" if h["auc"] is None else f"{h['auc']:.2f}" for h in r["heads"])
+    briers = " ".join(f"{h['brier']:.3f}" for h in r["heads"])
+    verdict = (f"used: × {r['draft_width']} nodes/round, depth per step, {r['validation_speedup']:.2f}× "
+               f"vs fixed depth {r['fixed_validation_speedup']:.2f}× on held-out probe steps"
+               + (f" ({r['why']})" if r.get("why") else "") if r["used"] else
+               f"not used ({r['why']}: {r['validation_speedup']:.2f}× vs {r['fixed_validation_speedup']:.2f}×)")
+    return (f"depth predictor: {verdict}; {r['folds']}-fold over {r['prompts']} prompts ({r['rows']} positions): "
+            f"AUC per depth {aucs}, Brier {briers}, accepted-length MAE {r['depth_mae']:.2f} "
+            f"(always-the-mean {r['baseline_depth_mae']:.2f})")
+
+
+def render(rep: Inspection, artifact: Path, con: Console) -> None:
+    """`ygg inspect`'s output: the artifact, its roofline, the plan's candidates, stages, depth
+    predictor and methods, then the figures written."""
+    plan = rep.plan
+    models = plan.models
+    info = Table(show_header=False, title=f"artifact {artifact}", title_justify="left")
+    info.add_column(style="bold")
+    info.add_column()
+    for role in ("target", "draft"):
+        if role in models:
+            m = models[role]
+            info.add_row(role, f"{m.spec} ({m.parameters / 1e6:.0f}M parameters, {m.layers} layers, {m.source})")
+            info.add_row(f"{role} weights", weights_summary(m, plan.dtype))
+    cpu = plan.cpu
+    info.add_row("device / dtype", f"{plan.device} / {plan.dtype}  (torch {plan.torch_version}, {cpu.model}, {cpu.threads} threads)")
+    info.add_row("context", f"{plan.max_context} tokens")
+    info.add_row("default method", f"{plan.method}  (ygg run --method picks another)")
+    info.add_row("compiled", f"{plan.created} in {plan.compile_seconds} s")
+    info.add_row("plan sha256", f"{plan_sha256(artifact)}  (ygg run --expect-plan pins it)")
+    aot = plan.aot
+    info.add_row("forwards", "eager (compiled with --no-aot)" if not aot else
+                 f"AOTInductor {aot.package} per model, widths 1..{aot.max_width}, built for {aot.isa or plan.device} "
+                 f"(needs {', '.join(aot.cpu_flags) or 'nothing special'}) in "
+                 + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot.seconds.items()))
+    kernel = plan.kernel
+    info.add_row("kernels", f"{kernel.file}: row-invariant attention, quantized linear (needs {', '.join(kernel.cpu_flags) or 'nothing special'})"
+                 if kernel else "PyTorch's scaled_dot_product_attention")
+    info.add_row("exactness", exactness_summary(plan))
+    prof = plan.profile
+    for role in ("target", "draft"):
+        for ctx, row in zip(prof["contexts"], prof.get(f"{role}_ms") or []):
+            info.add_row(f"T(W) {role} @ {ctx}, ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], row)))
+    info.add_row("T_other(W), ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], prof["other_ms"])))
+    cal = plan.calibration
+    info.add_row("calibration", f"{cal.prompts} prompts ({cal.source}), {cal.tokens} target tokens, "
+                 f"{cal.steps} probe steps, {cal.probe_tokens_per_step:.2f} tokens/step, {cal.seconds:.0f} s")
+    info.add_row("rank acceptance", "  ".join(f"{p:.3f}" for p in plan.planning["rank_acceptance"]))
+    graft = plan.planning.get("graft")
+    values = (plan.methods["egt"].get("graft") or {}).get("context")
+    if graft and values:
+        first = "  ".join(f"n={n + 1}:{row[0][0]:.2f}/{row[0][1]:.2f}" for n, row in enumerate(values))
+        info.add_row("retrieval", f"{graft['target_tokens']} of {graft['labelled_tokens']} retrieved tokens were the target's "
+                     f"on the calibration continuations; P(first copied token accepted) by match length, seen once/twice: "
+                     f"{first}; adjacency table: {graft['adjacency_rows']} tokens")
+    con.print(info)
+    con.print(roofline_table(plan))
+
+    egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan.planning['context']})",
+                title_justify="left")
+    for col in ("depth", "draft width", "tokens/step", "modelled step ms", "usual verify W", "modelled speed-up"):
+        egt.add_column(col, justify="right")
+    chosen = plan.methods["egt"]
+    for r in sorted(plan.planning["egt"], key=lambda r: -r["speedup"]):
+        mark = r["depth"] == chosen["depth"] and (r["depth"] == 0 or r["draft_width"] == chosen["draft_width"])
+        cells = [str(r["depth"]), str(r["draft_width"]), f"{r['tokens_per_step']:.2f}", f"{r['step_ms']:.1f}",
+                 str(r["verify_width"]), f"{r['speedup']:.2f}×"]
+        egt.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
+    con.print(egt)
+    report = plan.planning.get("predictor") or {}
+    con.print(predictor_summary(report))
+    stages = plan.planning.get("stages") or {}
+    if stages.get("alternatives"):
+        st = Table(title=f"egt stage orders, timed on {stages['prompts']} calibration prompts × {stages['tokens']} tokens "
+                   "(ms per step; stages run one after the other)", title_justify="left")
+        for col in ("tail draft", "head draft", "begin", "rounds", "ahead", "verify", "other", "step", "tokens/step",
+                    "head hits", "modelled ms/token"):
+            st.add_column(col, justify="left" if "draft" in col else "right")
+        for a in stages["alternatives"]:
+            mark = {"tail": a["tail"], "head": a["head"]} == stages["chosen"]
+            cells = [a["tail"], a["head"], *(f"{a['stage_ms'][k]:.1f}" for k in ("begin", "rounds", "ahead", "verify", "other")),
+                     f"{a['step_ms']:.1f}", f"{a['tokens_per_step']:.2f}", f"{a['head_hit_rate']:.0%}", f"{a['ms_per_token']:.1f}"]
+            st.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
+        con.print(st)
+    con.print(f"stages: {stages.get('why', 'not searched')}")
+    if "heads" in report:
+        heads = Table(title="depth predictor, cross-validated over the calibration prompts, and its depth policy", title_justify="left")
+        for col in ("depth d", "P(A ≥ d) observed", "AUC", "Brier", "tokens factor", "verify W"):
+            heads.add_column(col, justify="right")
+        policy = chosen.get("depth_policy") or {}
+        for h in report["heads"]:
+            d = h["depth"]
+            extra = [f"{policy['factors'][d]:.2f}", str(policy["verify_widths"][d])] if policy else ["–", "–"]
+            heads.add_row(str(d), f"{h['positives']:.2f}", fmt(h["auc"]), f"{h['brier']:.3f}", *extra)
+        con.print(heads)
+
+    t = Table(title="methods: one step's forwards and what the objective makes of them", title_justify="left")
+    for col in ("method", "params", "draft forwards (W)", "verify W", "modelled step ms", "break-even E[A]"):
+        t.add_column(col, justify="left" if col in ("method", "params") else "right")
+    measured = any(r.measured_accepted is not None for r in rep.methods)
+    if measured:
+        for col in ("E[A] on prompt", "predicted speed-up", "measured speed-up"):
+            t.add_column(col, justify="right")
+    for r in rep.methods:
+        name = f"[bold]{r.name}[/] (default)" if r.name == plan.method else r.name
+        row = [name, _short_params(r.name, r.params),
+               " + ".join(map(str, r.shape.draft_widths)) or "–", str(r.shape.verify_width),
+               fmt(r.step_ms, ".1f"), fmt(r.break_even)]
+        if measured:
+            row += [fmt(r.measured_accepted), fmt(r.predicted_speedup, ".2f", "×"), fmt(r.measured_speedup, ".2f", "×")]
+        t.add_row(*row)
+    con.print(t)
+    con.print("break-even E[A]: the tokens per step a method must average to match plain decoding "
+              "(modelled step time / plain step time, at the calibration context); predicted speed-up = E[A] · plain step / modelled step.")
+    if rep.tree_caption:
+        con.print(f"tree: {rep.tree_caption}")
+    for f in rep.files:
+        con.print(f"[green]wrote[/] {f}")
+
+
+def _short_params(name: str, params: dict) -> str:
+    """A method's parameters in a table cell (sequoia's tree and egt's map summarised)."""
+    if name == "sequoia":
+        return f"{len(params['parents'])}-node tree"
+    if name == "egt":
+        if params.get("depth_policy"):
+            return f"depth 0–{len(params['depth_policy']['factors']) - 1} by predictor, draft_width={params['depth_policy']['draft_width']}, top_k={params.get('top_k')}"
+        return f"depth={params['depth']}, draft_width={params.get('draft_width')}, top_k={params.get('top_k')}"
+    if name == "pld":
+        g = params.get("graft") or {}
+        return f"up to {g.get('limit', 3)} continuations of {g.get('length', 8)} tokens" + (", calibrated" if g.get("context") else "")
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "–"

@@ -1,9 +1,9 @@
 """`ygg serve`: an OpenAI-compatible HTTP server over one artifact, its requests decoded together.
 
-The HTTP side is FastAPI on uvicorn; the decoding side is one engine thread that owns the models
+The HTTP side is FastAPI on uvicorn; the decoding side is one scheduler thread that owns the models
 and steps a `ygg_runtime.batch.Batch`: requests wait in a bounded queue (full: 429), join the batch
 when it has a free row and cache room, stream their tokens back as they are accepted, and leave
-when done, stopped, or when their client goes away (the engine drops them before its next step).
+when done, stopped, or when their client goes away (the scheduler drops them before its next step).
 Every request's greedy output is what it gets alone (`ygg_runtime.batch`).
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-sent events, or
@@ -65,7 +65,7 @@ class ApiError(Exception):
 # ------------------------------------------------------------------ requests (OpenAI's schema)
 
 
-class Sampling(BaseModel):
+class BaseRequest(BaseModel):
     """The fields both endpoints share. Unknown fields are accepted and ignored, as OpenAI's
     clients send some (user, logit_bias at its default) that change nothing here."""
 
@@ -84,7 +84,7 @@ class Sampling(BaseModel):
     return_token_ids: bool = False  # vLLM's extra: the prompt's and the output's token ids in the response
 
 
-class CompletionRequest(Sampling):
+class CompletionRequest(BaseRequest):
     prompt: str | list[int]
 
 
@@ -94,7 +94,7 @@ class Message(BaseModel):
     content: str | None = None
 
 
-class ChatRequest(Sampling):
+class ChatRequest(BaseRequest):
     messages: list[Message]
     max_completion_tokens: int | None = None
 
@@ -146,12 +146,12 @@ class ServerMetrics:
                 self.accepted_per_pos.labels(str(min(i, MAX_POSITIONS - 1))).inc()
 
 
-# ------------------------------------------------------------------ the engine thread
+# ------------------------------------------------------------------ the scheduler's thread
 
 
 @dataclass(eq=False)
 class Job:
-    """One request as the engine sees it: what to decode, and the queue its events go to."""
+    """One request as the scheduler sees it: what to decode, and the queue its events go to."""
 
     prompt: list[int]
     method: str
@@ -173,7 +173,7 @@ class Job:
             pass
 
 
-class Engine:
+class Scheduler:
     """Owns the models: admits queued jobs into the batch and steps it, on the thread that loaded
     the models (`run`; `ygg serve`'s main thread, the HTTP server in another). One thread for
     every torch op: a second thread running the forwards, with an OpenMP team of its own beside the
@@ -345,14 +345,14 @@ class Server:
             raise YggError("this artifact has no tokenizer to serve text with")
         self.decoder, self.model_name = decoder, model_name
         self.metrics = ServerMetrics()
-        self.engine = Engine(decoder, max_batch, max_queue, self.metrics, cost_aware)
+        self.scheduler = Scheduler(decoder, max_batch, max_queue, self.metrics, cost_aware)
         self.created = int(time.time())
         self.context = decoder.max_context or decoder.target.max_len
 
     # -------------------------------------------------------------- request checks
 
-    def job(self, req: Sampling, prompt: list[int], chat: bool) -> Job:
-        """The engine's job for a request, or the 4xx that refuses it."""
+    def job(self, req: BaseRequest, prompt: list[int], chat: bool) -> Job:
+        """The scheduler's job for a request, or the 4xx that refuses it."""
         if req.model != self.model_name:
             raise ApiError(404, f"the model `{req.model}` does not exist: this server serves `{self.model_name}`",
                            param="model", code="model_not_found")
@@ -379,7 +379,7 @@ class Server:
                            code="context_length_exceeded")
         method = req.method or self.decoder.default_method
         try:
-            self.engine.batch.admissible(prompt, method, max_new_tokens=max_tokens, temperature=req.temperature,
+            self.scheduler.batch.admissible(prompt, method, max_new_tokens=max_tokens, temperature=req.temperature,
                                          top_p=req.top_p)
         except YggError as e:
             raise ApiError(400, str(e).replace("--max-new-tokens", "max_tokens"),
@@ -426,7 +426,7 @@ class Server:
         finally:
             if not job.cancelled:
                 job.cancelled = True
-                self.engine.wake()
+                self.scheduler.wake()
 
     async def outputs(self, job: Job, request: "Request", stops: list[str]) -> AsyncIterator[Output]:
         """Text deltas of a job (stop strings applied); the last one carries the finish reason."""
@@ -448,13 +448,13 @@ class Server:
                 yield Output(stop.push(stream.finish())[0] + stop.flush(), finish_reason=value)
                 return
 
-    async def answer(self, req: Sampling, prompt: list[int], request: "Request", chat: bool):
+    async def answer(self, req: BaseRequest, prompt: list[int], request: "Request", chat: bool):
         job = self.job(req, prompt, chat)
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
         from fastapi.responses import JSONResponse, StreamingResponse
 
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.engine.submit(job)  # a full queue refuses it here, before any response starts
+        self.scheduler.submit(job)  # a full queue refuses it here, before any response starts
         if req.stream:
             return StreamingResponse(self.sse(job, request, stops, rid, chat, req.return_token_ids),
                                      media_type="text/event-stream")
@@ -506,12 +506,12 @@ class Server:
             yield event({"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}})
         finally:  # the client went away (the stream is closed or cancelled) or the job ended: either way, drop it
             job.cancelled = True
-            self.engine.wake()
+            self.scheduler.wake()
         yield "data: [DONE]\n\n"
 
 
 def create_app(server: Server) -> "FastAPI":
-    """The ASGI app; the end of its lifespan stops the engine."""
+    """The ASGI app; the end of its lifespan stops the scheduler."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -524,7 +524,7 @@ def create_app(server: Server) -> "FastAPI":
         try:
             yield
         finally:  # after uvicorn's graceful shutdown has let running requests finish
-            server.engine.stop()
+            server.scheduler.stop()
 
     app = FastAPI(title="Yggdrasil", lifespan=lifespan)
 
@@ -566,8 +566,8 @@ def create_app(server: Server) -> "FastAPI":
 
 def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()) -> None:
     """Run the server until SIGINT or SIGTERM, which stop new connections, let running requests
-    finish, then stop the engine. Call from the main thread (the one that loaded the decoder):
-    the engine steps there, uvicorn serves HTTP from a thread of its own."""
+    finish, then stop the scheduler. Call from the main thread (the one that loaded the decoder):
+    the scheduler steps there, uvicorn serves HTTP from a thread of its own."""
     import uvicorn
 
     opts.check_address()
@@ -577,13 +577,13 @@ def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()
                             timeout_graceful_shutdown=600)
     http = uvicorn.Server(config)
     # Signals reach the main thread only: hand them to uvicorn, whose graceful shutdown stops
-    # accepting, waits for running requests, then ends the app's lifespan (which stops the engine).
+    # accepting, waits for running requests, then ends the app's lifespan (which stops the scheduler).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, http.handle_exit)
     thread = threading.Thread(target=http.run, name="ygg-http")
     thread.start()
     try:
-        server.engine.run(alive=thread.is_alive)
+        server.scheduler.run(alive=thread.is_alive)
     finally:
         http.should_exit = True
         thread.join()

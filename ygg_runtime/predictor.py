@@ -1,5 +1,5 @@
 """The depth predictor (docs/design.md, "egt"), evaluated in plain torch: the runtime never imports
-scikit-learn, which trains it at compile time (`ygg_compile.predictor`).
+scikit-learn, which trains it at compile time (`ygg_compile.predictor_training`).
 
 A small MLP reads the target's final hidden state at the last accepted position and gives, for
 d = 1..D_max, P(the accepted length is at least d): how far a deep tree would be accepted after

@@ -1,5 +1,5 @@
 """`sequoia`: one static tree for every step, the E[A]-optimal shape for the measured per-rank
-acceptance and cost (Sequoia; built at compile time by `ygg_compile.sequoia` and stored in the plan).
+acceptance and cost (Sequoia; built at compile time by `ygg_compile.sequoia_tree` and stored in the plan).
 
 Node v of the static tree is the drafter's rank-`ranks[v]` candidate under its parent. The drafter
 runs once per level over that level's inner nodes, padded to a compiled width; leaves are never fed.
