@@ -116,6 +116,30 @@ def test_python_and_the_cli_refuse_the_same_serve_options(bad, needle):
     assert_one_line_error(ygg("serve", "-a", "/nonexistent", f"--{option.replace('_', '-')}", value), needle)
 
 
+def test_the_server_counts_each_step_as_the_generation_does(decoder):
+    """One step event feeds the generation's metrics and /metrics' spec-decode counters alike: a
+    drafted token that the target accepted but the budget cut counts in neither."""
+    from ygg_compile.serve import ServerMetrics
+
+    prompt = decoder.encode(PROMPTS[0], raw=True)
+    cut = 0
+    for budget in range(1, 7):
+        server, verdicts = ServerMetrics(), []
+        batch = decoder.batch(max_batch=1)
+        member = batch.join(prompt, "chain", max_new_tokens=budget, on_event=server.record,
+                            on_step=lambda tree, verdict: verdicts.append(verdict.accepted))
+        for _ in range(50):
+            if not batch.members:
+                break
+            assert all(m.error is None for m in batch.step())
+        m = member.generation.metrics
+        assert sum(m.accepted_lengths) == budget
+        assert server.num_accepted_tokens._value.get() == m.accepted_tokens
+        assert server.num_draft_tokens._value.get() == m.drafted_tokens
+        cut += sum(verdicts) - m.accepted_tokens
+    assert cut > 0  # some budget did cut accepted tokens (the case the old counter got wrong)
+
+
 def test_the_server_binds_to_loopback_and_lists_its_model(server):
     assert server.model == "target"
     models = server.client.models.list().data

@@ -29,13 +29,12 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from ygg_runtime.accept import Verdict
 from ygg_runtime.batch import Member
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
+from ygg_runtime.metrics import Step
 from ygg_runtime.options import MAX_BATCH, ServeOptions
 from ygg_runtime.text import StreamDecoder
-from ygg_runtime.tree import TokenTree
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -104,10 +103,11 @@ class ChatRequest(BaseRequest):
 
 class ServerMetrics:
     """The /metrics families, in one registry per server (tests start several in one process).
-    Spec-decode counters follow vLLM: a draft is one verified tree with at least one drafted node,
-    its draft tokens are those nodes, accepted tokens are the drafted tokens the target accepted
-    (bonus excluded, before any stop or length cut), and accepted_tokens_per_pos[i] counts drafts
-    whose accepted path reached depth i + 1."""
+    Spec-decode counters follow vLLM and count what each step's event (`ygg_runtime.metrics.Step`)
+    says, as `ygg run --json` and `ygg bench` do: a draft is one verified tree with at least one
+    drafted node, its draft tokens are those nodes, accepted tokens are the drafted tokens in the
+    output (bonus excluded, after any stop or length cut), and accepted_tokens_per_pos[i] counts
+    drafts whose accepted path reached depth i + 1."""
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -137,12 +137,12 @@ class ServerMetrics:
                              "verified together: divided by ygg:batch_steps and sequences, the tree size per sequence",
                              ["sequences"], registry=r)
 
-    def record_step(self, tree: TokenTree, verdict: Verdict) -> None:
-        if len(tree) > 1:
+    def record(self, step: Step) -> None:
+        if step.drafted:
             self.num_drafts.inc()
-            self.num_draft_tokens.inc(len(tree) - 1)
-            self.num_accepted_tokens.inc(verdict.accepted)
-            for i in range(verdict.accepted):
+            self.num_draft_tokens.inc(step.drafted)
+            self.num_accepted_tokens.inc(step.accepted)
+            for i in range(step.accepted):
                 self.accepted_per_pos.labels(str(min(i, MAX_POSITIONS - 1))).inc()
 
 
@@ -242,7 +242,7 @@ class Scheduler:
                                          temperature=job.temperature, top_p=job.top_p, seed=job.seed,
                                          eos_ids=frozenset() if job.ignore_eos else self.decoder.eos_ids,
                                          on_tokens=lambda new, job=job: self._emit(job, new),
-                                         on_step=self.metrics.record_step)
+                                         on_event=self.metrics.record)
             except YggError as e:  # checked before queueing; only a race with nothing left could land here
                 self.queue.popleft()
                 job.send("error", ApiError(400, str(e)))

@@ -35,6 +35,7 @@ from torch import Tensor
 from ygg_runtime import engine, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.engine import Generation, step_room
+from ygg_runtime.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, check_max_batch
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter, Proposer
@@ -180,10 +181,12 @@ class Batch:
     def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, seed: int | None = None, eos_ids: frozenset[int] = frozenset(),
              on_tokens: Callable[[list[int]], None] | None = None,
-             on_step: Callable[[TokenTree, Verdict], None] | None = None) -> Member | None:
+             on_step: Callable[[TokenTree, Verdict], None] | None = None,
+             on_event: Callable[[Step], None] | None = None) -> Member | None:
         """A new member, prefilled at the next step; None when the batch or the cache is full now
         (try again after a step). A request that can never fit is refused (YggError). on_tokens
-        hears each step's new tokens, on_step each verified tree and its verdict."""
+        hears each step's new tokens, on_step each verified tree and its verdict, on_event each
+        step's metrics event (`ygg_runtime.metrics.Step`)."""
         if len(self.members) >= self.max_batch:
             return None
         length = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
@@ -197,7 +200,8 @@ class Batch:
             if self.drafter is not None:
                 drafter = Drafter(self.drafter.region(base, length), self.target.vocab_size, lazy=True)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
-                             temperature=temperature, top_p=top_p, seed=seed, eos_ids=eos_ids, on_step=on_step)
+                             temperature=temperature, top_p=top_p, seed=seed, eos_ids=eos_ids, on_step=on_step,
+                             on_event=on_event)
         except BaseException:
             self.regions.free(base)
             raise

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ygg_runtime.accept import Verdict, accept_greedy, accept_sampling, warp
 from ygg_runtime.errors import YggError
-from ygg_runtime.metrics import Metrics
+from ygg_runtime.metrics import Metrics, Step
 from ygg_runtime.options import check_settings
 from ygg_runtime.proposers import Proposer, Sampling, StepState
 from ygg_runtime.runner import Call, ModelRunner, fit_width
@@ -33,11 +33,12 @@ class Generation:
     def __init__(self, target: ModelRunner, proposer: Proposer, prompt: list[int], *, max_new_tokens: int,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  eos_ids: frozenset[int] = frozenset(),
-                 on_step: Callable[[TokenTree, Verdict], None] | None = None):
+                 on_step: Callable[[TokenTree, Verdict], None] | None = None,
+                 on_event: Callable[[Step], None] | None = None):
         check(target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
         self.target, self.proposer, self.prompt = target, proposer, prompt
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
-        self.eos_ids, self.on_step = eos_ids, on_step
+        self.eos_ids, self.on_step, self.on_event = eos_ids, on_step, on_event
         self.sampling = None
         if temperature > 0:
             gen = torch.Generator(device=target.device)  # private: the caller's generators stay as they were
@@ -79,7 +80,7 @@ class Generation:
     def accept(self, logits: Tensor, verify_s: float) -> list[int]:
         """Accept from the tree's target logits, commit, and return the step's new tokens
         (verify_s: the seconds its target forward took, for the metrics)."""
-        tree, m = self.tree, self.metrics
+        tree = self.tree
         tv = time.perf_counter()
         if self.sampling is None:
             verdict = accept_greedy(tree, logits)
@@ -89,8 +90,6 @@ class Generation:
             self.on_step(tree, verdict)
         self.target.commit(verdict.path)
         info = self.proposer.update(tree, verdict)
-        m.ahead_hits += info.ahead_hit
-        m.retrieval_s += info.retrieval_s
         self.state = StepState(self.target.hidden[verdict.path[-1]])
         new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         new = new[: self.max_new_tokens - len(self.out)]
@@ -100,14 +99,15 @@ class Generation:
         # The metrics describe the output: drafted tokens the budget or an eos cut are not counted.
         kept = min(verdict.accepted, len(new))
         tried = kept + bool(tree.children[verdict.path[kept]]) if kept == verdict.accepted else kept
-        m.record_step(len(tree) - 1, kept, len(new), tried, max(tree.depths))
-        m.record_sources(tree.sources[1:], [tree.sources[v] for v in verdict.path[1 : kept + 1]])
         self.seq += new
         self.out += new
-        te = time.perf_counter()
-        m.draft_s += self._td - self._ts
-        m.verify_s += verify_s
-        m.other_s += te - tv
+        step = Step(len(tree) - 1, kept, len(new), tried, max(tree.depths), tuple(tree.sources[1:]),
+                    tuple(tree.sources[v] for v in verdict.path[1 : kept + 1]), draft_s=self._td - self._ts,
+                    verify_s=verify_s, other_s=time.perf_counter() - tv, retrieval_s=info.retrieval_s,
+                    ahead_hit=info.ahead_hit)
+        self.metrics.record(step)
+        if self.on_event is not None:
+            self.on_event(step)
         self.done = stop is not None or len(self.out) >= self.max_new_tokens
         if self.done:
             self.finish()

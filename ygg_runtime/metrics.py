@@ -1,8 +1,12 @@
-"""One dataclass of counters that every method fills; each derived metric is defined next to it.
+"""One event per verified step, and one dataclass of counters that every method fills from those
+events; each derived metric is defined next to it.
 
-It is the one schema of a run: `ygg run --json` prints `to_dict()`, `Result` reads its fields from
-it, and each `ygg bench` row of ours is `to_dict()` plus the tokens (the summary and the CSV then
-aggregate those keys per category).
+`Step` is what a generation says about each step, once, as its output sees it: `Metrics` (one
+generation's counters) and the server's Prometheus counters (`ygg serve`'s /metrics) both consume
+it, so a drafted token the budget or an eos cut is counted as accepted by neither. `Metrics` is
+the one schema of a run: `ygg run --json` prints `to_dict()`, `Result` reads its fields from it, and
+each `ygg bench` row of ours is `to_dict()` plus the tokens (the summary and the CSV then aggregate
+those keys per category).
 """
 
 from __future__ import annotations
@@ -17,6 +21,24 @@ PER_STEP = ("accepted_lengths", "depth_tries", "depth_accepts", "tree_depths")
 # The derived metrics, in the order to_dict() reports them after the counters.
 DERIVED = ("mean_accepted_length", "acceptance_rate", "depth_acceptance", "mean_tree_depth", "tokens_per_step_by_source",
            "retrieval_ms_per_step", "tpot_ms", "forward")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One verified step of one sequence, as its output sees it."""
+
+    drafted: int  # tree nodes sent to the target (root excluded), drafted or retrieved
+    accepted: int  # of those, the ones in the output (bonus excluded; after any budget or eos cut)
+    yielded: int  # tokens the step added to the output (accepted, and the bonus unless cut)
+    tried_depths: int  # how deep the accepted path could have gone (the accepted node's deepest child)
+    tree_depth: int  # the verified tree's depth (0: plain decoding)
+    sources: tuple[int, ...]  # DRAFT, CONTEXT or ADJACENCY per drafted node
+    accepted_sources: tuple[int, ...]  # ... per accepted token
+    draft_s: float  # proposer work: drafter forwards and tree building
+    verify_s: float  # the target forward over the tree
+    other_s: float  # acceptance, compaction, bookkeeping
+    retrieval_s: float = 0.0  # indexing and retrieval, part of draft_s
+    ahead_hit: bool = False  # the next root was already fed to the drafter (egt's head draft)
 
 
 @dataclass
@@ -45,30 +67,29 @@ class Metrics:
     compiled_forwards: int = 0  # model forwards (target and drafter, prefill included) run ahead-of-time compiled
     eager_forwards: int = 0  # ... and run eager (`--eager`, no compiled forwards, or wider than they hold)
 
-    def record_step(self, drafted: int, accepted: int, yielded: int, tried_depths: int, tree_depth: int) -> None:
-        """accepted: drafted tokens of this step in the output; yielded: tokens the step added to
-        the output (accepted, and the bonus unless the budget or an eos cut it); tried_depths: how
-        deep the accepted path could have gone (the depth of the accepted node's deepest child, or
-        the path length)."""
+    def record(self, step: Step) -> None:
+        """Count one step."""
         self.steps += 1
-        self.tree_depths.append(tree_depth)
-        self.drafted_tokens += drafted
-        self.accepted_tokens += accepted
-        self.accepted_lengths.append(yielded)
-        while len(self.depth_tries) < tried_depths:
+        self.tree_depths.append(step.tree_depth)
+        self.drafted_tokens += step.drafted
+        self.accepted_tokens += step.accepted
+        self.accepted_lengths.append(step.yielded)
+        while len(self.depth_tries) < step.tried_depths:
             self.depth_tries.append(0)
             self.depth_accepts.append(0)
-        for d in range(tried_depths):
+        for d in range(step.tried_depths):
             self.depth_tries[d] += 1
-            self.depth_accepts[d] += d < accepted
-
-    def record_sources(self, sources: list[int], accepted: list[int]) -> None:
-        """sources: the step's tree nodes' (root excluded); accepted: those of its accepted tokens."""
-        retrieved = sum(s != DRAFT for s in sources)
+            self.depth_accepts[d] += d < step.accepted
+        retrieved = sum(s != DRAFT for s in step.sources)
         self.retrieved_tokens += retrieved
-        self.retrieval_steps += bool(retrieved) and retrieved == len(sources)
-        self.accepted_context += accepted.count(CONTEXT)
-        self.accepted_adjacency += accepted.count(ADJACENCY)
+        self.retrieval_steps += bool(retrieved) and retrieved == len(step.sources)
+        self.accepted_context += step.accepted_sources.count(CONTEXT)
+        self.accepted_adjacency += step.accepted_sources.count(ADJACENCY)
+        self.ahead_hits += step.ahead_hit
+        self.retrieval_s += step.retrieval_s
+        self.draft_s += step.draft_s
+        self.verify_s += step.verify_s
+        self.other_s += step.other_s
 
     @property
     def mean_accepted_length(self) -> float:
