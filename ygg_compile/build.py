@@ -18,9 +18,9 @@ import tempfile
 import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -53,27 +53,19 @@ ADJACENCY_FILE = "adjacency.safetensors"  # the seeded adjacency table egt and p
 TOKENIZER_PROBES = ["Hello, world!", "def f(x):\n    return x ** 2  # ünïcode ✓", "  leading spaces\tand tabs\n\n"]
 
 
-def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
-    """Build the artifact at opts.output; returns the plan written."""
+def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
+    """Build the artifact at opts.output; returns the plan written. Every option is checked before
+    any work; then the stages run in order, each a function below, into a staging directory that
+    is renamed to the output only at the end: resolve, convert, aot, invariance, profile,
+    calibrate, plan, write."""
     ui = ui or Reporter()
     sources.quiet_transformers()
-    opts = replace(opts, methods={k: {**v, **opts.methods.get(k, {})} for k, v in DEFAULT_PARAMS.items()}
-                   | {k: v for k, v in opts.methods.items() if k not in DEFAULT_PARAMS})
-    proposers.validate(opts.methods)
-    _static_trees(opts.methods)
-    planned = ("sequoia", "egt")
-    if opts.method not in (*opts.methods, *planned):
-        raise YggError(f"default method '{opts.method}' is not one of the compiled methods ({', '.join([*opts.methods, *planned])})")
-    if opts.calib_tokens < 1:
-        raise YggError("--calib-tokens must be at least 1")
-    draft_vocab.parse(opts.draft_vocab)  # refused in one line before any work
+    opts = _checked(opts)
     device = hardware.resolve_device(opts.device)
     dtype = hardware.resolve_dtype(opts.dtype, device)
     out = Path(opts.output)
     _check_output(out)
-
-    calib_prompts = prompts.calibration(opts.calib)
-    calib_tokens, predictor = opts.calib_tokens, opts.predictor
+    calib_prompts, calib_tokens, predictor = prompts.calibration(opts.calib), opts.calib_tokens, opts.predictor
     if opts.quick:
         calib_prompts, calib_tokens, predictor = calib_prompts[:QUICK_PROMPTS], min(calib_tokens, QUICK_TOKENS), False
     started = time.time()
@@ -91,118 +83,211 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> dict:
             raise KeyboardInterrupt
 
     with _interrupts() as interrupted, _staging(out) as tmp:
-        with phase("resolve", "finding draft model"):
-            draft = sources.locate(opts.draft, ui.progress)
-        with phase("resolve", "finding target model"):
-            target = sources.locate(opts.target, ui.progress)
-        held = {role: _weights(opts.draft_weights or opts.weights if role == "draft" else opts.weights, src, device, role)
-                for role, src in (("target", target), ("draft", draft))}
-        with phase("resolve", "estimating memory"):  # from the files' headers, before hashing them
-            footprint.check_memory(footprint.estimate({"target": target, "draft": draft}, held, dtype), dtype)
-        with phase("resolve", None):
-            target, draft = sources.identify(target, ui.progress), sources.identify(draft, ui.progress)
-        with phase("resolve", "estimating disk space"):  # now that it is known which conversions are cached
-            footprint.check_disk(footprint.estimate({"target": target, "draft": draft}, held, dtype), out)
-        # A GGUF model whose artifact holds integer codes is dequantized once and cached in the
-        # artifact's dtype (the next compile reuses it); one whose artifact holds the float weights
-        # is dequantized in memory as it is converted: the artifact is the only copy on disk
-        with phase("convert", None):  # dequantizing a GGUF model not cached yet shows its own bar
-            target, draft = (sources.materialize(src, dtype, ui.progress) if held[role] != "float" else
-                             sources.cached(src, dtype) for role, src in (("target", target), ("draft", draft)))
-        with phase("convert", "comparing tokenizers"):
-            tokenizer = _shared_tokenizer(draft, target)
-        models = {}
-        for role, src in (("target", target), ("draft", draft)):
-            weights = held[role]
-            label = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
-            with phase("convert", f"converting {role} ({src.spec}) to {label}"):
-                models[role] = _convert(src, role, dtype, tmp / role, weights, ui)
-        _check_vocab(len(tokenizer), models, ui)
-        big, small = models["draft"].parameters, models["target"].parameters
-        if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
-            ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
-                    f"({small / 1e6:.1f}M): speculation will not beat plain decoding; swapped --draft and --target?")
-        max_context = min(opts.max_context, *(m.max_position for m in models.values()))
-        # Room past max_context for the calibration probe's wide trees (slots, not positions);
-        # `ygg run` sets up the same cache, which the compiled graphs are built around.
-        cache_slots = max_context + calibrate.PROBE_ROOM
-        with phase("convert", "writing tokenizer"):
-            tok_info = _write_tokenizer(tokenizer, target, tmp)
-            tok_info.eos_token_ids = sorted(set(tok_info.eos_token_ids) | set(models["target"].eos_token_ids))
-        kernel = None
-        if device.startswith("cpu"):
+        b = _Build(opts, ui, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor)
+        for stage in (_resolve, _convert, _aot, _invariance, _profile, _calibrate, _plan):
+            stage(b)
+        return _write(b, started, phases)
 
-            with phase("aot", "building the native kernels (row-invariant attention, quantized linear)"):
-                shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
-            kernel = KernelInfo(kernels.LIBRARY, **aot.cpu_requirements(device))
-        runners = _load_runners(tmp, device, cache_slots)
-        codec = TextCodec(tmp / tok_info.file, tok_info.chat_prefix, tok_info.chat_suffix)
-        seconds: dict[str, float] = {}  # AOT compile time per model
-        if opts.aot:
-            _compile_forward(runners, "target", tmp, phase, ui, seconds)
-        vocab = _cut_draft_head(runners, models, codec, calib_prompts, calib_tokens,
-                                sorted(set(tokenizer.all_special_ids) | set(tok_info.eos_token_ids)), opts, tmp, phase, ui)
-        aot_info = None
-        if opts.aot:
-            _compile_forward(runners, "draft", tmp, phase, ui, seconds)
-            aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(device))
-        with phase("exactness", None):
-            exact = _check_rows(runners["target"], max_context, opts.methods, aot_info is not None, ui)
-        runners["target"].min_width = exactness.min_width(exact.get("compiled" if aot_info else "eager"))
-        with phase("profile", None):
-            profile = _profiles(runners, models, device, str(dtype).removeprefix("torch."), max_context, opts, ui)
-        with phase("calibrate", f"calibrating on {len(calib_prompts)} prompts ({calib_tokens} tokens each)"):
-            calib = calibrate.run_probe(runners["target"], runners["draft"], codec, calib_prompts, calib_tokens, ui)
-        agreement = None
-        if predictor and calib.texts:
-            with phase("calibrate", f"reading {sum(map(len, calib.texts.values()))} calibration positions for the depth predictor"):
-                agreement = calibrate.agreement(runners["target"], runners["draft"], calib.texts)
-        with phase("plan", "planning egt and sequoia with the objective" + (", training the depth predictor" if predictor else "")):
-            methods, planning = _plan(calib, agreement, profile, opts, predictor, tmp)
-        if opts.quick:
-            planning["predictor"]["why"] = "--quick"
-        planning["draft_vocab"] = vocab
-        del agreement
-        with phase("stages", None):
-            planning["stages"] = _stage_plan(runners, codec, calib_prompts, methods, profile, tmp, opts.quick, ui)
-            methods["egt"]["stages"] = planning["stages"]["chosen"]
-        del runners
-        gc.collect()
-        with phase("hash", "hashing artifact files"):
-            files = {str(p.relative_to(tmp)): file_entry(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        plan = Plan(
-            format_version=FORMAT_VERSION,
-            yggdrasil_version=_version(),
-            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            compile_seconds=round(time.time() - started, 1),
-            compile_phases=phases,
-            quick=opts.quick,
-            models=models,
-            device=device,
-            dtype=str(dtype).removeprefix("torch."),
-            torch_version=str(torch.__version__),
-            cpu=hardware.cpu_info(),
-            max_context=max_context,
-            cache_slots=cache_slots,
-            aot=aot_info,
-            kernel=kernel,
-            exactness=exact,
-            method=opts.method,
-            methods=methods,
-            profile=profile,
-            calibration=CalibrationInfo(
-                source=str(opts.calib) if opts.calib else "builtin",
-                prompts=calib.prompts,
-                tokens=calib.tokens,
-                steps=len(calib.steps),
-                seconds=round(calib.seconds, 1),
-                probe_tokens_per_step=round(calib.tokens / max(1, len(calib.steps)), 3),
-            ),
-            planning=planning,
-            tokenizer=tok_info,
-            files=files,
-        )
-        (tmp / PLAN_FILE).write_text(plan.to_yaml())
+
+def _checked(opts: CompileOptions) -> CompileOptions:
+    """The options with every method's parameters filled in, each option refused in one line
+    before any work."""
+    opts = replace(opts, methods={k: {**v, **opts.methods.get(k, {})} for k, v in DEFAULT_PARAMS.items()}
+                   | {k: v for k, v in opts.methods.items() if k not in DEFAULT_PARAMS})
+    proposers.validate(opts.methods)
+    _static_trees(opts.methods)
+    planned = ("sequoia", "egt")
+    if opts.method not in (*opts.methods, *planned):
+        raise YggError(f"default method '{opts.method}' is not one of the compiled methods ({', '.join([*opts.methods, *planned])})")
+    if opts.calib_tokens < 1:
+        raise YggError("--calib-tokens must be at least 1")
+    draft_vocab.parse(opts.draft_vocab)
+    return opts
+
+
+@dataclass
+class _Build:
+    """What the stages of one compile share: the settings, then what each stage makes, in order."""
+
+    opts: CompileOptions
+    ui: Reporter
+    tmp: Path  # the staging directory
+    phase: Callable[[str, str | None], contextlib.AbstractContextManager]
+    device: str
+    dtype: torch.dtype
+    calib_prompts: list[str]
+    calib_tokens: int
+    predictor: bool  # train egt's depth predictor
+    # resolve
+    srcs: dict[str, sources.ModelSource] = field(default_factory=dict)  # by role
+    held: dict[str, str] = field(default_factory=dict)  # how each role's weights are held
+    # convert
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    tokenizer: Any = None
+    tok_info: TokenizerInfo | None = None
+    max_context: int = 0
+    cache_slots: int = 0
+    # aot
+    kernel: KernelInfo | None = None
+    runners: dict[str, ModelRunner] = field(default_factory=dict)
+    codec: TextCodec | None = None
+    aot_info: AOTInfo | None = None
+    vocab: dict = field(default_factory=dict)  # the drafter's head, as cut
+    # invariance, profile, calibrate, plan
+    exact: dict[str, ExactnessRecord] = field(default_factory=dict)
+    profile: dict = field(default_factory=dict)
+    calib: Any = None
+    agreement: Any = None
+    methods: dict = field(default_factory=dict)
+    planning: dict = field(default_factory=dict)
+
+
+def _resolve(b: _Build) -> None:
+    """Find both models, and refuse a compile that will not fit in memory or on disk before any
+    conversion starts."""
+    opts, phase = b.opts, b.phase
+    with phase("resolve", "finding draft model"):
+        draft = sources.locate(opts.draft, b.ui.progress)
+    with phase("resolve", "finding target model"):
+        target = sources.locate(opts.target, b.ui.progress)
+    b.held = {role: _weights(opts.draft_weights or opts.weights if role == "draft" else opts.weights, src, b.device, role)
+              for role, src in (("target", target), ("draft", draft))}
+    with phase("resolve", "estimating memory"):  # from the files' headers, before hashing them
+        footprint.check_memory(footprint.estimate({"target": target, "draft": draft}, b.held, b.dtype), b.dtype)
+    with phase("resolve", None):
+        target, draft = sources.identify(target, b.ui.progress), sources.identify(draft, b.ui.progress)
+    with phase("resolve", "estimating disk space"):  # now that it is known which conversions are cached
+        footprint.check_disk(footprint.estimate({"target": target, "draft": draft}, b.held, b.dtype), Path(opts.output))
+    b.srcs = {"target": target, "draft": draft}
+
+
+def _convert(b: _Build) -> None:
+    """Both models' weights and the shared tokenizer into the staging directory.
+
+    A GGUF model whose artifact holds integer codes is dequantized once and cached in the
+    artifact's dtype (the next compile reuses it); one whose artifact holds the float weights is
+    dequantized in memory as it is converted: the artifact is the only copy on disk."""
+    phase, held, dtype = b.phase, b.held, b.dtype
+    with phase("convert", None):  # dequantizing a GGUF model not cached yet shows its own bar
+        b.srcs = {role: sources.materialize(src, dtype, b.ui.progress) if held[role] != "float" else sources.cached(src, dtype)
+                  for role, src in b.srcs.items()}
+    target, draft = b.srcs["target"], b.srcs["draft"]
+    with phase("convert", "comparing tokenizers"):
+        b.tokenizer = _shared_tokenizer(draft, target)
+    for role, src in (("target", target), ("draft", draft)):
+        weights = held[role]
+        label = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
+        with phase("convert", f"converting {role} ({src.spec}) to {label}"):
+            b.models[role] = _convert_model(src, role, dtype, b.tmp / role, weights, b.ui)
+    _check_vocab(len(b.tokenizer), b.models, b.ui)
+    big, small = b.models["draft"].parameters, b.models["target"].parameters
+    if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
+        b.ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
+                  f"({small / 1e6:.1f}M): speculation will not beat plain decoding; swapped --draft and --target?")
+    b.max_context = min(b.opts.max_context, *(m.max_position for m in b.models.values()))
+    # Room past max_context for the calibration probe's wide trees (slots, not positions);
+    # `ygg run` sets up the same cache, which the compiled graphs are built around.
+    b.cache_slots = b.max_context + calibrate.PROBE_ROOM
+    with phase("convert", "writing tokenizer"):
+        b.tok_info = _write_tokenizer(b.tokenizer, target, b.tmp)
+        b.tok_info.eos_token_ids = sorted(set(b.tok_info.eos_token_ids) | set(b.models["target"].eos_token_ids))
+
+
+def _aot(b: _Build) -> None:
+    """The native kernels, both models loaded, their forwards compiled ahead of time, and the
+    drafter's head cut (between the two compiles: the drafter is compiled as it will run)."""
+    tmp, phase, opts = b.tmp, b.phase, b.opts
+    if b.device.startswith("cpu"):
+        with phase("aot", "building the native kernels (row-invariant attention, quantized linear)"):
+            shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
+        b.kernel = KernelInfo(kernels.LIBRARY, **aot.cpu_requirements(b.device))
+    b.runners = _load_runners(tmp, b.device, b.cache_slots)
+    b.codec = TextCodec(tmp / b.tok_info.file, b.tok_info.chat_prefix, b.tok_info.chat_suffix)
+    seconds: dict[str, float] = {}  # AOT compile time per model
+    if opts.aot:
+        _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds)
+    special = sorted(set(b.tokenizer.all_special_ids) | set(b.tok_info.eos_token_ids))
+    b.vocab = _cut_draft_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special, opts, tmp, phase, b.ui)
+    if opts.aot:
+        _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds)
+        b.aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(b.device))
+
+
+def _invariance(b: _Build) -> None:
+    """Which target forward widths score a row as it is alone (the exactness of tree verification)."""
+    with b.phase("exactness", None):
+        b.exact = _check_rows(b.runners["target"], b.max_context, b.opts.methods, b.aot_info is not None, b.ui)
+    b.runners["target"].min_width = exactness.min_width(b.exact.get("compiled" if b.aot_info else "eager"))
+
+
+def _profile(b: _Build) -> None:
+    with b.phase("profile", None):
+        b.profile = _profiles(b.runners, b.models, b.device, str(b.dtype).removeprefix("torch."), b.max_context, b.opts, b.ui)
+
+
+def _calibrate(b: _Build) -> None:
+    """The probe's trees on the calibration prompts, and the agreement the depth predictor learns from."""
+    with b.phase("calibrate", f"calibrating on {len(b.calib_prompts)} prompts ({b.calib_tokens} tokens each)"):
+        b.calib = calibrate.run_probe(b.runners["target"], b.runners["draft"], b.codec, b.calib_prompts, b.calib_tokens, b.ui)
+    if b.predictor and b.calib.texts:
+        with b.phase("calibrate", f"reading {sum(map(len, b.calib.texts.values()))} calibration positions for the depth predictor"):
+            b.agreement = calibrate.agreement(b.runners["target"], b.runners["draft"], b.calib.texts)
+
+
+def _plan(b: _Build) -> None:
+    """egt's and sequoia's parameters by the objective, egt's stage order timed on the real models;
+    the models are let go after it."""
+    with b.phase("plan", "planning egt and sequoia with the objective" + (", training the depth predictor" if b.predictor else "")):
+        b.methods, b.planning = _plan_methods(b.calib, b.agreement, b.profile, b.opts, b.predictor, b.tmp)
+    if b.opts.quick:
+        b.planning["predictor"]["why"] = "--quick"
+    b.planning["draft_vocab"] = b.vocab
+    b.agreement = None
+    with b.phase("stages", None):
+        b.planning["stages"] = _stage_plan(b.runners, b.codec, b.calib_prompts, b.methods, b.profile, b.tmp, b.opts.quick, b.ui)
+        b.methods["egt"]["stages"] = b.planning["stages"]["chosen"]
+    b.runners = {}
+    gc.collect()
+
+
+def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
+    """Every file's hash, then plan.yaml, the file that makes the directory an artifact."""
+    with b.phase("hash", "hashing artifact files"):
+        files = {str(p.relative_to(b.tmp)): file_entry(p) for p in sorted(b.tmp.rglob("*")) if p.is_file()}
+    opts, calib = b.opts, b.calib
+    plan = Plan(
+        format_version=FORMAT_VERSION,
+        yggdrasil_version=_version(),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        compile_seconds=round(time.time() - started, 1),
+        compile_phases=phases,
+        quick=opts.quick,
+        models=b.models,
+        device=b.device,
+        dtype=str(b.dtype).removeprefix("torch."),
+        torch_version=str(torch.__version__),
+        cpu=hardware.cpu_info(),
+        max_context=b.max_context,
+        cache_slots=b.cache_slots,
+        aot=b.aot_info,
+        kernel=b.kernel,
+        exactness=b.exact,
+        method=opts.method,
+        methods=b.methods,
+        profile=b.profile,
+        calibration=CalibrationInfo(
+            source=str(opts.calib) if opts.calib else "builtin",
+            prompts=calib.prompts,
+            tokens=calib.tokens,
+            steps=len(calib.steps),
+            seconds=round(calib.seconds, 1),
+            probe_tokens_per_step=round(calib.tokens / max(1, len(calib.steps)), 3),
+        ),
+        planning=b.planning,
+        tokenizer=b.tok_info,
+        files=files,
+    )
+    (b.tmp / PLAN_FILE).write_text(plan.to_yaml())
     return plan
 
 
@@ -365,7 +450,7 @@ def _weights(asked: str, src: sources.ModelSource, device: str, role: str = "tar
     return "float" if asked == "bf16" else asked
 
 
-def _convert(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path, weights: str = "float",
+def _convert_model(src: sources.ModelSource, role: str, dtype: torch.dtype, out: Path, weights: str = "float",
              ui: Reporter | None = None) -> ModelInfo:
     try:
         hf = sources.load_model(src, dtype, ui.progress if ui else None)
@@ -548,7 +633,7 @@ def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: di
         return stages.search(runners["target"], runners["draft"], ids, egt, objective.Curves(profile), pred, ui)
 
 
-def _plan(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:
+def _plan_methods(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:
     """egt and sequoia parameters from calibration and the curves, with the candidates' table;
     egt's depth predictor trained and saved into `tmp` when it beats egt's fixed depth."""
     curves = objective.Curves(profile)
