@@ -52,3 +52,30 @@ def test_every_module_imports_on_its_own():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ""
+
+
+def test_every_library_we_import_is_declared():
+    """Each third-party module our packages import belongs to a distribution pyproject.toml names
+    (in its dependencies or an extra): none arrives only because another package pulled it in."""
+    import ast
+    import re
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    specs = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    declared = {re.split(r"[<>=\[; ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in specs}
+    imported = set()
+    for package in ("ygg_runtime", "ygg_compile"):
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Import):
+                    imported |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    imported.add(node.module.split(".")[0])
+    third = imported - set(sys.stdlib_module_names) - {"ygg_runtime", "ygg_compile"}
+    dists = packages_distributions()
+    undeclared = {m: dists.get(m) for m in third
+                  if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & declared}
+    assert undeclared == {}

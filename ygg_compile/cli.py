@@ -13,7 +13,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Optional
 
-import click
 import typer
 
 from ygg_compile.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, BenchOptions, CompileOptions, ServeBenchOptions
@@ -290,12 +289,12 @@ def main() -> None:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except (KeyboardInterrupt, typer.Abort, click.exceptions.Abort):
+    except (KeyboardInterrupt, typer.Abort):
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
-    except (typer.Exit, click.exceptions.Exit) as e:
+    except typer.Exit as e:
         sys.exit(e.exit_code)
-    except (typer.TyperException, click.exceptions.ClickException) as e:  # a usage error: one line, not click's box
+    except typer.TyperException as e:  # a usage error (typer's vendored click raises it): one line, not click's box
         ctx = getattr(e, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         print(f"error: {e.format_message()}{where}", file=sys.stderr)
