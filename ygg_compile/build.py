@@ -626,11 +626,11 @@ def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: di
     if not egt["depth"] and not egt.get("depth_policy"):
         return {"chosen": dict(stages.PLAIN), "why": "plain: egt does not draft", "alternatives": []}
     n = 2 if quick else stages.PROMPTS
-    ids = [codec.encode(p) for p in prompts[:n]]
+    ids = [codec.encode(p) for p in prompts]  # search times the first n that fit the context
     policy = egt.get("depth_policy")
     pred = DepthPredictor.load(tmp / policy["file"]) if policy else None
-    with ui.step(f"timing egt's stage orders: {len(stages.GRID)} alternatives × {len(ids)} prompts"):
-        return stages.search(runners["target"], runners["draft"], ids, egt, objective.Curves(profile), pred, ui)
+    with ui.step(f"timing egt's stage orders: {len(stages.GRID)} alternatives × {min(n, len(ids))} prompts"):
+        return stages.search(runners["target"], runners["draft"], ids, egt, objective.Curves(profile), pred, ui, count=n)
 
 
 def _plan_methods(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:

@@ -50,11 +50,17 @@ class _StageTimer(Hook):
 
 
 def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], egt: dict, curves: Curves,
-           predictor: DepthPredictor | None, ui: Reporter, tokens: int = TOKENS) -> dict:
-    """Time every alternative on `prompts` (token ids); returns planning["stages"]: the chosen
-    stage order, why, and every alternative's measured stage times and modelled time per token."""
+           predictor: DepthPredictor | None, ui: Reporter, tokens: int = TOKENS, count: int = PROMPTS) -> dict:
+    """Time every alternative on the first `count` of `prompts` (token ids) that fit the context
+    with `tokens` to generate; returns planning["stages"]: the chosen stage order, why, and every
+    alternative's measured stage times and modelled time per token."""
     drafter = proposers.Drafter(draft, target.vocab_size)
     built = {i: proposers.build("egt", egt | {"stages": s}, drafter, curves, predictor) for i, s in enumerate(GRID)}
+    room = max(engine.step_room(target, p) for p in built.values())
+    prompts = [ids for ids in prompts if len(ids) + tokens + room <= target.max_len][:count]
+    if not prompts:
+        return {"chosen": dict(PLAIN), "why": f"plain: no calibration prompt leaves room for {tokens} tokens in the context",
+                "alternatives": []}
     totals = {i: {"steps": 0, "tokens": 0, "hits": 0, "decode_s": 0.0, "verify_s": 0.0, "other_s": 0.0,
                   **{k: 0.0 for k in STAGE_KEYS}} for i in built}
     label = f"timing egt's stage orders ({len(GRID)} alternatives × {len(prompts)} prompts)"
