@@ -17,7 +17,8 @@ import typer
 
 from ygg_compile.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, BenchOptions, CompileOptions, ServeBenchOptions
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.options import DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, ServeOptions, check_settings
+from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, ServeOptions, check_max_new_tokens,
+                                 check_settings)
 from ygg_runtime.plan import plan_bytes
 
 METHODS = ", ".join(METHOD_NAMES)  # for help strings
@@ -242,8 +243,7 @@ def inspect_cmd(
         text = _read_prompt(prompt) if Path(prompt).is_file() else prompt
         if not text.strip():
             raise YggError("the prompt is empty")
-    if max_new_tokens < 1:
-        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     plan_bytes(artifact)
     commands().inspect(artifact, text, method, step, max_new_tokens, output)
 

@@ -23,6 +23,7 @@ from ygg_runtime.artifact import plan_sha256, read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.exactness import verdict
 from ygg_runtime.files import output_dir, write_atomic
+from ygg_runtime.options import check_max_new_tokens
 from ygg_runtime.plan import Plan
 from ygg_runtime.tree import DRAFT
 
@@ -56,8 +57,7 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
     method = method or plan.method
     if prompt is not None and method not in plan.methods:
         raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan.methods)})")
-    if max_new_tokens < 1:
-        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     curves = objective.Curves(plan.profile, context=plan.planning["context"])
     reports = []
     for name, params in plan.methods.items():

@@ -32,11 +32,15 @@ def check_max_batch(max_batch: int) -> int:
     return max_batch
 
 
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    if max_new_tokens < 1:
+        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
+
+
 def check_settings(max_new_tokens: int, temperature: float, top_p: float, seed: int | None = None) -> None:
     """The generation settings alone, in the CLI's words: checked by every generation, and by the
     command line and a benchmark before anything loads."""
-    if max_new_tokens < 1:
-        raise YggError(f"--max-new-tokens must be at least 1, not {max_new_tokens}")
+    check_max_new_tokens(max_new_tokens)
     if not 0 <= temperature < math.inf:  # the comparison also refuses NaN
         raise YggError(f"--temperature must be a finite number >= 0 (0 = greedy), not {temperature}")
     if not 0 < top_p <= 1:
