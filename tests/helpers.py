@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx2 as httpx  # the HTTP client the openai package itself uses
+import openai
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from ygg_compile.convert import to_runtime
 from ygg_runtime import proposers
@@ -16,6 +22,7 @@ from ygg_runtime.model import Transformer, from_state
 from ygg_runtime.runner import ModelRunner
 
 YGG = str(Path(sys.executable).parent / "ygg")
+TIMEOUT = 120  # seconds any one request or wait on a server may take
 
 
 def ygg(*args, stdin: str | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -123,3 +130,53 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
 
 __all__ = ["YGG", "ygg", "assert_one_line_error", "METHODS", "hf_greedy", "runner", "decode", "truncated", "noised_runtime", "to_runtime",
            "COMPILED", "PROFILE", "random_predictor", "depth_policy", "with_random_predictor"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A `ygg serve` process on a free loopback port, ready once /health answers."""
+
+    def __init__(self, artifact: Path, *args: str, command: str = YGG):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([command, "serve", "--artifact", str(artifact), "--port", str(self.port), *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"ygg serve exited: {self.proc.stderr.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        else:
+            self.stop()
+            raise AssertionError("ygg serve did not become ready")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0)
+        self.model = self.client.models.list().data[0].id
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics by name and labels."""
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+        return out
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.proc.stderr.read()

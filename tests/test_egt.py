@@ -8,7 +8,7 @@ import torch
 from helpers import COMPILED, PROFILE, decode, hf_greedy, noised_runtime, runner, to_runtime
 
 from ygg_compile import calibrate
-from ygg_compile.ui import Reporter
+from ygg_runtime.ui import Reporter
 from ygg_runtime import objective
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.proposers import Drafter, build

@@ -12,10 +12,11 @@ import import_graph  # noqa: E402
 
 
 # Our own imports inside a function, each on purpose (the graph counts them, so no cycle hides there):
-# the command line imports what its commands do once their arguments pass, so a refused call never
+# the command line imports what its commands do once their arguments pass (`ygg run`'s and `ygg
+# serve`'s bodies in the runtime, the toolchain's commands in ygg_compile), so a refused call never
 # imports torch; the runtime package exports `load`, `Decoder` and `Result` on first use (PEP 562),
 # so its light modules import without torch.
-DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2}
+DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2, "ygg_runtime.cli": 2}
 
 
 @pytest.mark.parametrize("package", ["ygg_compile", "ygg_runtime"])
@@ -54,28 +55,57 @@ def test_every_module_imports_on_its_own():
     assert proc.stdout.strip() == ""
 
 
+def _third_party_imports(path: Path) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - {"ygg_runtime", "ygg_compile"}
+
+
+def _declared() -> dict[str, set[str]]:
+    """pyproject.toml's distributions by section: "" for the runtime's own dependencies, else the extra."""
+    import re
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    sections = {"": project["dependencies"], **project["optional-dependencies"]}
+    return {name: {re.split(r"[<>=\[; ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in specs}
+            for name, specs in sections.items()}
+
+
+def _distributions(module: str) -> set[str]:
+    from importlib.metadata import packages_distributions
+
+    return {d.lower().replace("_", "-") for d in packages_distributions().get(module, [module])}
+
+
 def test_every_library_we_import_is_declared():
     """Each third-party module our packages import belongs to a distribution pyproject.toml names
     (in its dependencies or an extra): none arrives only because another package pulled it in."""
-    import ast
-    import re
-    import tomllib
-    from importlib.metadata import packages_distributions
+    root = Path(__file__).resolve().parent.parent
+    declared = set().union(*_declared().values())
+    third = {m for package in ("ygg_runtime", "ygg_compile") for path in (root / package).rglob("*.py")
+             for m in _third_party_imports(path)}
+    assert {m: _distributions(m) for m in third if not _distributions(m) & declared} == {}
+
+
+def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra():
+    """What `pip install yggdrasil` installs is all ygg_runtime imports, but for the server's module,
+    which may also import the `serve` extra; and the extras the `ygg` command asks for
+    (ygg_runtime.cli.EXTRAS) are pyproject.toml's, module for distribution."""
+    from ygg_runtime.cli import EXTRAS
 
     root = Path(__file__).resolve().parent.parent
-    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-    specs = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
-    declared = {re.split(r"[<>=\[; ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in specs}
-    imported = set()
-    for package in ("ygg_runtime", "ygg_compile"):
-        for path in (root / package).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.Import):
-                    imported |= {a.name.split(".")[0] for a in node.names}
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    imported.add(node.module.split(".")[0])
-    third = imported - set(sys.stdlib_module_names) - {"ygg_runtime", "ygg_compile"}
-    dists = packages_distributions()
-    undeclared = {m: dists.get(m) for m in third
-                  if not {d.lower().replace("_", "-") for d in dists.get(m, [m])} & declared}
-    assert undeclared == {}
+    declared = _declared()
+    for path in (root / "ygg_runtime").rglob("*.py"):
+        allowed = declared[""] | (declared["serve"] if path.name == "serve.py" else set())
+        outside = {m for m in _third_party_imports(path) if not _distributions(m) & allowed}
+        assert outside == set(), path.name
+    for extra, modules in EXTRAS.items():
+        provided = set().union(*(_distributions(m) for m in modules))
+        assert provided == declared[extra] - {"yggdrasil"}, extra

@@ -17,9 +17,8 @@ from pathlib import Path
 import httpx2 as httpx  # the HTTP client the openai package itself uses
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import assert_one_line_error, ygg
+from helpers import TIMEOUT, Served, assert_one_line_error, free_port, ygg
 from ygg_runtime import artifact as artifacts
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import MAX_ROWS, ServeOptions
@@ -27,57 +26,6 @@ from ygg_runtime.options import MAX_ROWS, ServeOptions
 YGG = str(Path(sys.executable).parent / "ygg")
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "Once upon a time", "import numpy as np\n",
            "SELECT name FROM", "Dear Sir or Madam,"]
-TIMEOUT = 120  # seconds any one request or wait may take
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
-    """A `ygg serve` process on a free loopback port, ready once /health answers."""
-
-    def __init__(self, artifact: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([YGG, "serve", "--artifact", str(artifact), "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"ygg serve exited: {self.proc.stderr.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        else:
-            self.stop()
-            raise AssertionError("ygg serve did not become ready")
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0)
-        self.model = self.client.models.list().data[0].id
-
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics by name and labels."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        out = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-        return out
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        return self.proc.stderr.read()
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +67,7 @@ def test_python_and_the_cli_refuse_the_same_serve_options(bad, needle):
 def test_the_server_counts_each_step_as_the_generation_does(decoder):
     """One step event feeds the generation's metrics and /metrics' spec-decode counters alike: a
     drafted token that the target accepted but the budget cut counts in neither."""
-    from ygg_compile.serve import ServerMetrics
+    from ygg_runtime.serve import ServerMetrics
 
     prompt = decoder.encode(PROMPTS[0], raw=True)
     cut = 0

@@ -26,7 +26,7 @@ import ygg_runtime
 from ygg_compile import hardware, sources
 from ygg_compile.roofline import measure_roofs
 from ygg_runtime import kernels
-from ygg_compile.ui import Reporter
+from ygg_runtime.ui import Reporter
 from ygg_compile.options import LLAMA_PEERS, PEERS, BenchOptions
 from ygg_compile.peers import LLAMA_MISSING, HFPeers, LlamaCppPeers
 from ygg_compile.profile import fitting_widths, profile_models

@@ -27,7 +27,7 @@ from ygg_compile import hardware, plots
 from ygg_compile.bench import machine_info
 from ygg_compile.options import ServeBenchOptions
 from ygg_compile.prompts import read_jsonl
-from ygg_compile.ui import Reporter
+from ygg_runtime.ui import Reporter
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import output_dir, write_atomic

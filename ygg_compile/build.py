@@ -32,7 +32,7 @@ from ygg_compile import (aot, calibrate, draft_vocab, footprint, hardware, invar
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions
-from ygg_compile.ui import Reporter
+from ygg_runtime.ui import Reporter
 from ygg_runtime import engine, exactness, kernels, objective, proposers
 from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward

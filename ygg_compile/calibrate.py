@@ -33,7 +33,7 @@ from functools import cached_property
 
 import torch
 
-from ygg_compile.ui import Reporter
+from ygg_runtime.ui import Reporter
 from ygg_compile.sequoia_tree import SequoiaTables
 from ygg_runtime import engine, objective
 from ygg_runtime.objective import Curves

@@ -1,12 +1,11 @@
-"""The `ygg` command: it parses and checks the arguments, then runs the command in
-`ygg_compile.commands`. Light on purpose (typer and rich, our option types): a refused call, a
-missing prompt file or artifact or a bad option, answers in one line before torch is imported.
-Every failure a user can cause ends in one line on stderr and exit code 1; `--debug` (anywhere on
-the command line) shows the traceback instead."""
+"""The `ygg` command (the script pyproject.toml installs): the runtime's app (`ygg run`, `ygg serve`,
+in `ygg_runtime.cli`) plus the toolchain's commands, defined here. Each parses and checks its
+arguments, then, once the command's extra is found installed, runs its body in
+`ygg_compile.commands`. Light on purpose, like the runtime's half: a refused call answers in one line
+before torch or the toolchain is imported."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -16,31 +15,25 @@ from typing import Optional
 import typer
 
 from ygg_compile.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, BenchOptions, CompileOptions, ServeBenchOptions
-from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, ServeOptions, check_max_new_tokens,
-                                 check_settings)
+from ygg_runtime.cli import METHODS, TOOLCHAIN, app, main, read_prompt, require
+from ygg_runtime.errors import YggError
+from ygg_runtime.options import DEFAULT_DIR, check_max_new_tokens
 from ygg_runtime.plan import plan_bytes
 
-METHODS = ", ".join(METHOD_NAMES)  # for help strings
-
-app = typer.Typer(
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    help="Yggdrasil: lossless, latency-optimal tree speculative decoding, compiled ahead of time.",
-)
+__all__ = ["app", "main"]
 
 
-def commands() -> ModuleType:
-    """What the commands do, imported once a command's arguments have passed their checks: it
-    imports torch and the toolchain (the one import of our own inside a function, on purpose:
-    tests/test_imports.py allows it here and nowhere else)."""
+def commands(command: str) -> ModuleType:
+    """What the toolchain's commands do, imported once a command's arguments have passed their checks
+    and its extra is found: it imports torch and the toolchain (the one import of our own inside a
+    function here, on purpose: tests/test_imports.py counts it)."""
+    require(command)
     from ygg_compile import commands as implementation
 
     return implementation
 
 
-@app.command("compile")
+@app.command("compile", rich_help_panel=TOOLCHAIN)
 def compile_cmd(
     draft: str = typer.Option(..., "--draft", help="draft model: alias, local HF directory, .gguf file or Hub id"),
     target: str = typer.Option(..., "--target", help="target model (same forms as --draft)"),
@@ -91,42 +84,13 @@ def compile_cmd(
         aot=not no_aot,
         quick=quick,
     )
-    commands().compile(opts)
+    commands("compile").compile(opts)
 
 
 def _given(methods: dict[str, dict]) -> dict[str, dict]:
     """The method parameters the user set (None: not given, the method's default)."""
     given = {name: {k: v for k, v in params.items() if v is not None} for name, params in methods.items()}
     return {name: params for name, params in given.items() if params}
-
-
-@app.command("run")
-def run_cmd(
-    prompt_file: str = typer.Argument(..., metavar="PROMPT_FILE", help="file holding the prompt, or - for stdin"),
-    artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
-    method: Optional[str] = typer.Option(None, "--method", "-m", help=f"{METHODS} (default: the plan's)"),
-    max_new_tokens: int = typer.Option(MAX_NEW_TOKENS, "--max-new-tokens", "-n", help="tokens to generate at most"),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples losslessly"),
-    top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="random seed for sampling"),
-    as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
-    stats: bool = typer.Option(False, "--stats", help="print a table of decoding statistics (stderr)"),
-    raw: bool = typer.Option(False, "--raw", help="do not wrap the prompt in the model's chat template"),
-    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="always generate --max-new-tokens tokens"),
-    no_predictor: bool = typer.Option(False, "--no-predictor", help="egt: ignore the depth predictor, keep the planned depth"),
-    no_graft: bool = typer.Option(False, "--no-graft", help="egt: draft only, without grafting retrieved tokens into its trees"),
-    eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default and only choice: the artifact's)"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="must be the artifact's (default: the artifact's)"),
-    expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
-) -> None:
-    """Generate from a prompt with a compiled artifact: exactly the target's own output, faster."""
-    prompt = _read_prompt(prompt_file)
-    check_settings(max_new_tokens, temperature, top_p, seed)
-    plan_bytes(artifact, expect_plan)
-    commands().run(prompt, artifact, method=method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   seed=seed, as_json=as_json, stats=stats, raw=raw, ignore_eos=ignore_eos, no_predictor=no_predictor,
-                   no_graft=no_graft, eager=eager, device=device, dtype=dtype, expect_plan=expect_plan)
 
 
 def _split(values: Optional[list[str]], option: str | None = None) -> Optional[list[str]]:
@@ -140,26 +104,7 @@ def _split(values: Optional[list[str]], option: str | None = None) -> Optional[l
     return items
 
 
-@app.command("serve")
-def serve_cmd(
-    artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
-    host: str = typer.Option(ServeOptions.host, "--host", help="address to bind (loopback unless told otherwise)"),
-    port: int = typer.Option(ServeOptions.port, "--port", help="TCP port"),
-    max_batch: int = typer.Option(ServeOptions.max_batch, "--max-batch", help="requests decoded together at most"),
-    max_queue: int = typer.Option(ServeOptions.max_queue, "--max-queue", help="requests waiting for a batch row at most (more: 429)"),
-    model_name: Optional[str] = typer.Option(None, "--model-name", help="the model name clients send (default: the target's)"),
-    no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="keep every request's own tree under load (no CAST allocation)"),
-    eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
-    expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
-) -> None:
-    """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
-    opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware)
-    opts.check_address()
-    plan_bytes(artifact, expect_plan)
-    commands().serve(opts, artifact, model_name, eager, expect_plan)
-
-
-@app.command("bench")
+@app.command("bench", rich_help_panel=TOOLCHAIN)
 def bench_cmd(
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
     prompts: Optional[Path] = typer.Option(None, "--prompts", help="Spec-Bench style JSONL (default: a small built-in set)"),
@@ -181,10 +126,10 @@ def bench_cmd(
         peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, rounds=rounds, output=output,
         resume=resume, command=shlex.join(["ygg", *[a for a in sys.argv[1:] if a != "--debug"]]),
     )
-    commands().bench(opts)
+    commands("bench").bench(opts)
 
 
-@app.command("bench-serve")
+@app.command("bench-serve", rich_help_panel=TOOLCHAIN)
 def bench_serve_cmd(
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),
     concurrency: str = typer.Option(",".join(map(str, SERVE_CONCURRENCY)), "--concurrency", "-c", help="concurrent requests at each level (comma-separated)"),
@@ -204,18 +149,18 @@ def bench_serve_cmd(
     opts = ServeBenchOptions(artifact, prompts, _split(categories, "--categories"), limit, levels,
                              [m.strip() for m in methods.split(",") if m.strip()], max_new_tokens, output,
                              not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]))
-    commands().bench_serve(opts)
+    commands("bench-serve").bench_serve(opts)
 
 
 cache_app = typer.Typer(no_args_is_help=True, help="List or clear what Yggdrasil keeps in the user cache "
                         "($YGG_CACHE, else ~/.cache/yggdrasil): all of it is rebuilt when next needed.")
-app.add_typer(cache_app, name="cache")
+app.add_typer(cache_app, name="cache", rich_help_panel=TOOLCHAIN)
 
 
 @cache_app.command("ls")
 def cache_ls() -> None:
     """Every entry of the cache: its kind, what it is, its size and when it was last used."""
-    commands().cache_ls()
+    commands("cache").cache_ls()
 
 
 @cache_app.command("clear")
@@ -223,10 +168,10 @@ def cache_clear(
     kinds: Optional[list[str]] = typer.Argument(None, metavar="[KIND]...", help="only these kinds (`ygg cache ls` names them); default: all"),
 ) -> None:
     """Remove cache entries (all, or those of the kinds given); entries being written are left."""
-    commands().cache_clear(kinds or None)
+    commands("cache").cache_clear(kinds or None)
 
 
-@app.command("inspect")
+@app.command("inspect", rich_help_panel=TOOLCHAIN)
 def inspect_cmd(
     artifact: Path = typer.Argument(DEFAULT_DIR, metavar="[DIR]", help="artifact directory"),
     prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="a prompt (or a file holding one): run every method on it and draw a tree"),
@@ -240,69 +185,9 @@ def inspect_cmd(
         raise YggError("--step must be at least 1")
     text = None
     if prompt is not None:
-        text = _read_prompt(prompt) if Path(prompt).is_file() else prompt
+        text = read_prompt(prompt) if Path(prompt).is_file() else prompt
         if not text.strip():
             raise YggError("the prompt is empty")
     check_max_new_tokens(max_new_tokens)
     plan_bytes(artifact)
-    commands().inspect(artifact, text, method, step, max_new_tokens, output)
-
-
-def _read_prompt(spec: str) -> str:
-    if spec == "-":
-        if sys.stdin is None or sys.stdin.closed:
-            raise YggError("no standard input to read the prompt from (it is closed); give a prompt file")
-        try:
-            text = sys.stdin.read()
-        except UnicodeDecodeError:
-            raise YggError("the prompt on standard input is not UTF-8 text") from None
-    else:
-        path = Path(spec)
-        if path.is_dir():
-            raise YggError(f"prompt file {spec} is a directory; give a text file (or - for stdin)")
-        if not path.exists():
-            raise YggError(f"prompt file {spec} does not exist")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise YggError(f"prompt file {spec} is not UTF-8 text") from None
-        except OSError as e:
-            raise YggError(f"cannot read prompt file {spec}: {e.strerror or e}") from None
-    if "\x00" in text:
-        raise YggError(f"the prompt in {spec} holds NUL bytes: it looks binary, not text")
-    if not text.strip():
-        raise YggError(f"the prompt in {spec} is empty")
-    return text.rstrip("\n")
-
-
-def main() -> None:
-    debug = "--debug" in sys.argv or os.environ.get("YGG_DEBUG") == "1"
-    args = [a for a in sys.argv[1:] if a != "--debug"]
-    try:
-        code = app(args=args, standalone_mode=False, prog_name="ygg")
-        if code == 130:  # typer turns a Ctrl-C into exit code 130, which click returns here
-            raise KeyboardInterrupt
-        if isinstance(code, int) and code:
-            sys.exit(code)
-    except YggError as e:
-        if debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
-    except (KeyboardInterrupt, typer.Abort):
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except typer.TyperException as e:  # a usage error (typer's vendored click raises it): one line, not click's box
-        ctx = getattr(e, "ctx", None)
-        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        print(f"error: {e.format_message()}{where}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    except Exception as e:
-        if debug:
-            raise
-        detail = first_line(e)
-        what = detail if detail == type(e).__name__ else f"{type(e).__name__}: {detail}"
-        print(f"error: {what} (run with --debug for the traceback)", file=sys.stderr)
-        sys.exit(1)
+    commands("inspect").inspect(artifact, text, method, step, max_new_tokens, output)

@@ -24,12 +24,10 @@ from ygg_compile.inspection import (exactness_summary, inspect_artifact, predict
                                     weights_summary)
 from ygg_compile.options import BenchOptions, CompileOptions, ServeBenchOptions
 from ygg_compile.report import render_table
-from ygg_compile.serve import serve as serve_http
-from ygg_compile.ui import RichReporter, console, err, stats_table
+from ygg_runtime.ui import RichReporter, console, err, stats_table
 from ygg_runtime.artifact import plan_sha256
 from ygg_runtime.files import size
 from ygg_runtime.integrity import cache_dir
-from ygg_runtime.options import ServeOptions
 from ygg_runtime.plan import Plan
 
 
@@ -82,55 +80,6 @@ def plan_summary(plan: Plan) -> str:
             f"in {cal.seconds:.0f} s\n{predictor_summary(plan.planning.get('predictor') or {})}\n"
             f"{stages_summary(plan.planning['stages'])}\n{exactness_summary(plan)}\n"
             + "\n".join(f"{role} weights: {weights_summary(plan.models[role], plan.dtype)}" for role in ("target", "draft")))
-
-
-def run(prompt: str, artifact: Path, *, method: str | None, max_new_tokens: int, temperature: float, top_p: float,
-        seed: int | None, as_json: bool, stats: bool, raw: bool, ignore_eos: bool, no_predictor: bool, no_graft: bool,
-        eager: bool, device: str | None, dtype: str | None, expect_plan: str | None) -> None:
-    """Generate from the prompt, streaming the text (or one JSON object at the end)."""
-    decoder = ygg_runtime.load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype,
-                               expect_plan=expect_plan)
-
-    def stream(text: str) -> None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-
-    try:
-        result = decoder.generate(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            method=method,
-            graft=not no_graft,
-            raw=raw,
-            ignore_eos=ignore_eos,
-            on_text=None if as_json else stream,
-        )
-        if as_json:
-            print(json.dumps(result.to_json(), ensure_ascii=False))
-        else:
-            sys.stdout.write("\n")
-        sys.stdout.flush()
-    except BrokenPipeError:  # `ygg run ... | head -1`: the reader has what it wanted; stop, quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
-        raise typer.Exit(0) from None
-    if stats:
-        err.print(stats_table(result.metrics, f"{result.method} · {artifact}", decoder.forwards))
-        err.print(f"exactness: {result.exactness}")
-
-
-def serve(opts: ServeOptions, artifact: Path, model_name: str | None, eager: bool, expect_plan: str | None) -> None:
-    """Load the artifact and serve it until SIGINT or SIGTERM."""
-    decoder = ygg_runtime.load(artifact, eager=eager, expect_plan=expect_plan)
-    target = decoder.plan.models["target"].spec if decoder.plan else "model"
-    name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
-    err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{opts.host}:{opts.port}/v1 · batch "
-              f"≤ {opts.max_batch}, queue ≤ {opts.max_queue} · Ctrl-C or SIGTERM stops it once running requests finish")
-    serve_http(decoder, name, opts)
-    err.print("ygg serve: stopped")
-
 
 
 def bench(opts: BenchOptions) -> None:

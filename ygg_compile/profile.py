@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from ygg_compile import hardware
-from ygg_compile.ui import Reporter
+from ygg_runtime.ui import Reporter
 from ygg_compile.report import write_atomic
 from ygg_runtime import kernels
 from ygg_runtime.accept import accept_greedy

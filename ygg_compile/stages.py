@@ -19,7 +19,7 @@ after another.
 
 from __future__ import annotations
 
-from ygg_compile.ui import Reporter
+from ygg_runtime.ui import Reporter
 from ygg_runtime import engine, proposers
 from ygg_runtime.proposers import Hook
 from ygg_runtime.objective import Curves

@@ -51,7 +51,7 @@ def check_settings(max_new_tokens: int, temperature: float, top_p: float, seed: 
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How `ygg serve` (and `ygg_compile.serve.serve` from Python) serves. Invalid values raise
+    """How `ygg serve` (and `ygg_runtime.serve.serve` from Python) serves. Invalid values raise
     YggError when the options are made, before any model loads."""
 
     host: str = "127.0.0.1"  # loopback unless told otherwise

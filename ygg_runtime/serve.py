@@ -10,8 +10,9 @@ Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-se
 not), GET /v1/models, /health and /metrics (Prometheus text, vLLM's names where vLLM has one).
 Errors are OpenAI's JSON: {"error": {"message", "type", "param", "code"}}.
 
-FastAPI, uvicorn and prometheus-client are imported where they are used, so that every other `ygg`
-command, which imports this module through the CLI, does not pay for them. (No `from __future__
+FastAPI, uvicorn and prometheus-client (the `serve` extra, with pydantic) are imported where they
+are used, so that a process that only reads this module's types (the tests, `ygg bench-serve`) does
+not pay for them. (No `from __future__
 import annotations` here: FastAPI then reads the endpoints' annotations as the objects `create_app`
 imported, not as names to look up in this module.)
 """
@@ -24,17 +25,20 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal, Optional
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from ygg_runtime.artifact import load
 from ygg_runtime.batch import Member
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Step
 from ygg_runtime.options import MAX_BATCH, ServeOptions
 from ygg_runtime.text import StreamDecoder
+from ygg_runtime.ui import err
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -589,3 +593,15 @@ def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()
         thread.join()
     if not http.started:
         raise YggError(f"the HTTP server did not start on {host}:{port} (its log above says why)")
+
+
+def serve_artifact(opts: ServeOptions, artifact: Path, model_name: Optional[str], eager: bool,
+                   expect_plan: Optional[str]) -> None:
+    """What `ygg serve` does once `ygg_runtime.cli` has checked its arguments."""
+    decoder = load(artifact, eager=eager, expect_plan=expect_plan)
+    target = decoder.plan.models["target"].spec if decoder.plan else "model"
+    name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
+    err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{opts.host}:{opts.port}/v1 · batch "
+              f"≤ {opts.max_batch}, queue ≤ {opts.max_queue} · Ctrl-C or SIGTERM stops it once running requests finish")
+    serve(decoder, name, opts)
+    err.print("ygg serve: stopped")
