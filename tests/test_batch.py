@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import METHODS, decode, noised_runtime, runner
+from helpers import METHODS, SEQUOIA_TREE, decode, noised_runtime, runner
 from ygg_compile import invariance, quantize
 from ygg_compile.convert import convert_state, to_runtime
 from ygg_runtime import artifact as artifacts
@@ -234,6 +234,43 @@ def test_cost_aware_trees_shrink_as_the_batch_grows_and_stay_exact(artifact):
         sizes[size] = batch.nodes_per_sequence()
     together = max(sizes[4])
     assert together >= 2 and sizes[4][together] < sizes[1][1], sizes
+
+
+@pytest.mark.parametrize("method", ["specinfer", "sequoia", "egt"])
+def test_a_proposer_learns_its_accepted_path_in_its_own_tree_when_the_batch_cut_it(artifact, method):
+    """CAST keeps part of each member's tree and renumbers its nodes; the engine maps the verdict
+    back, so every proposer's update names the nodes of the tree it proposed (before, a specinfer or
+    sequoia member's drafter committed the K/V of a sibling: [0,1,2] was really [0,1,4])."""
+    decoder = artifacts.load(artifact)
+    if method == "sequoia":  # a static tree wide enough for the allocation to cut (the plan's is small here)
+        decoder.methods["sequoia"] = decoder.methods["sequoia"] | SEQUOIA_TREE
+    batch = decoder.batch(max_batch=4)
+    seen = {"cut": 0, "steps": 0}
+    checks = []
+    members = [batch.join(decoder.encode(p), method, max_new_tokens=24) for p in PROMPTS[:4]]
+
+    def spy(gen):
+        update = gen.proposer.update
+
+        def checked(verdict):
+            seen["cut"] += gen.tree is not gen.proposed
+            seen["steps"] += 1
+            said = [gen.proposed.tokens[v] for v in verdict.path[1:]] + [verdict.bonus]
+            checks.append((gen, len(gen.seq), said))
+            return update(verdict)
+        gen.proposer.update = checked
+
+    joined = [m for m in members if m is not None]
+    assert len(joined) >= 2
+    for m in joined:
+        spy(m.generation)
+    while batch.members:
+        batch.step()
+        for gen, before, said in checks:
+            got = gen.seq[before:]
+            assert got == said[: len(got)], (got, said)
+        checks.clear()
+    assert seen["cut"] > 0, seen  # the allocation did cut trees, so the mapping was exercised
 
 
 def test_compile_measures_batched_forwards_and_the_cost_model_reads_them(int8_pair):

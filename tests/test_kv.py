@@ -32,16 +32,15 @@ def test_compacted_cache_equals_sequential_cache():
     for seed in range(8):
         prompt = torch.randint(0, 256, (10,), generator=torch.Generator().manual_seed(seed)).tolist()
         target.reset()
-        prop.reset()
         target.prefill(prompt[:-1])
-        prop.prefill(prompt[:-1])
+        prop.start(prompt[:-1])
         seq = list(prompt)
         for _ in range(4):
-            tree = prop.propose(seq, proposers.StepState(), None)
+            tree = prop.propose(proposers.StepState(seq))
             logits = target.forward(tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask())
             verdict = accept_greedy(tree, logits)
             target.commit(verdict.path)
-            prop.update(tree, verdict)
+            prop.update(verdict)
             moved += verdict.path != list(range(len(verdict.path)))
             seq += [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
             # seq[:-1] is exactly what each cache must now hold (the bonus is the next root).

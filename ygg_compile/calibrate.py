@@ -133,8 +133,8 @@ def run_probe(
 ) -> Calibration:
     """Decode every prompt with the probe and record each step."""
     drafter = Drafter(draft, target.vocab_size)
-    probe = EGT(EGTParams(PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, [PROBE_VERIFY]), drafter)
-    probe.hook = seen = _Drafted()
+    seen = _Drafted()
+    probe = EGT(EGTParams(PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, [PROBE_VERIFY]), drafter, hook=seen)
     steps: list[ProbeStep] = []
     texts: dict[int, list[int]] = {}
     lengths: dict[int, int] = {}

@@ -55,7 +55,9 @@ def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], eg
     with `tokens` to generate; returns planning["stages"]: the chosen stage order, why, and every
     alternative's measured stage times and modelled time per token."""
     drafter = proposers.Drafter(draft, target.vocab_size)
-    built = {i: proposers.build("egt", egt | {"stages": s}, drafter, curves, predictor) for i, s in enumerate(GRID)}
+    timers = {i: _StageTimer() for i in range(len(GRID))}  # each alternative's stage seconds, over every prompt
+    built = {i: proposers.build("egt", egt | {"stages": s}, drafter, curves, predictor, hook=timers[i])
+             for i, s in enumerate(GRID)}
     room = max(engine.step_room(target, p) for p in built.values())
     prompts = [ids for ids in prompts if len(ids) + tokens + room <= target.max_len][:count]
     if not prompts:
@@ -67,10 +69,7 @@ def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], eg
     for n, ids in enumerate(prompts):
         order = list(built)[n % len(built):] + list(built)[: n % len(built)]
         for i in order:
-            prop = built[i]
-            prop.hook = timer = _StageTimer()
-            _, m = engine.generate(target, prop, ids, max_new_tokens=tokens)
-            prop.hook = None
+            _, m = engine.generate(target, built[i], ids, max_new_tokens=tokens)
             t = totals[i]
             t["steps"] += m.steps
             t["tokens"] += m.generated_tokens
@@ -78,9 +77,9 @@ def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], eg
             t["decode_s"] += m.decode_s
             t["verify_s"] += m.verify_s
             t["other_s"] += m.other_s
-            for k in STAGE_KEYS:
-                t[k] += timer.seconds[k]
         ui.progress(label, n + 1, len(prompts), unit="prompts")
+    for i, timer in timers.items():
+        totals[i].update(timer.seconds)
     rows = []
     for i, t in totals.items():
         steps = max(1, t["steps"])

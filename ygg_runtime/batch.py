@@ -103,16 +103,16 @@ class Gate:
         return greenlet.getcurrent().parent.switch((call, width))
 
     @staticmethod
-    def drive(tasks: list[Callable[[], object]]) -> int:
+    def drive(tasks: list[Callable[[], object]]) -> list[tuple[int, int]]:
         """Run every task to its end, each in its own greenlet, their forwards together; returns
-        the forwards run."""
+        each forward run as (the tasks it served, its rows): what the step paid for drafting."""
         waiting = []
         for task in tasks:
             g = greenlet(task)
             request = g.switch()
             if not g.dead:
                 waiting.append((g, request))
-        forwards = 0
+        forwards = []
         while waiting:
             work, waiting = waiting, []
             for group in _groups(work, lambda item: len(item[1][0].tokens)):
@@ -121,7 +121,7 @@ class Gate:
                     outs = forward_many([call for _, (call, _) in group], width)
                 except Exception as e:  # every waiting member learns it
                     outs = [e] * len(group)
-                forwards += 1
+                forwards.append((len(group), sum(len(call.tokens) for _, (call, _) in group)))
                 for (g, _), out in zip(group, outs):
                     request = g.throw(out) if isinstance(out, BaseException) else g.switch(out)
                     if not g.dead:
@@ -160,6 +160,7 @@ class Batch:
         self.regions = Regions(target.max_len if drafter is None else min(target.max_len, drafter.max_len))
         self.members: list[Member] = []
         self.steps = 0
+        self.drafted: list[tuple[int, int]] = []  # this step's drafter forwards: (members served, rows)
         # Per number of sequences verified together: [steps, tree nodes verified in them] — how
         # the trees' size follows the load (`ygg serve`'s /metrics shows it).
         self.load: dict[int, list[int]] = {}
@@ -231,7 +232,7 @@ class Batch:
         live = [m for m in self.members if not m.done]
         if self.curves is not None:  # CAST: each tree is weighed as its share of this step
             for m in live:
-                m.generation.proposer.share(len(live))
+                m.generation.sequences = len(live)
         self._propose(live)
         live = [m for m in live if not m.done]
         if len(live) > 1 and self.curves is not None:
@@ -252,6 +253,7 @@ class Batch:
 
     def _propose(self, live: list[Member]) -> None:
         """Every member drafts its tree; their drafter forwards run together through a Gate."""
+        self.drafted = []
         if len(live) == 1:
             self._guard(live[0], live[0].generation.propose)
             return
@@ -260,7 +262,7 @@ class Batch:
         for r in runners:
             r.gate = gate
         try:
-            gate.drive([functools.partial(self._guard, m, m.generation.propose) for m in live])
+            self.drafted = gate.drive([functools.partial(self._guard, m, m.generation.propose) for m in live])
         finally:
             for r in runners:
                 r.gate = None
@@ -273,16 +275,9 @@ class Batch:
         gens = [m.generation for m in greedy]
         context = sum(len(m.generation.seq) for m in live) // len(live)
         others = sum(len(m.generation.tree) for m in live if m not in greedy)
-        # The step's drafter forwards as the Gate ran them: round r carries every member's r-th.
-        drafters = [m for m in live if _drafts(m)]
-        rounds: list[int] = []
-        for m in drafters:
-            for r, w in enumerate(m.generation.proposer.step_shape().draft_widths):
-                if r == len(rounds):
-                    rounds.append(0)
-                rounds[r] += w
-        drafting = len(drafters)
-        draft_ms = sum(self.curves.t_batch("draft", drafting, w, context) for w in rounds) if self.curves.draft_ms else 0.0
+        # The step's drafter forwards as the Gate ran them, each over the members it served
+        draft_ms = (sum(self.curves.t_batch("draft", b, rows, context) for b, rows in self.drafted)
+                    if self.curves.draft_ms else 0.0)
         trees = prune.allocate([g.tree for g in gens], self.curves, context, draft_ms, others, MAX_ROWS, len(live))
         for g, tree in zip(gens, trees):
             g.tree = tree

@@ -26,9 +26,11 @@ def step_room(target: ModelRunner, proposer: Proposer) -> int:
 class Generation:
     """One sequence's decoding, a step at a time: what `generate` loops over alone and what
     `ygg_runtime.batch` steps together with other sequences (one target forward verifying every
-    sequence's tree). `propose` drafts a tree; the caller runs the target over it (`call`); `accept`
-    takes the logits, commits, and returns the new tokens. Greedy when temperature == 0, else
-    lossless sampling from the target's distribution at that temperature and top_p."""
+    sequence's tree). `propose` drafts a tree; the caller runs the target over it (`call`), or over
+    the part of it the batch's allocation kept (`tree`, whose `origin` maps into the proposed one);
+    `accept` takes the logits, commits, hands the proposer its verdict in the numbering of the tree
+    it proposed, and returns the new tokens. Greedy when temperature == 0, else lossless sampling
+    from the target's distribution at that temperature and top_p."""
 
     def __init__(self, target: ModelRunner, proposer: Proposer, prompt: list[int], *, max_new_tokens: int,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
@@ -49,26 +51,28 @@ class Generation:
             self.sampling = Sampling(temperature, top_p, gen)
         self.metrics = Metrics(method=proposer.name, prompt_tokens=len(prompt))
         self.seq, self.out = list(prompt), []
-        self.state = StepState()
+        self.hidden: Tensor | None = None  # the target's at the last accepted position
+        self.sequences = 1  # sequences sharing the step's forwards (a batch sets it before each step)
         self.done = False
-        self.tree: TokenTree | None = None  # the tree of the step in progress
+        self.proposed: TokenTree | None = None  # the tree the proposer built this step
+        self.tree: TokenTree | None = None  # the tree the step verifies: the proposed one, or part of it
         self._t1 = self._ts = self._td = 0.0
 
     def prefill(self) -> None:
         """Run the prompt (all but its last token, the first root) through both models."""
         t0 = time.perf_counter()
         self.target.reset()
-        self.proposer.reset()
         self.target.prefill(self.prompt[:-1])
-        self.proposer.prefill(self.prompt[:-1])
-        self.state = StepState(self.target.hidden[-1] if self.target.hidden is not None else None)
+        self.proposer.start(self.prompt[:-1])
+        self.hidden = self.target.hidden[-1] if self.target.hidden is not None else None
         self._t1 = time.perf_counter()
         self.metrics.prefill_s = self._t1 - t0
 
     def propose(self) -> TokenTree:
         """Draft this step's tree (the proposer's drafter forwards run here)."""
         self._ts = time.perf_counter()
-        self.tree = self.proposer.propose(self.seq, self.state, self.sampling)
+        state = StepState(self.seq, self.hidden, self.sampling, self.sequences)
+        self.proposed = self.tree = self.proposer.propose(state)
         self._td = time.perf_counter()
         return self.tree
 
@@ -89,8 +93,11 @@ class Generation:
         if self.on_step is not None:
             self.on_step(tree, verdict)
         self.target.commit(verdict.path)
-        info = self.proposer.update(tree, verdict)
-        self.state = StepState(self.target.hidden[verdict.path[-1]])
+        if tree is not self.proposed:  # the batch verified part of the proposed tree: its nodes there
+            info = self.proposer.update(Verdict([tree.origin[v] for v in verdict.path], verdict.bonus))
+        else:
+            info = self.proposer.update(verdict)
+        self.hidden = self.target.hidden[verdict.path[-1]]
         new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         new = new[: self.max_new_tokens - len(self.out)]
         stop = next((i for i, t in enumerate(new) if t in self.eos_ids), None)

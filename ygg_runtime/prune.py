@@ -82,10 +82,7 @@ def allocate(trees: list[TokenTree], curves: Curves, context: int, draft_ms: flo
         size = picks[i][n]
         nodes = tables[i].nodes(size)
         tree = trees[i]
-        sub = tree.subtree(nodes)
-        if tree.origin is not None:  # a pruned tree's origin maps into the tree it was pruned from
-            sub.origin = [tree.origin[v] for v in nodes]
-        out[i] = sub
+        out[i] = tree.subtree(nodes)  # its origin maps into the tree given (the proposed one)
         n -= size
     return out
 

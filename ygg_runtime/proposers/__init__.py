@@ -36,13 +36,21 @@ def params(name: str, values: dict | None) -> Params:
         raise YggError(f"method {name}: {e}") from None
 
 
-def build(name: str, values: dict | None, drafter: Drafter | None, curves: Curves | None = None,
-          predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None) -> Proposer:
-    """The proposer of a compiled method. Each takes what it uses: a model-based one the drafter,
-    egt and pld `curves` (the plan's profile, to pick verify widths) and `adjacency` (the seeded
-    table they retrieve from), egt `predictor` (with the plan's depth policy, to pick its depth
-    every step)."""
-    return METHODS[name](params(name, values), drafter, curves, predictor, adjacency)
+def build(name: str, values: dict | None, drafter: Drafter | None = None, curves: Curves | None = None,
+          predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None,
+          hook: Hook | None = None) -> Proposer:
+    """The proposer of a compiled method, built from what it uses of what the artifact has: a
+    model-based one the drafter; egt and pld `curves` (the plan's profile, to pick verify widths)
+    and `adjacency` (the seeded table they retrieve from); egt `predictor` (with the plan's depth
+    policy, to pick its depth every step) and a compile-time `hook`."""
+    p = params(name, values)
+    if name == "ar":
+        return AR(p)
+    if name == "pld":
+        return PLD(p, curves, adjacency)
+    if name == "egt":
+        return EGT(p, drafter, curves, predictor, adjacency, hook)
+    return METHODS[name](p, drafter)  # chain, specinfer, sequoia: the drafter alone
 
 
 def validate(methods: dict[str, dict]) -> None:

@@ -1,6 +1,6 @@
 """`ar`: plain target decoding, the baseline of every speed-up (a tree that is only its root)."""
 
-from ygg_runtime.proposers.base import Params, Proposer, Sampling, StepState
+from ygg_runtime.proposers.base import Params, Proposer, StepState
 from ygg_runtime.tree import TokenTree
 
 
@@ -8,5 +8,5 @@ class AR(Proposer):
     name = "ar"
     Params = Params  # none
 
-    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
-        return TokenTree(seq[-1])
+    def propose(self, state: StepState) -> TokenTree:
+        return TokenTree(state.seq[-1])

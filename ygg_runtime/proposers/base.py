@@ -1,10 +1,12 @@
 """The interface every method implements, and the drafter that the model-based methods share.
 
-A proposer builds a token tree rooted at the last accepted token, then learns what was accepted.
-Like transformers' CandidateGenerator, it is small on purpose: the target forward, the acceptance
-rule, compaction and metrics live in the engine and never in a proposer. Its parameters are its own
-`Params` dataclass: the defaults live there, compile writes them into the plan, and what compile
-and the objective need without a drafter (the step's forwards) is computed from them alone.
+A proposer has two verbs, like transformers' CandidateGenerator: `propose(state)` builds a token
+tree rooted at the last accepted token, `update(verdict)` learns what the target accepted of it;
+`start(prompt)` begins a generation. It is small on purpose: the target forward, the acceptance
+rule, compaction, metrics and the batch's cost sharing live in the engine and never in a proposer.
+Its parameters are its own `Params` dataclass: the defaults live there, compile writes them into the
+plan, and what the cost model needs without a drafter (a step's forwards, `Params.step_shape`) is
+computed from them alone. Each method is built by `proposers.build` from what it uses.
 """
 
 from __future__ import annotations
@@ -36,11 +38,16 @@ class Sampling:
 
 @dataclass
 class StepState:
-    """What the engine knows before a step that a proposer may read."""
+    """What the engine knows before a step: all a proposer reads to build its tree."""
 
+    seq: list[int]  # the accepted sequence, prompt included: its last token is the tree's root
     # The target's final hidden state at the last accepted position (None before the first step of
     # a one-token prompt): what egt's depth predictor reads.
     hidden: Tensor | None = None
+    sampling: Sampling | None = None  # None: greedy
+    # Sequences whose trees share this step's forwards (`ygg_runtime.batch`): a method that weighs
+    # its tree against measured costs prices it as its share (`Curves.shared`, CAST).
+    sequences: int = 1
 
 
 @dataclass
@@ -87,36 +94,32 @@ class Params:
 
 
 class Proposer:
+    """A decoding method: two verbs and a start. The engine calls `start` once per generation, then
+    per step `propose` and, after the target verified (part of) the tree, `update`."""
+
     name: ClassVar[str] = "?"
     Params: ClassVar[type[Params]] = Params
 
-    def __init__(self, params: Params, drafter: "Drafter | None" = None, curves: Curves | None = None,
-                 predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None):
-        """Every method is built the same way (`proposers.build`); each uses what it needs."""
+    def __init__(self, params: Params):
         self.params = params
-        self.hook: Hook | None = None
-        self.max_tree_size = 1  # nodes per step, root included: bounds the cache room a step needs
 
-    def reset(self) -> None:
-        """Forget the previous generation."""
+    @property
+    def max_tree_size(self) -> int:
+        """Nodes a step proposes at most, root included: bounds the cache room a step needs."""
+        return 1
 
-    def prefill(self, tokens: list[int]) -> None:
-        """See the prompt (all but its last token, which becomes the first root)."""
+    def start(self, prompt: list[int]) -> None:
+        """A new generation: forget the last one and see the prompt (all but its last token, which
+        becomes the first root)."""
 
-    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
+    def propose(self, state: StepState) -> TokenTree:
+        """This step's tree, rooted at state.seq[-1]."""
         raise NotImplementedError
 
-    def update(self, tree: TokenTree, verdict: Verdict) -> StepInfo:
-        """Learn what the target accepted from `tree`."""
+    def update(self, verdict: Verdict) -> StepInfo:
+        """Learn what the target accepted of the tree `propose` returned last (the verdict in that
+        tree's node numbering, whatever part of it the engine verified)."""
         return StepInfo()
-
-    def step_shape(self) -> StepShape:
-        """The forwards of this proposer's typical step (egt: of the step in progress)."""
-        return self.params.step_shape()
-
-    def share(self, sequences: int) -> None:
-        """The next step runs in a batch of `sequences` (`ygg_runtime.batch`): a method that
-        weighs its tree against measured costs prices it as its share (`Curves.shared`)."""
 
 
 class DraftProposer(Proposer):
@@ -127,20 +130,17 @@ class DraftProposer(Proposer):
     # measured so far).
     BEGIN_WIDTH: ClassVar[int] = 2
 
-    def __init__(self, params: Params, drafter: "Drafter | None" = None, curves: Curves | None = None,
-                 predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None):
+    def __init__(self, params: Params, drafter: "Drafter | None"):
         if drafter is None:
             raise YggError(f"method {self.name} needs a draft model")
-        super().__init__(params, drafter, curves, predictor, adjacency)
+        super().__init__(params)
         self.drafter = drafter
 
-    def reset(self) -> None:
+    def start(self, prompt: list[int]) -> None:
         self.drafter.reset()
+        self.drafter.prefill(prompt)
 
-    def prefill(self, tokens: list[int]) -> None:
-        self.drafter.prefill(tokens)
-
-    def update(self, tree: TokenTree, verdict: Verdict) -> StepInfo:
+    def update(self, verdict: Verdict) -> StepInfo:
         self.drafter.finish(verdict)
         return StepInfo()
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import StepShape
-from ygg_runtime.proposers.base import DraftProposer, Sampling, StepState, pick_children
+from ygg_runtime.proposers.base import DraftProposer, StepState, pick_children
 from ygg_runtime.proposers.base import Params as BaseParams
 from ygg_runtime.tree import TokenTree
 
@@ -27,16 +27,16 @@ class Chain(DraftProposer):
     name = "chain"
     Params = ChainParams
 
-    def __init__(self, params: ChainParams, drafter=None, curves=None, predictor=None, adjacency=None):
-        super().__init__(params, drafter)
-        self.max_tree_size = params.k + 1
+    @property
+    def max_tree_size(self) -> int:
+        return self.params.k + 1
 
-    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
-        tree = TokenTree(seq[-1], child_rule="iid")
-        logits, node = self.drafter.begin(seq), 0
+    def propose(self, state: StepState) -> TokenTree:
+        tree = TokenTree(state.seq[-1], child_rule="iid")
+        logits, node = self.drafter.begin(state.seq), 0
         k = self.params.k
         for d in range(k):
-            (node,) = pick_children(tree, node, logits, 1, sampling)
+            (node,) = pick_children(tree, node, logits, 1, state.sampling)
             if d + 1 < k:
                 logits = self.drafter.expand(tree, [node])[0]
         return tree

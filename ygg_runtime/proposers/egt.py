@@ -39,7 +39,7 @@ from ygg_runtime.accept import Verdict
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Sampling, StepInfo, StepState
+from ygg_runtime.proposers.base import DraftProposer, Drafter, Hook, StepInfo, StepState
 from ygg_runtime.proposers.base import Params as BaseParams
 from ygg_runtime.retrieval import AdjacencyTable, GraftParams, Retriever
 from ygg_runtime.runner import WIDTHS
@@ -140,8 +140,12 @@ class EGT(DraftProposer):
     name = "egt"
     Params = EGTParams
 
-    def __init__(self, params: EGTParams, drafter: Drafter | None = None, curves: Curves | None = None,
-                 predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None):
+    def __init__(self, params: EGTParams, drafter: Drafter | None, curves: Curves | None = None,
+                 predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None,
+                 hook: Hook | None = None):
+        """curves: the plan's profile, to weigh depths and verify widths; predictor (with the
+        params' depth policy): the depth every step; adjacency: the seeded table grafting retrieves
+        from; hook: compile-time instrumentation (calibration's probe, the stage search)."""
         super().__init__(params, drafter)
         policy = params.depth_policy
         # The per-step depth: needs the predictor, its policy and the curves to weigh depths.
@@ -149,32 +153,40 @@ class EGT(DraftProposer):
         if self.predictor is not None and self.predictor.max_depth != len(policy["factors"]) - 1:
             raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
         self.planner = Planner(params, curves, policy["draft_width"] if self.predictor is not None else None)
-        self.curves = curves  # alone; a batch prices the planner's as a share of its step (share())
+        self.curves = curves  # alone; in a batch the planner prices its step as a share of it (StepState.sequences)
         if self.predictor is not None:
             self.factors = policy["factors"]
             self.shapes = [self.planner.shape(d, w) for d, w in enumerate(policy["verify_widths"])]
         self.max_depth = self.predictor.max_depth if self.predictor is not None else params.depth
         self.step_depth = params.depth  # this step's depth
-        p = self.planner
-        draft_slots = 1 + p.top_k * (1 + p.draft_width * max(0, self.max_depth - 1)) + p.draft_width
         self.retriever = Retriever(GraftParams.from_dict(params.graft), adjacency) if params.graft is not None else None
-        grafted = self.retriever.params.budget if self.retriever is not None else 0
-        self.max_tree_size = max(draft_slots if self.max_depth else 1, p.verify_widths[-1]) + grafted
+        self.hook = hook
         self.stages = PLAIN_STAGES | (params.stages or {})
         self.drafted: TokenTree | None = None  # the whole drafted tree of the step in progress
+        self.verified: TokenTree | None = None  # the part of it proposed for the verify
         self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
 
-    def share(self, sequences: int) -> None:
-        if self.curves is not None:
-            self.planner.curves = self.curves.shared(sequences)
+    @property
+    def max_tree_size(self) -> int:
+        p = self.planner
+        draft_slots = 1 + p.top_k * (1 + p.draft_width * max(0, self.max_depth - 1)) + p.draft_width
+        grafted = self.retriever.params.budget if self.retriever is not None else 0
+        return max(draft_slots if self.max_depth else 1, p.verify_widths[-1]) + grafted
 
-    def prefill(self, tokens: list[int]) -> None:
+    def start(self, prompt: list[int]) -> None:
         if self.max_depth:
-            super().prefill(tokens)
+            super().start(prompt)
         if self.retriever is not None:
-            self.retriever.reset(tokens)
+            self.retriever.reset(prompt)
 
-    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
+    def propose(self, state: StepState) -> TokenTree:
+        self.verified = self._propose(state)
+        return self.verified
+
+    def _propose(self, state: StepState) -> TokenTree:
+        seq = state.seq
+        if self.curves is not None:  # priced as its share of the step's forwards (alone: the curves themselves)
+            self.planner.curves = self.curves.shared(state.sequences)
         self.step_depth, self.guesses = self.params.depth, {}
         retrieved = None  # the retrieval-only step: (its whole tree, the verified part)
         if self.retriever is not None:
@@ -220,7 +232,7 @@ class EGT(DraftProposer):
         verified = self.planner.prune(self.drafted, len(seq), self.step_depth, behind)
         mark = self._clock("rounds", mark)
         if "ahead" in self.stages.values():
-            self.guesses = self.ahead(verified)
+            self.guesses = self._ahead(verified)
             self._clock("ahead", mark)
         return verified
 
@@ -235,7 +247,7 @@ class EGT(DraftProposer):
             self.hook.stage(stage, now - since)
         return now
 
-    def ahead(self, verified: TokenTree) -> dict[int, tuple[int, torch.Tensor]]:
+    def _ahead(self, verified: TokenTree) -> dict[int, tuple[int, torch.Tensor]]:
         """Run the stages planned ahead of the verify in one drafter forward (see the module
         docstring); returns the head draft's guesses by the node they hang from."""
         full, fed, kept = self.drafted, self.drafter.fed, set(verified.origin)
@@ -255,16 +267,12 @@ class EGT(DraftProposer):
         row = {n: i for i, n in enumerate(nodes)}
         return {o: (g, logits[row[g]]) for o, g in head.items()}
 
-    def update(self, tree: TokenTree, verdict: Verdict) -> StepInfo:
+    def update(self, verdict: Verdict) -> StepInfo:
         spent = self.retriever.take_seconds() if self.retriever is not None else 0.0
         if not self.step_depth:
             return StepInfo(retrieval_s=spent)
-        path = [tree.origin[v] for v in verdict.path]  # a pruned tree: its nodes in the drafted one
+        path = [self.verified.origin[v] for v in verdict.path]  # the proposed tree is pruned: its nodes in the drafted one
         guess = self.guesses.get(path[-1])
         hit = guess is not None and self.drafted.tokens[guess[0]] == verdict.bonus
         self.drafter.finish(Verdict(path, verdict.bonus), guess if hit else None)
         return StepInfo(ahead_hit=hit, retrieval_s=spent)
-
-    def step_shape(self) -> StepShape:
-        """The current step's forwards (the last step's between steps), at the usual verify width."""
-        return self.planner.shape(self.step_depth)

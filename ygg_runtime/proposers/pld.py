@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.objective import StepShape
+from ygg_runtime.objective import Curves, StepShape
 from ygg_runtime.proposers.base import Params as BaseParams
-from ygg_runtime.proposers.base import Proposer, Sampling, StepInfo, StepState
-from ygg_runtime.retrieval import GraftParams, Retriever
+from ygg_runtime.proposers.base import Proposer, StepInfo, StepState
+from ygg_runtime.retrieval import AdjacencyTable, GraftParams, Retriever
 from ygg_runtime.runner import WIDTHS
 from ygg_runtime.tree import TokenTree
 
@@ -40,19 +40,22 @@ class PLD(Proposer):
     name = "pld"
     Params = PLDParams
 
-    def __init__(self, params: PLDParams, drafter=None, curves=None, predictor=None, adjacency=None):
+    def __init__(self, params: PLDParams, curves: Curves | None, adjacency: AdjacencyTable | None):
         super().__init__(params)
         self.retriever = Retriever(GraftParams.from_dict(params.graft), adjacency)
         self.curves = curves
         self.verify_widths = tuple(sorted(params.verify_widths))
-        self.max_tree_size = 1 + self.retriever.params.budget
 
-    def prefill(self, tokens: list[int]) -> None:
-        self.retriever.reset(tokens)
+    @property
+    def max_tree_size(self) -> int:
+        return 1 + self.retriever.params.budget
 
-    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
-        self.retriever.sync(seq)
-        return self.retriever.alone(seq[-1], self.verify_widths, self.curves, len(seq))[1]
+    def start(self, prompt: list[int]) -> None:
+        self.retriever.reset(prompt)
 
-    def update(self, tree: TokenTree, verdict) -> StepInfo:
+    def propose(self, state: StepState) -> TokenTree:
+        self.retriever.sync(state.seq)
+        return self.retriever.alone(state.seq[-1], self.verify_widths, self.curves, len(state.seq))[1]
+
+    def update(self, verdict) -> StepInfo:
         return StepInfo(retrieval_s=self.retriever.take_seconds())

@@ -14,7 +14,7 @@ import torch
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import StepShape
-from ygg_runtime.proposers.base import DraftProposer, Sampling, StepState
+from ygg_runtime.proposers.base import DraftProposer, Drafter, StepState
 from ygg_runtime.proposers.base import Params as BaseParams
 from ygg_runtime.runner import WIDTHS, fit_width
 from ygg_runtime.tree import TokenTree
@@ -63,18 +63,22 @@ class Sequoia(DraftProposer):
     name = "sequoia"
     Params = SequoiaParams
 
-    def __init__(self, params: SequoiaParams, drafter=None, curves=None, predictor=None, adjacency=None):
+    def __init__(self, params: SequoiaParams, drafter: Drafter | None):
         super().__init__(params, drafter)
         self.ranks, self.widths = list(params.ranks), tuple(sorted(params.widths))
         self.children, self.levels = params.children(), params.levels()
         self.verify_width = fit_width(len(params.parents), self.widths)
-        self.max_tree_size = self.verify_width + max((fit_width(len(lv), self.widths) for lv in self.levels), default=0)
 
-    def prefill(self, tokens: list[int]) -> None:
+    @property
+    def max_tree_size(self) -> int:
+        return self.verify_width + max((fit_width(len(lv), self.widths) for lv in self.levels), default=0)
+
+    def start(self, prompt: list[int]) -> None:
         if self.levels:
-            super().prefill(tokens)
+            super().start(prompt)
 
-    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
+    def propose(self, state: StepState) -> TokenTree:
+        seq = state.seq
         tree = TokenTree(seq[-1], child_rule="deterministic")
         if not self.levels:
             return tree

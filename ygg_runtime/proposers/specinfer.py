@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.objective import StepShape
-from ygg_runtime.proposers.base import DraftProposer, Sampling, StepState, pick_children
+from ygg_runtime.proposers.base import DraftProposer, StepState, pick_children
 from ygg_runtime.proposers.base import Params as BaseParams
 from ygg_runtime.tree import TokenTree
 
@@ -36,16 +36,17 @@ class SpecInfer(DraftProposer):
     name = "specinfer"
     Params = SpecInferParams
 
-    def __init__(self, params: SpecInferParams, drafter=None, curves=None, predictor=None, adjacency=None):
-        super().__init__(params, drafter)
-        self.max_tree_size = params.nodes
+    @property
+    def max_tree_size(self) -> int:
+        return self.params.nodes
 
-    def propose(self, seq: list[int], state: StepState, sampling: Sampling | None) -> TokenTree:
-        tree = TokenTree(seq[-1], child_rule="without_replacement")
+    def propose(self, state: StepState) -> TokenTree:
+        tree = TokenTree(state.seq[-1], child_rule="without_replacement")
         width, depth = self.params.width, self.params.depth
-        frontier, logits = [0], self.drafter.begin(seq)[None]
+        frontier, logits = [0], self.drafter.begin(state.seq)[None]
         for d in range(depth):
-            level = [c for node, row in zip(frontier, logits) for c in pick_children(tree, node, row, width, sampling)]
+            level = [c for node, row in zip(frontier, logits)
+                     for c in pick_children(tree, node, row, width, state.sampling)]
             if d + 1 < depth:
                 logits = self.drafter.expand(tree, level)
             frontier = level
