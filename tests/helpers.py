@@ -113,16 +113,22 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
 
     from safetensors.torch import save_file
 
+    from dataclasses import replace
+
     from ygg_runtime.integrity import file_entry
-    from ygg_runtime.plan import Plan
+    from ygg_runtime.params import DepthPolicy
+    from ygg_runtime.plan import Plan, Profile
 
     shutil.copytree(artifact, out)
     plan = Plan.from_yaml((out / "plan.yaml").read_text())
     dim = json.loads((out / "target" / "config.json").read_text())["dim"]
     save_file(random_predictor(dim, seed=seed), str(out / "predictor.safetensors"))
-    plan.methods["egt"] |= {"depth_policy": depth_policy(factor=4.0), "verify_widths": list(COMPILED)}
-    plan.profile |= {k: v for k, v in PROFILE.items() if k != "threads"} | {"target_widths": list(COMPILED),
-                                                                          "draft_widths": list(COMPILED)}
+    plan.methods["egt"] = replace(plan.methods["egt"], depth_policy=DepthPolicy(**depth_policy(factor=4.0)),
+                                  verify_widths=list(COMPILED))
+    curves = Profile.from_dict(PROFILE)
+    plan.profile = replace(plan.profile, widths=curves.widths, contexts=curves.contexts, target_ms=curves.target_ms,
+                           draft_ms=curves.draft_ms, other_ms=curves.other_ms, target_widths=list(COMPILED),
+                           draft_widths=list(COMPILED))
     plan.files["predictor.safetensors"] = file_entry(out / "predictor.safetensors")
     (out / "plan.yaml").write_text(plan.to_yaml())
     return out

@@ -3,6 +3,8 @@ alone, whatever else is in the batch, and the batch's bookkeeping (regions, join
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -243,7 +245,7 @@ def test_a_proposer_learns_its_accepted_path_in_its_own_tree_when_the_batch_cut_
     sequoia member's drafter committed the K/V of a sibling: [0,1,2] was really [0,1,4])."""
     decoder = artifacts.load(artifact)
     if method == "sequoia":  # a static tree wide enough for the allocation to cut (the plan's is small here)
-        decoder.methods["sequoia"] = decoder.methods["sequoia"] | SEQUOIA_TREE
+        decoder.methods["sequoia"] = dataclasses.replace(decoder.methods["sequoia"], **SEQUOIA_TREE)
     batch = decoder.batch(max_batch=4)
     seen = {"cut": 0, "steps": 0}
     checks = []
@@ -288,7 +290,7 @@ def test_compile_measures_batched_forwards_and_the_cost_model_reads_them(int8_pa
                                                                        [False, False, False, True]]
     curves = Curves(prof.combine(measured, None, (1, 2, 4, 8), (16, 64)))
     assert curves.t_batch("target", 1, 8, 40) == curves.t_verify(8, 40)
-    factors = curves.batch["target"]["factors"]
+    factors = curves.batch["target"].factors
     assert curves.t_batch("target", 2, 4, 40) == pytest.approx(curves.t_verify(4, 40) * factors[0][2])
     assert curves.t_batch("target", 8, 8, 40) == pytest.approx(curves.t_verify(8, 40) * factors[2][3])
 

@@ -12,7 +12,8 @@ from ygg_runtime.ui import Reporter
 from ygg_runtime import objective
 from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.proposers import Drafter, build
-from ygg_runtime.proposers.egt import EGTParams, Planner
+from ygg_runtime.params import EGTParams
+from ygg_runtime.proposers.egt import Planner
 from ygg_runtime.prune import Pruning, best_subtree
 
 

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from ygg_runtime.retrieval import AdjacencyTable, ContextIndex, GraftParams, Retriever, prior_context
+from ygg_runtime.params import GraftParams
+from ygg_runtime.retrieval import AdjacencyTable, ContextIndex, Retriever, prior_context
 from ygg_runtime.tree import CONTEXT, DRAFT, TokenTree
 
 

@@ -32,7 +32,7 @@ from ygg_compile.peers import LLAMA_MISSING, HFPeers, LlamaCppPeers
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
-from ygg_compile.stages import PLAIN
+from ygg_runtime.params import EGTParams, Stages
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.plan import Plan
@@ -63,8 +63,8 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
         return name, {}
 
     plan = decoder.plan
-    stages = plan.planning.get("stages") or {}
-    chosen = stages.get("chosen", PLAIN)
+    stages = plan.planning.stages
+    chosen = stages.chosen if stages is not None else Stages()
     if name == "egt-fixed":
         if decoder.predictor is None:
             raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
@@ -78,18 +78,19 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
             raise YggError("egt-eager is egt without the compiled forwards, and this artifact has none")
         return "egt", {"eager": True}
     if name == "egt-nograft":
-        if not (decoder.methods.get("egt") or {}).get("graft"):
+        egt = decoder.methods.get("egt")
+        if not isinstance(egt, EGTParams) or egt.graft is None:
             raise YggError("egt-nograft is egt without retrieval grafting, and this artifact's egt does not graft")
         return "egt", {"graft": False}
     if name == "egt-plain":
-        if chosen == PLAIN:
+        if chosen == Stages():
             raise YggError("egt-plain is egt with the plain stage order, which is already this artifact's plan")
-        return "egt", {"stages": PLAIN}
-    rejected = [a for a in stages.get("alternatives", []) if {"tail": a["tail"], "head": a["head"]} != PLAIN]
-    if chosen != PLAIN or not rejected:
+        return "egt", {"stages": Stages()}
+    rejected = [a for a in (stages.alternatives if stages is not None else []) if Stages(a.tail, a.head) != Stages()]
+    if chosen != Stages() or not rejected:
         raise YggError("egt-ahead is the stage order the search rejected, and this artifact's plan is not plain")
-    best = min(rejected, key=lambda a: a["ms_per_token"])
-    return "egt", {"stages": {"tail": best["tail"], "head": best["head"]}}
+    best = min(rejected, key=lambda a: a.ms_per_token)
+    return "egt", {"stages": Stages(best.tail, best.head)}
 
 
 def ablations_of(decoder) -> list[str]:
@@ -348,5 +349,5 @@ def machine_info(plan: Plan) -> dict:
 
 def _artifact_info(path: Path, plan: Plan) -> dict:
     models = {r: {k: getattr(m, k) for k in ("spec", "parameters", "layers")} for r, m in plan.models.items()}
-    return {"path": str(path), "created": plan.created, "models": models, "methods": plan.methods,
+    return {"path": str(path), "created": plan.created, "models": models, "methods": {name: params.to_dict() for name, params in plan.methods.items()},
             "default_method": plan.method, "max_context": plan.max_context}

@@ -33,15 +33,16 @@ from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions
 from ygg_runtime.ui import Reporter
-from ygg_runtime import engine, exactness, kernels, objective, proposers
+from ygg_runtime import engine, exactness, kernels, objective, proposers, typed
 from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line, out_of_space
 from ygg_runtime.files import locked
 from ygg_runtime.integrity import cache_dir, file_entry
 from ygg_runtime.model import ModelArgs, load_model
-from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, ExactnessRecord, KernelInfo, ModelInfo, Plan,
-                              TokenizerInfo, WeightsInfo)
+from ygg_runtime.params import EGTParams, Params
+from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, ExactnessRecord, KernelInfo,
+                              ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, WeightsInfo)
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.runner import ModelRunner
@@ -135,11 +136,11 @@ class _Build:
     vocab: dict = field(default_factory=dict)  # the drafter's head, as cut
     # invariance, profile, calibrate, plan
     exact: dict[str, ExactnessRecord] = field(default_factory=dict)
-    profile: dict = field(default_factory=dict)
+    profile: Profile | None = None
     calib: Any = None
     agreement: Any = None
-    methods: dict = field(default_factory=dict)
-    planning: dict = field(default_factory=dict)
+    methods: dict[str, Params] = field(default_factory=dict)
+    planning: Planning | None = None
 
 
 def _resolve(b: _Build) -> None:
@@ -222,7 +223,8 @@ def _invariance(b: _Build) -> None:
 
 def _profile(b: _Build) -> None:
     with b.phase("profile", None):
-        b.profile = _profiles(b.runners, b.models, b.device, str(b.dtype).removeprefix("torch."), b.max_context, b.opts, b.ui)
+        b.profile = Profile.from_dict(_profiles(b.runners, b.models, b.device, str(b.dtype).removeprefix("torch."),
+                                                b.max_context, b.opts, b.ui))
 
 
 def _calibrate(b: _Build) -> None:
@@ -240,12 +242,13 @@ def _plan(b: _Build) -> None:
     with b.phase("plan", "planning egt and sequoia with the objective" + (", training the depth predictor" if b.predictor else "")):
         b.methods, b.planning = _plan_methods(b.calib, b.agreement, b.profile, b.opts, b.predictor, b.tmp)
     if b.opts.quick:
-        b.planning["predictor"]["why"] = "--quick"
-    b.planning["draft_vocab"] = b.vocab
+        b.planning.predictor.why = "--quick"
+    b.planning.draft_vocab = typed.build(DraftVocabReport, b.vocab, "the drafter's head") if b.vocab else None
     b.agreement = None
     with b.phase("stages", None):
-        b.planning["stages"] = _stage_plan(b.runners, b.codec, b.calib_prompts, b.methods, b.profile, b.tmp, b.opts.quick, b.ui)
-        b.methods["egt"]["stages"] = b.planning["stages"]["chosen"]
+        report = _stage_plan(b.runners, b.codec, b.calib_prompts, b.methods["egt"], b.profile, b.tmp, b.opts.quick, b.ui)
+        b.planning.stages = typed.build(StagesReport, report, "the stage search")
+        b.methods["egt"] = replace(b.methods["egt"], stages=b.planning.stages.chosen)
     b.runners = {}
     gc.collect()
 
@@ -543,7 +546,7 @@ def _static_trees(methods: dict[str, dict]) -> list[int]:
     """The verify width of each hand-set method, refusing a tree no compiled forward holds."""
     out = []
     for name, params in methods.items():
-        n = proposers.params(name, params).step_shape().verify_width
+        n = objective.step_shape(proposers.params(name, params)).verify_width
         if n > MAX_WIDTH:
             raise YggError(f"{name}'s tree of {n} nodes is wider than the widest forward ({MAX_WIDTH}): make it smaller")
         out.append(n)
@@ -619,26 +622,25 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
     return out | compiled | {"files": files, "spot_checks": checks}
 
 
-def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], methods: dict, profile: dict, tmp: Path,
+def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], egt: EGTParams, profile: Profile, tmp: Path,
                 quick: bool, ui: Reporter) -> dict:
     """egt's stage order, searched on the real models (ygg_compile.stages)."""
-    egt = methods["egt"]
-    if not egt["depth"] and not egt.get("depth_policy"):
+    if not egt.depth and egt.depth_policy is None:
         return {"chosen": dict(stages.PLAIN), "why": "plain: egt does not draft", "alternatives": []}
     n = 2 if quick else stages.PROMPTS
     ids = [codec.encode(p) for p in prompts]  # search times the first n that fit the context
-    policy = egt.get("depth_policy")
-    pred = DepthPredictor.load(tmp / policy["file"]) if policy else None
+    pred = DepthPredictor.load(tmp / egt.depth_policy.file) if egt.depth_policy is not None else None
     with ui.step(f"timing egt's stage orders: {len(stages.GRID)} alternatives"):  # its bar counts the prompts that fit
         return stages.search(runners["target"], runners["draft"], ids, egt, objective.Curves(profile), pred, ui, count=n)
 
 
-def _plan_methods(calib, agreement, profile: dict, opts: CompileOptions, use_predictor: bool, tmp: Path) -> tuple[dict, dict]:
+def _plan_methods(calib, agreement, profile: Profile, opts: CompileOptions, use_predictor: bool,
+                  tmp: Path) -> tuple[dict[str, Params], Planning]:
     """egt and sequoia parameters from calibration and the curves, with the candidates' table;
     egt's depth predictor trained and saved into `tmp` when it beats egt's fixed depth."""
     curves = objective.Curves(profile)
-    verify_widths, draft_widths = tuple(profile["target_widths"]), tuple(profile["draft_widths"])
-    context = int(statistics.median(s.context for s in calib.steps)) if calib.steps else profile["contexts"][0]
+    verify_widths, draft_widths = tuple(profile.compiled_widths("target")), tuple(profile.compiled_widths("draft"))
+    context = int(statistics.median(s.context for s in calib.steps)) if calib.steps else profile.contexts[0]
     accept = calibrate.acceptance_map(calib)
     ranks = calib.rank_acceptance()
     verify = tuple(w for w in verify_widths if w <= calibrate.PROBE_VERIFY) or verify_widths[:1]
@@ -671,7 +673,7 @@ def _plan_methods(calib, agreement, profile: dict, opts: CompileOptions, use_pre
                 "predictor": report, "sequoia": seq_rows,
                 "graft": {"labelled_tokens": graft.tries, "target_tokens": graft.hits,
                           "adjacency_rows": len(graft.table.rows)}}
-    return methods, planning
+    return {name: proposers.params(name, values) for name, values in methods.items()}, Planning.from_dict(planning)
 
 
 def _eos_ids(hf) -> set[int]:

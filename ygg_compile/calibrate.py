@@ -39,10 +39,10 @@ from ygg_runtime import engine, objective
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter
 from ygg_runtime.proposers.base import Hook, StepState
-from ygg_runtime.proposers.egt import EGT, EGTParams, Planner
-from ygg_runtime.proposers.sequoia import SequoiaParams
-from ygg_runtime.retrieval import (MAX_N, POSITIONS, PRIOR_ADJACENCY, RANKS, AdjacencyTable, GraftParams, Retriever,
-                                   adjacency_cell, context_cell, prior_context)
+from ygg_runtime.params import MAX_N, POSITIONS, RANKS, EGTParams, GraftParams, SequoiaParams
+from ygg_runtime.proposers.egt import EGT, Planner
+from ygg_runtime.retrieval import (PRIOR_ADJACENCY, AdjacencyTable, Retriever, adjacency_cell, context_cell,
+                                   prior_context)
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 from ygg_runtime.tree import TokenTree
@@ -351,7 +351,7 @@ def plan_sequoia(p: list[float], curves: Curves, widths: tuple[int, ...], contex
             tree = tables.tree(n, d)
             if tree.depth < d:  # the same tree as a shallower bound
                 continue
-            shape = SequoiaParams(list(tree.parents), list(tree.ranks), list(widths)).step_shape()
+            shape = objective.step_shape(SequoiaParams(list(tree.parents), list(tree.ranks), list(widths)))
             rows.append({"budget": n, "depth": d, "expected_accepted": round(tree.expected_accepted, 3),
                          "speedup": round(objective.speedup(tree.expected_accepted, shape, curves, context), 3),
                          "parents": list(tree.parents), "ranks": list(tree.ranks)})

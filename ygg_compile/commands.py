@@ -67,18 +67,18 @@ def phase_table(plan: Plan):
 
 def plan_summary(plan: Plan) -> str:
     """One line on what the objective chose, from the plan's candidate tables."""
-    egt, seq = plan.methods["egt"], plan.methods["sequoia"]
-    best = max(plan.planning["egt"], key=lambda r: r["speedup"]) if plan.planning["egt"] else None
-    sbest = max(plan.planning["sequoia"], key=lambda r: r["speedup"])
+    egt, seq, planning = plan.methods["egt"], plan.methods["sequoia"], plan.planning
+    best = max(planning.egt, key=lambda r: r.speedup) if planning.egt else None
+    sbest = max(planning.sequoia, key=lambda r: r.speedup)
     cal = plan.calibration
-    egt_text = ("egt: depth 0 (no tree pays for itself: plain decoding)" if not egt["depth"] else
-                f"egt: depth {egt['depth']} × {egt['draft_width']} nodes/round, verify ≈{egt['verify_width']} "
-                f"({best['tokens_per_step']:.2f} tokens/step replayed, modelled {best['speedup']:.2f}×)")
-    seq_text = (f"sequoia: {len(seq['parents'])}-node tree, depth {sbest['depth']} (E[A] {sbest['expected_accepted']:.2f}, "
-                f"modelled {sbest['speedup']:.2f}×)")
+    egt_text = ("egt: depth 0 (no tree pays for itself: plain decoding)" if not egt.depth else
+                f"egt: depth {egt.depth} × {egt.draft_width} nodes/round, verify ≈{egt.verify_width} "
+                f"({best.tokens_per_step:.2f} tokens/step replayed, modelled {best.speedup:.2f}×)")
+    seq_text = (f"sequoia: {len(seq.parents)}-node tree, depth {sbest.depth} (E[A] {sbest.expected_accepted:.2f}, "
+                f"modelled {sbest.speedup:.2f}×)")
     return (f"plan — {egt_text}; {seq_text}; calibrated on {cal.prompts} prompts, {cal.steps} probe steps "
-            f"in {cal.seconds:.0f} s\n{predictor_summary(plan.planning.get('predictor') or {})}\n"
-            f"{stages_summary(plan.planning['stages'])}\n{exactness_summary(plan)}\n"
+            f"in {cal.seconds:.0f} s\n{predictor_summary(planning.predictor)}\n"
+            f"{stages_summary(planning.stages)}\n{exactness_summary(plan)}\n"
             + "\n".join(f"{role} weights: {weights_summary(plan.models[role], plan.dtype)}" for role in ("target", "draft")))
 
 

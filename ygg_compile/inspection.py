@@ -17,21 +17,21 @@ from rich.table import Table
 
 from ygg_compile import plots, quantize, roofline
 from ygg_compile.report import fmt
-from ygg_compile.roofline import Costs, Roofs
-from ygg_runtime import objective, proposers
+from ygg_runtime import objective
 from ygg_runtime.artifact import plan_sha256, read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.exactness import verdict
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.options import check_max_new_tokens
-from ygg_runtime.plan import Plan
+from ygg_runtime.params import EGTParams, Params, PLDParams, SequoiaParams, Stages
+from ygg_runtime.plan import Plan, PredictorReport, StagesReport
 from ygg_runtime.tree import DRAFT
 
 
 @dataclass
 class MethodReport:
     name: str
-    params: dict
+    params: Params
     shape: objective.StepShape
     step_ms: float | None = None  # modelled
     break_even: float | None = None  # E[A] needed to match ar
@@ -58,10 +58,10 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
     if prompt is not None and method not in plan.methods:
         raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(plan.methods)})")
     check_max_new_tokens(max_new_tokens)
-    curves = objective.Curves(plan.profile, context=plan.planning["context"])
+    curves = objective.Curves(plan.profile, context=plan.planning.context)
     reports = []
     for name, params in plan.methods.items():
-        r = MethodReport(name, params, proposers.params(name, params).step_shape())
+        r = MethodReport(name, params, objective.step_shape(params))
         r.step_ms = objective.step_ms(r.shape, curves)
         r.break_even = objective.break_even(r.shape, curves)
         reports.append(r)
@@ -137,20 +137,20 @@ def _write(path: Path, data: bytes, result: Inspection) -> None:
 def roofline_table(plan: Plan):
     """Each measured forward (the profile's first context) beside the floor this machine allows it,
     max(bytes / read bandwidth, rows x multiply-adds / int8 peak), both roofs measured at compile."""
-    section = plan.profile.get("roofline")
-    if not section:
+    section = plan.profile.roofline
+    if section is None:
         return "roofline: not measured (an artifact compiled before it was, or off the CPU)"
-    roofs = Roofs(**section["roofs"])
-    prof, context = plan.profile, plan.profile["contexts"][0]
+    roofs = section.roofs
+    prof, context = plan.profile, plan.profile.contexts[0]
     t = Table(title=f"roofline: {roofs.bandwidth / 1e9:.1f} GB/s read, {roofs.int8_peak / 1e9:.0f} G int8 multiply-adds/s "
               f"({roofs.threads} threads, measured at compile); forwards at context {context}", title_justify="left")
     for col in ("model", "W", "measured ms", "memory floor", "compute floor", "× floor", "T(W)/T(1)"):
         t.add_column(col, justify="left" if col == "model" else "right")
     for role in ("target", "draft"):
-        if role not in section or not prof.get(f"{role}_ms"):
+        costs = getattr(section, role)
+        if costs is None or not prof.ms(role):
             continue
-        costs = Costs(**section[role])
-        for i, r in enumerate(roofline.table(costs, roofs, prof["widths"], prof[f"{role}_ms"][0], context)):
+        for i, r in enumerate(roofline.table(costs, roofs, prof.widths, prof.ms(role)[0], context)):
             compute = f"{r['compute_ms']:.2f}" if r["compute_ms"] is not None else "–"
             t.add_row(f"{role} ({costs.weight_bytes / 1e9:.2f} GB, {costs.macs_per_row / 1e9:.2f} G MAC/row)" if i == 0 else "",
                       str(r["width"]), f"{r['ms']:.2f}", f"{r['memory_ms']:.2f}", compute, f"{r['of_floor']:.1f} ({r['bound']})",
@@ -185,26 +185,28 @@ def exactness_summary(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def stages_summary(r: dict) -> str:
+def stages_summary(r: StagesReport | None) -> str:
     """One line on egt's stage order and the alternatives' modelled times per token."""
-    alts = "; ".join(f"tail {a['tail']}/head {a['head']} {a['ms_per_token']:.3g} ms/token (head hits {a['head_hit_rate']:.0%})"
-                     for a in r["alternatives"])
-    return f"stages: {r['why']}" + (f" — modelled {alts}" if alts else "")
+    if r is None:
+        return "stages: not searched"
+    alts = "; ".join(f"tail {a.tail}/head {a.head} {a.ms_per_token:.3g} ms/token (head hits {a.head_hit_rate:.0%})"
+                     for a in r.alternatives)
+    return f"stages: {r.why}" + (f" — modelled {alts}" if alts else "")
 
 
-def predictor_summary(r: dict) -> str:
+def predictor_summary(r: PredictorReport) -> str:
     """One line on egt's depth predictor: its validation figures and whether the plan uses it."""
-    if "heads" not in r:
-        return f"depth predictor: none ({r.get('why', 'not trained')})"
-    aucs = " ".join("–" if h["auc"] is None else f"{h['auc']:.2f}" for h in r["heads"])
-    briers = " ".join(f"{h['brier']:.3f}" for h in r["heads"])
-    verdict = (f"used: × {r['draft_width']} nodes/round, depth per step, {r['validation_speedup']:.2f}× "
-               f"vs fixed depth {r['fixed_validation_speedup']:.2f}× on held-out probe steps"
-               + (f" ({r['why']})" if r.get("why") else "") if r["used"] else
-               f"not used ({r['why']}: {r['validation_speedup']:.2f}× vs {r['fixed_validation_speedup']:.2f}×)")
-    return (f"depth predictor: {verdict}; {r['folds']}-fold over {r['prompts']} prompts ({r['rows']} positions): "
-            f"AUC per depth {aucs}, Brier {briers}, accepted-length MAE {r['depth_mae']:.2f} "
-            f"(always-the-mean {r['baseline_depth_mae']:.2f})")
+    if not r.heads:
+        return f"depth predictor: none ({r.why or 'not trained'})"
+    aucs = " ".join("–" if h.auc is None else f"{h.auc:.2f}" for h in r.heads)
+    briers = " ".join(f"{h.brier:.3f}" for h in r.heads)
+    verdict = (f"used: × {r.draft_width} nodes/round, depth per step, {r.validation_speedup:.2f}× "
+               f"vs fixed depth {r.fixed_validation_speedup:.2f}× on held-out probe steps"
+               + (f" ({r.why})" if r.why else "") if r.used else
+               f"not used ({r.why}: {r.validation_speedup:.2f}× vs {r.fixed_validation_speedup:.2f}×)")
+    return (f"depth predictor: {verdict}; {r.folds}-fold over {r.prompts} prompts ({r.rows} positions): "
+            f"AUC per depth {aucs}, Brier {briers}, accepted-length MAE {r.depth_mae:.2f} "
+            f"(always-the-mean {r.baseline_depth_mae:.2f})")
 
 
 def render(rep: Inspection, artifact: Path, con: Console) -> None:
@@ -237,59 +239,58 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
     info.add_row("exactness", exactness_summary(plan))
     prof = plan.profile
     for role in ("target", "draft"):
-        for ctx, row in zip(prof["contexts"], prof.get(f"{role}_ms") or []):
-            info.add_row(f"T(W) {role} @ {ctx}, ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], row)))
-    info.add_row("T_other(W), ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof["widths"], prof["other_ms"])))
+        for ctx, row in zip(prof.contexts, prof.ms(role)):
+            info.add_row(f"T(W) {role} @ {ctx}, ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof.widths, row)))
+    info.add_row("T_other(W), ms", "  ".join(f"{w}:{t:.1f}" for w, t in zip(prof.widths, prof.other_ms)))
     cal = plan.calibration
     info.add_row("calibration", f"{cal.prompts} prompts ({cal.source}), {cal.tokens} target tokens, "
                  f"{cal.steps} probe steps, {cal.probe_tokens_per_step:.2f} tokens/step, {cal.seconds:.0f} s")
-    info.add_row("rank acceptance", "  ".join(f"{p:.3f}" for p in plan.planning["rank_acceptance"]))
-    graft = plan.planning.get("graft")
-    values = (plan.methods["egt"].get("graft") or {}).get("context")
-    if graft and values:
+    info.add_row("rank acceptance", "  ".join(f"{p:.3f}" for p in plan.planning.rank_acceptance))
+    graft, chosen = plan.planning.graft, plan.methods["egt"]
+    values = chosen.graft.context if chosen.graft is not None else None
+    if graft is not None and values:
         first = "  ".join(f"n={n + 1}:{row[0][0]:.2f}/{row[0][1]:.2f}" for n, row in enumerate(values))
-        info.add_row("retrieval", f"{graft['target_tokens']} of {graft['labelled_tokens']} retrieved tokens were the target's "
+        info.add_row("retrieval", f"{graft.target_tokens} of {graft.labelled_tokens} retrieved tokens were the target's "
                      f"on the calibration continuations; P(first copied token accepted) by match length, seen once/twice: "
-                     f"{first}; adjacency table: {graft['adjacency_rows']} tokens")
+                     f"{first}; adjacency table: {graft.adjacency_rows} tokens")
     con.print(info)
     con.print(roofline_table(plan))
 
-    egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan.planning['context']})",
+    egt = Table(title=f"egt candidates, replayed on the calibration steps (context ≈{plan.planning.context})",
                 title_justify="left")
     for col in ("depth", "draft width", "tokens/step", "modelled step ms", "usual verify W", "modelled speed-up"):
         egt.add_column(col, justify="right")
-    chosen = plan.methods["egt"]
-    for r in sorted(plan.planning["egt"], key=lambda r: -r["speedup"]):
-        mark = r["depth"] == chosen["depth"] and (r["depth"] == 0 or r["draft_width"] == chosen["draft_width"])
-        cells = [str(r["depth"]), str(r["draft_width"]), f"{r['tokens_per_step']:.2f}", f"{r['step_ms']:.1f}",
-                 str(r["verify_width"]), f"{r['speedup']:.2f}×"]
+    for r in sorted(plan.planning.egt, key=lambda r: -r.speedup):
+        mark = r.depth == chosen.depth and (r.depth == 0 or r.draft_width == chosen.draft_width)
+        cells = [str(r.depth), str(r.draft_width), f"{r.tokens_per_step:.2f}", f"{r.step_ms:.1f}",
+                 str(r.verify_width), f"{r.speedup:.2f}×"]
         egt.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
     con.print(egt)
-    report = plan.planning.get("predictor") or {}
+    report = plan.planning.predictor
     con.print(predictor_summary(report))
-    stages = plan.planning.get("stages") or {}
-    if stages.get("alternatives"):
-        st = Table(title=f"egt stage orders, timed on {stages['prompts']} calibration prompts × {stages['tokens']} tokens "
+    stages = plan.planning.stages
+    if stages is not None and stages.alternatives:
+        st = Table(title=f"egt stage orders, timed on {stages.prompts} calibration prompts × {stages.tokens} tokens "
                    "(ms per step; stages run one after the other)", title_justify="left")
         for col in ("tail draft", "head draft", "begin", "rounds", "ahead", "verify", "other", "step", "tokens/step",
                     "head hits", "modelled ms/token"):
             st.add_column(col, justify="left" if "draft" in col else "right")
-        for a in stages["alternatives"]:
-            mark = {"tail": a["tail"], "head": a["head"]} == stages["chosen"]
-            cells = [a["tail"], a["head"], *(f"{a['stage_ms'][k]:.1f}" for k in ("begin", "rounds", "ahead", "verify", "other")),
-                     f"{a['step_ms']:.1f}", f"{a['tokens_per_step']:.2f}", f"{a['head_hit_rate']:.0%}", f"{a['ms_per_token']:.1f}"]
+        for a in stages.alternatives:
+            mark = Stages(a.tail, a.head) == stages.chosen
+            cells = [a.tail, a.head, *(f"{a.stage_ms[k]:.1f}" for k in ("begin", "rounds", "ahead", "verify", "other")),
+                     f"{a.step_ms:.1f}", f"{a.tokens_per_step:.2f}", f"{a.head_hit_rate:.0%}", f"{a.ms_per_token:.1f}"]
             st.add_row(*[f"[bold green]{c}[/]" if mark else c for c in cells])
         con.print(st)
-    con.print(f"stages: {stages.get('why', 'not searched')}")
-    if "heads" in report:
+    con.print(f"stages: {stages.why if stages is not None else 'not searched'}")
+    if report.heads:
         heads = Table(title="depth predictor, cross-validated over the calibration prompts, and its depth policy", title_justify="left")
         for col in ("depth d", "P(A ≥ d) observed", "AUC", "Brier", "tokens factor", "verify W"):
             heads.add_column(col, justify="right")
-        policy = chosen.get("depth_policy") or {}
-        for h in report["heads"]:
-            d = h["depth"]
-            extra = [f"{policy['factors'][d]:.2f}", str(policy["verify_widths"][d])] if policy else ["–", "–"]
-            heads.add_row(str(d), f"{h['positives']:.2f}", fmt(h["auc"]), f"{h['brier']:.3f}", *extra)
+        policy = chosen.depth_policy
+        for h in report.heads:
+            d = h.depth
+            extra = [f"{policy.factors[d]:.2f}", str(policy.verify_widths[d])] if policy is not None else ["–", "–"]
+            heads.add_row(str(d), f"{h.positives:.2f}", fmt(h.auc), f"{h.brier:.3f}", *extra)
         con.print(heads)
 
     t = Table(title="methods: one step's forwards and what the objective makes of them", title_justify="left")
@@ -316,15 +317,16 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
         con.print(f"[green]wrote[/] {f}")
 
 
-def _short_params(name: str, params: dict) -> str:
+def _short_params(name: str, params: Params) -> str:
     """A method's parameters in a table cell (sequoia's tree and egt's map summarised)."""
-    if name == "sequoia":
-        return f"{len(params['parents'])}-node tree"
-    if name == "egt":
-        if params.get("depth_policy"):
-            return f"depth 0–{len(params['depth_policy']['factors']) - 1} by predictor, draft_width={params['depth_policy']['draft_width']}, top_k={params.get('top_k')}"
-        return f"depth={params['depth']}, draft_width={params.get('draft_width')}, top_k={params.get('top_k')}"
-    if name == "pld":
-        g = params.get("graft") or {}
-        return f"up to {g.get('limit', 3)} continuations of {g.get('length', 8)} tokens" + (", calibrated" if g.get("context") else "")
-    return ", ".join(f"{k}={v}" for k, v in params.items()) or "–"
+    if isinstance(params, SequoiaParams):
+        return f"{len(params.parents)}-node tree"
+    if isinstance(params, EGTParams):
+        policy = params.depth_policy
+        if policy is not None:
+            return f"depth 0–{policy.max_depth} by predictor, draft_width={policy.draft_width}, top_k={params.top_k}"
+        return f"depth={params.depth}, draft_width={params.draft_width}, top_k={params.top_k}"
+    if isinstance(params, PLDParams):
+        g = params.graft
+        return f"up to {g.limit} continuations of {g.length} tokens" + (", calibrated" if g.context else "")
+    return ", ".join(f"{k}={v}" for k, v in params.to_dict().items()) or "–"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 
+from ygg_runtime.plan import Profile
+
 COLORS = {"ar": "#7f7f7f", "chain": "#1f77b4", "specinfer": "#ff7f0e", "sequoia": "#9467bd", "egt": "#2ca02c",
           "hf": "#bcbd22", "hf-assisted": "#d62728", "hf-pld": "#8c564b", "pld": "#17becf", "llama.cpp": "#e377c2",
           "llama.cpp-pld": "#f7b6d2"}
@@ -113,19 +115,19 @@ def metrics_timeline(summary: list[dict]) -> bytes:
     return _png(fig)
 
 
-def tw_curves(profile: dict, title: str = "Forward latency T(W)") -> bytes:
+def tw_curves(profile: Profile, title: str = "Forward latency T(W)") -> bytes:
     """Measured ms per forward against the number of new tokens W, per model and context length."""
     fig, ax = _figure(figsize=(6, 4))
-    widths = profile["widths"]
+    widths = profile.widths
     for role, style in (("target", "o-"), ("draft", "s--")):
-        for ctx, row in zip(profile["contexts"], profile.get(f"{role}_ms") or []):
+        for ctx, row in zip(profile.contexts, profile.ms(role)):
             ax.plot(widths, row, style, label=f"{role} @ {ctx}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(widths, [str(w) for w in widths])
     ax.set_xlabel("W (new tokens in one forward)")
     ax.set_ylabel("ms per forward")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{title} ({profile['threads']} threads)")
+    ax.set_title(f"{title} ({profile.threads} threads)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title="model @ context", title_fontsize=8)
     return _png(fig)

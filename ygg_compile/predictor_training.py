@@ -31,7 +31,8 @@ from ygg_compile.calibrate import PROBE_DEPTH, PROBE_TOP_K, Agreement, Calibrati
 from ygg_runtime import objective
 from ygg_runtime.objective import Curves
 from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers.egt import EGTParams, Planner
+from ygg_runtime.params import EGTParams
+from ygg_runtime.proposers.egt import Planner
 
 HIDDEN_LAYERS = (32, 16)
 # L2 strengths tried (cross-validated Brier picks). ~1 k positions from a dozen prompts against a

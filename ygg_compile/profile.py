@@ -28,7 +28,8 @@ from ygg_runtime.errors import first_line
 from ygg_runtime.integrity import cache_dir
 from ygg_runtime.plan import ModelInfo
 from ygg_runtime.objective import _interp
-from ygg_runtime.runner import WIDTHS, Call, ModelRunner, forward_many
+from ygg_runtime.params import WIDTHS
+from ygg_runtime.runner import Call, ModelRunner, forward_many
 from ygg_runtime.tree import TokenTree
 
 DEFAULT_CONTEXTS = (64, 512, 2048)

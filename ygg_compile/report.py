@@ -14,6 +14,7 @@ from rich.table import Table
 
 from ygg_compile import plots
 from ygg_runtime.files import write_atomic
+from ygg_runtime.plan import Profile
 
 # Contestants that run egt another way, each measuring what one part of the artifact adds
 # (`bench.ablation` says how each runs; the summary reports egt's paired gain over each).
@@ -161,7 +162,7 @@ def write_results(results: dict, out: Path) -> None:
     write_atomic(out / "results.csv", buf.getvalue().encode())
     write_atomic(out / "speedup.png", plots.speedup_bars(results["summary"]))
     write_atomic(out / "tpot_vs_accepted.png", plots.tpot_vs_accepted(results["runs"]))
-    write_atomic(out / "tw_curves.png", plots.tw_curves(results["profile"], "T(W) measured during the benchmark"))
+    write_atomic(out / "tw_curves.png", plots.tw_curves(Profile.from_dict(results["profile"]), "T(W) measured during the benchmark"))
     write_atomic(out / "summary.md", summary_markdown(results).encode())
 
 

@@ -14,35 +14,15 @@ held in floats is compared with the memory roof only (its float peak is not meas
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 from torch import nn
 
 from ygg_runtime import kernels
 from ygg_runtime.model import Transformer
+from ygg_runtime.plan import Costs, Roofs  # the plan's profile records them
 from ygg_runtime.quant import QLinear
-
-
-@dataclass
-class Roofs:
-    bandwidth: float  # bytes per second, streaming reads on the torch threads
-    int8_peak: float  # int8 multiply-adds per second on the torch threads
-    threads: int
-
-    def as_dict(self) -> dict:
-        return {k: round(v, 1) if isinstance(v, float) else v for k, v in asdict(self).items()}
-
-
-@dataclass
-class Costs:
-    weight_bytes: int  # read by every forward (embedding table excluded)
-    kv_bytes_per_token: int  # cache bytes one attended position costs, all layers
-    macs_per_row: int  # of the linear layers, head included
-    quantized: bool  # the linears run on int8 dot products (else: floats, memory roof only)
-
-    def bytes(self, context: int) -> int:
-        return self.weight_bytes + self.kv_bytes_per_token * context
 
 
 def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5) -> Roofs:

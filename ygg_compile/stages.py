@@ -19,10 +19,13 @@ after another.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ygg_runtime.ui import Reporter
 from ygg_runtime import engine, proposers
 from ygg_runtime.proposers import Hook
 from ygg_runtime.objective import Curves
+from ygg_runtime.params import EGTParams, Stages
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.runner import ModelRunner
 
@@ -49,14 +52,14 @@ class _StageTimer(Hook):
         self.seconds[name] += seconds
 
 
-def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], egt: dict, curves: Curves,
+def search(target: ModelRunner, draft: ModelRunner, prompts: list[list[int]], egt: EGTParams, curves: Curves,
            predictor: DepthPredictor | None, ui: Reporter, tokens: int = TOKENS, count: int = PROMPTS) -> dict:
     """Time every alternative on the first `count` of `prompts` (token ids) that fit the context
     with `tokens` to generate; returns planning["stages"]: the chosen stage order, why, and every
     alternative's measured stage times and modelled time per token."""
     drafter = proposers.Drafter(draft, target.vocab_size)
     timers = {i: _StageTimer() for i in range(len(GRID))}  # each alternative's stage seconds, over every prompt
-    built = {i: proposers.build("egt", egt | {"stages": s}, drafter, curves, predictor, hook=timers[i])
+    built = {i: proposers.build("egt", replace(egt, stages=Stages(**s)), drafter, curves, predictor, hook=timers[i])
              for i, s in enumerate(GRID)}
     room = max(engine.step_room(target, p) for p in built.values())
     prompts = [ids for ids in prompts if len(ids) + tokens + room <= target.max_len][:count]

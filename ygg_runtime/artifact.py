@@ -12,6 +12,7 @@ from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import check_machine, check_memory, verify_files
 from ygg_runtime.model import load_model
 from ygg_runtime.options import DEFAULT_DIR
+from ygg_runtime.params import EGTParams
 from ygg_runtime.plan import PLAN_FILE, Plan, plan_bytes
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.retrieval import AdjacencyTable
@@ -76,12 +77,13 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
         if not (directory / role).is_dir():
             continue
         runner = runners[role] = ModelRunner(load_model(directory / role, device), plan.cache_slots)
-        runner.widths = tuple(plan.profile.get(f"{role}_widths", ()))
+        runner.widths = tuple(plan.profile.compiled_widths(role))
         if aot is not None:
             runner.compiled = CompiledForward(directory / role / aot.package, runner.model)
-    policy = (plan.methods.get("egt") or {}).get("depth_policy")
-    pred = DepthPredictor.load(directory / policy["file"]) if predictor and policy else None
-    tables = {(params.get("graft") or {}).get("file") for params in plan.methods.values()} - {None}
+    egt = plan.methods.get("egt")
+    policy = egt.depth_policy if isinstance(egt, EGTParams) else None
+    pred = DepthPredictor.load(directory / policy.file) if predictor and policy is not None else None
+    tables = {p.graft.file for p in plan.methods.values() if getattr(p, "graft", None) is not None} - {None}
     adjacency = AdjacencyTable.load(directory / tables.pop()) if tables else None
     tok = plan.tokenizer
     codec = TextCodec(directory / tok.file, tok.chat_prefix, tok.chat_suffix)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -12,6 +13,7 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
 from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS
+from ygg_runtime.params import Params, Stages
 from ygg_runtime.plan import ExactnessRecord, Plan
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.retrieval import AdjacencyTable
@@ -64,7 +66,7 @@ class Decoder:
         target: ModelRunner,
         drafter: ModelRunner | None,
         codec: TextCodec | None,
-        methods: dict[str, dict],
+        methods: dict[str, Params],
         default_method: str,
         eos_ids: frozenset[int] = frozenset(),
         plan: Plan | None = None,
@@ -100,18 +102,22 @@ class Decoder:
         """The loaded models by role ("target", and "draft" when there is one)."""
         return {"target": self.target} | ({"draft": self._drafter.runner} if self._drafter is not None else {})
 
-    def proposer(self, method: str, predictor: bool = True, stages: dict | None = None,
+    def proposer(self, method: str, predictor: bool = True, stages: Stages | None = None,
                  graft: bool = True) -> proposers.Proposer:
         """The method's proposer. Ablations: predictor=False runs egt at its planned fixed depth;
-        stages replaces egt's planned stage order ({"tail": ..., "head": ...}); graft=False runs
-        egt without retrieval grafting (other methods do not graft)."""
+        stages replaces egt's planned stage order; graft=False runs egt without retrieval grafting
+        (other methods do not graft)."""
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
         use = predictor and self.predictor is not None
         graft = graft or method != "egt"
-        key = (method, use, tuple(sorted(stages.items())) if stages else None, graft)
+        key = (method, use, stages, graft)
         if key not in self._proposers:
-            params = self.methods[method] | ({"stages": stages} if stages else {}) | ({} if graft else {"graft": None})
+            params = self.methods[method]
+            if stages is not None:
+                params = dataclasses.replace(params, stages=stages)
+            if not graft:
+                params = dataclasses.replace(params, graft=None)
             self._proposers[key] = proposers.build(method, params, self._drafter, self.curves(),
                                                    self.predictor if use else None, self.adjacency)
         return self._proposers[key]
@@ -152,7 +158,7 @@ class Decoder:
         seed: int | None = None,
         method: str | None = None,
         predictor: bool = True,
-        stages: dict | None = None,
+        stages: Stages | None = None,
         graft: bool = True,
         eager: bool = False,
         raw: bool = False,

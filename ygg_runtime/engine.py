@@ -13,7 +13,8 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics, Step
 from ygg_runtime.options import check_settings
 from ygg_runtime.proposers import Proposer, Sampling, StepState
-from ygg_runtime.runner import Call, ModelRunner, fit_width
+from ygg_runtime.params import fit_width
+from ygg_runtime.runner import Call, ModelRunner
 from ygg_runtime.tree import TokenTree
 
 

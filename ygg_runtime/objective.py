@@ -12,7 +12,8 @@ import bisect
 import copy
 from dataclasses import dataclass
 
-from ygg_runtime.runner import fit_width
+from ygg_runtime.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
+from ygg_runtime.plan import Profile
 
 
 @dataclass(frozen=True)
@@ -23,25 +24,62 @@ class StepShape:
     verify_width: int  # tree nodes scored by the target, root included
 
 
+# A drafting step begins by feeding the drafter what it has not seen: the bonus token, and the
+# accepted leaf when the whole path was accepted. Modelled as 2 (T(1) ≈ T(2) on every curve
+# measured so far).
+BEGIN_WIDTH = 2
+
+
+def step_shape(params: Params) -> StepShape:
+    """The forwards of a method's typical step, from its parameters alone (no model): what compile
+    plans with, `ygg inspect` shows and the objective prices."""
+    if isinstance(params, ChainParams):
+        return StepShape((BEGIN_WIDTH,) + (1,) * (params.k - 1), params.k + 1)
+    if isinstance(params, SpecInferParams):
+        return StepShape((BEGIN_WIDTH,) + tuple(params.width**d for d in range(1, params.depth)), params.nodes)
+    if isinstance(params, SequoiaParams):
+        levels = params.levels()
+        if not levels:
+            return StepShape((), 1)
+        widths = sorted(params.widths)
+        inner = tuple(fit_width(len(lv), widths) for lv in levels[1:])
+        return StepShape((BEGIN_WIDTH,) + inner, fit_width(len(params.parents), widths))
+    if isinstance(params, EGTParams):
+        return egt_shape(params.depth, params.draft_width, params.verify_width or max(params.verify_widths))
+    if isinstance(params, PLDParams):
+        return StepShape((), min(params.verify_widths))
+    return StepShape((), 1)  # ar: plain decoding
+
+
+def egt_shape(depth: int, draft_width: int, verify_width: int, begin: tuple[int, ...] = (BEGIN_WIDTH,)) -> StepShape:
+    """A depth-`depth` egt step: its first drafter forward (`begin`: more when the drafter is
+    behind), then depth - 1 rounds of `draft_width`, then the verify; depth 0 is plain decoding."""
+    if depth == 0:
+        return StepShape((), 1)
+    return StepShape(begin + (draft_width,) * (depth - 1), verify_width)
+
+
 class Curves:
     """Measured T_verify(W), T_draft(W) and T_other(W) in ms (`ygg_compile.profile`): linear between
     measured widths (beyond the last one extrapolated from the last two: wide forwards grow linearly
     once compute-bound) and between measured context lengths (clamped at both ends). `context` is
     the length used when a call does not name one."""
 
-    def __init__(self, profile: dict, context: int | None = None):
-        self.widths = list(profile["widths"])
-        self.contexts = list(profile["contexts"])
-        self.target_ms = [list(row) for row in profile["target_ms"]]
-        self.draft_ms = [list(row) for row in profile.get("draft_ms") or []]
-        self.other = list(profile.get("other_ms") or [0.0] * len(self.widths))  # per verify width
+    def __init__(self, profile: Profile | dict, context: int | None = None):
+        if isinstance(profile, dict):  # as `ygg_compile.profile.combine` makes it
+            profile = Profile.from_dict(profile)
+        self.widths = list(profile.widths)
+        self.contexts = list(profile.contexts)
+        self.target_ms = [list(row) for row in profile.target_ms]
+        self.draft_ms = [list(row) for row in profile.draft_ms]
+        self.other = list(profile.other_ms or [0.0] * len(self.widths))  # per verify width
         self.context = context if context is not None else self.contexts[0]
         # The widths each model's forwards are padded to (all measured ones until compile picks).
-        self.target_widths = tuple(profile.get("target_widths") or self.widths)
-        self.draft_widths = tuple(profile.get("draft_widths") or self.widths)
+        self.target_widths = tuple(profile.compiled_widths("target"))
+        self.draft_widths = tuple(profile.compiled_widths("draft"))
         # f(B, c, n) / T(n) of a forward over B sequences (`ygg_compile.profile.batch_times`);
         # absent from profiles measured before batching: then taken as 1.
-        self.batch = {"target": profile.get("target_batch"), "draft": profile.get("draft_batch")}
+        self.batch = {"target": profile.target_batch, "draft": profile.draft_batch}
         self.share = 1  # see shared()
 
     def shared(self, sequences: int) -> "Curves":
@@ -75,10 +113,10 @@ class Curves:
         rows, widths = (self.target_ms, self.target_widths) if role == "target" else (self.draft_ms, self.draft_widths)
         one = self._at(rows, fit_width(w, widths), context)
         table = self.batch[role]
-        if sequences <= 1 or not table:
+        if sequences <= 1 or table is None:
             return one
-        measured = [(b, [(x, f) for x, f in zip(table["widths"], row) if f is not None])
-                    for b, row in zip(table["sequences"], table["factors"])]
+        measured = [(b, [(x, f) for x, f in zip(table.widths, row) if f is not None])
+                    for b, row in zip(table.sequences, table.factors)]
         per_b = [(b, _interp([x for x, _ in pts], [f for _, f in pts], w)) for b, pts in measured if pts]
         if not per_b:
             return one

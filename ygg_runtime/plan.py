@@ -3,9 +3,10 @@
 The file is the artifact's contract (docs/design.md, "The artifact"): compile builds a `Plan` and
 writes it with `to_yaml`; `ygg run`, bench and inspect read it with `from_yaml`, which refuses, in
 one line, a plan of another format version or one that lacks a field or holds a value of the wrong
-kind. Three parts stay mappings on purpose: `methods` (each method's parameters, which its proposer
-reads and validates), `profile` (the measured latency curves, `objective.Curves`) and `planning`
-(compile's diagnostic tables, shown by `ygg inspect`, read by nothing that decodes).
+kind. Typed all the way down: `methods` holds each method's `Params` (`ygg_runtime.params`),
+`profile` the measured latency curves (`Profile`, which `objective.Curves` reads), `planning`
+compile's tables of what it weighed (`Planning`, shown by `ygg inspect`). Nothing outside this
+module and `ygg_runtime.params` reads the plan by string keys (a test holds it).
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,8 @@ from typing import Any
 import yaml
 
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.params import Params, Stages, parse
+from ygg_runtime.typed import RECOMPILE, build, plain
 
 # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks;
 # 5: the row-invariant attention kernel and the exactness check; 6: retrieval (egt's graft, pld,
@@ -147,6 +148,193 @@ class FileEntry:
 
 
 @dataclass
+class Roofs:
+    """This machine's two roofs, measured at compile (`ygg_compile.roofline`)."""
+    bandwidth: float  # bytes per second, streaming reads on the torch threads
+    int8_peak: float  # int8 multiply-adds per second on the torch threads
+    threads: int
+
+    def as_dict(self) -> dict:
+        return {k: round(v, 1) if isinstance(v, float) else v for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass
+class Costs:
+    """What one model's forward must move and compute (`ygg_compile.roofline.model_costs`)."""
+    weight_bytes: int  # read by every forward (embedding table excluded)
+    kv_bytes_per_token: int  # cache bytes one attended position costs, all layers
+    macs_per_row: int  # of the linear layers, head included
+    quantized: bool  # the linears run on int8 dot products (else: floats, memory roof only)
+
+    def bytes(self, context: int) -> int:
+        return self.weight_bytes + self.kv_bytes_per_token * context
+
+
+@dataclass
+class Roofline:
+    roofs: Roofs
+    target: Costs | None = None
+    draft: Costs | None = None
+
+
+@dataclass
+class BatchFactors:
+    """f(B, c, n) / T(n): a forward over B sequences against one sequence's (`ygg_compile.profile.batch_factors`)."""
+    sequences: list[int]
+    widths: list[int]
+    factors: list[list[float | None]]  # [B][width]; None: not measured (n < B)
+
+
+@dataclass
+class Profile:
+    """The measured forward times the objective prices steps with (`objective.Curves`), per model:
+    ms[context][width] at the profile's widths and contexts."""
+    widths: list[int]
+    contexts: list[int]
+    target_ms: list[list[float]]
+    draft_ms: list[list[float]] = field(default_factory=list)  # none without a drafter
+    other_ms: list[float] = field(default_factory=list)  # a step's CPU work around a verify, per width
+    threads: int = 1
+    repeats: int = 1
+    target_batch: BatchFactors | None = None  # None: measured before batching was (factor 1)
+    draft_batch: BatchFactors | None = None
+    target_widths: list[int] = field(default_factory=list)  # each model's compiled widths (empty: all)
+    draft_widths: list[int] = field(default_factory=list)
+    roofline: Roofline | None = None  # off the CPU, none
+    files: dict[str, str] = field(default_factory=dict)  # the stored per-model profiles it came from
+    spot_checks: dict[str, Any] = field(default_factory=dict)  # a stored profile's spot check on this machine
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "profile") -> "Profile":
+        return build(cls, data, where, "", "")
+
+    def ms(self, role: str) -> list[list[float]]:
+        return self.target_ms if role == "target" else self.draft_ms
+
+    def compiled_widths(self, role: str) -> list[int]:
+        return (self.target_widths if role == "target" else self.draft_widths) or self.widths
+
+    def batch(self, role: str) -> BatchFactors | None:
+        return self.target_batch if role == "target" else self.draft_batch
+
+
+@dataclass
+class EGTCandidate:
+    """One fixed egt shape, replayed on the calibration steps (`ygg_compile.calibrate.plan_egt`)."""
+    depth: int
+    draft_width: int
+    tokens_per_step: float
+    step_ms: float
+    speedup: float
+    verify_width: int
+
+
+@dataclass
+class SequoiaCandidate:
+    """One Sequoia tree of a node budget and depth, timed by the objective."""
+    budget: int
+    depth: int
+    expected_accepted: float
+    speedup: float
+
+
+@dataclass
+class HeadReport:
+    """One head of the depth predictor on held-out prompts: P(accepted length >= depth)."""
+    depth: int
+    positives: float
+    auc: float | None  # None: one class only
+    brier: float
+
+
+@dataclass
+class PredictorReport:
+    """Whether egt's depth predictor is used, why, and how it did on held-out prompts (the rest is
+    None when none was trained)."""
+    used: bool
+    why: str | None = None
+    draft_width: int | None = None
+    validation_speedup: float | None = None
+    fixed_validation_speedup: float | None = None
+    validation_steps: int | None = None
+    depths: dict[int, int] | None = None  # depth -> held-out steps it was picked at
+    by_draft_width: dict[int, float] | None = None  # modelled speed-up per draft width
+    heads: list[HeadReport] | None = None
+    depth_mae: float | None = None
+    baseline_depth_mae: float | None = None
+    label_top: int | None = None
+    label_probe_corr: float | None = None
+    rows: int | None = None
+    prompts: int | None = None
+    folds: int | None = None
+    alpha: float | None = None
+
+
+@dataclass
+class StageAlternative:
+    """One order of egt's drafter stages, timed on calibration prompts (`ygg_compile.stages`)."""
+    tail: str
+    head: str
+    stage_ms: dict[str, float]
+    step_ms: float
+    tokens_per_step: float
+    head_hit_rate: float
+    ms_per_token: float
+    measured_ms_per_token: float
+
+
+@dataclass
+class StagesReport:
+    chosen: Stages
+    why: str
+    prompts: int = 0
+    tokens: int = 0
+    alternatives: list[StageAlternative] = field(default_factory=list)
+
+
+@dataclass
+class GraftReport:
+    labelled_tokens: int  # retrieved tokens labelled along the target's continuations
+    target_tokens: int  # of them, the target's own next token
+    adjacency_rows: int  # tokens the seeded adjacency table holds successors for
+
+
+@dataclass
+class DraftVocabCandidate:
+    rows: int
+    tokens_per_forward: float
+    top1_agreement: float
+    draft_ms: float
+    chain_speedup: float
+
+
+@dataclass
+class DraftVocabReport:
+    """The drafter's head: the rows kept of the vocabulary and why (`ygg_compile.draft_vocab`)."""
+    rows: int
+    vocab: int
+    why: str
+    candidates: list[DraftVocabCandidate] = field(default_factory=list)
+
+
+@dataclass
+class Planning:
+    """What compile weighed to choose the plan (`ygg inspect` shows it; nothing that decodes reads it)."""
+    context: int  # the calibration steps' median context, where the candidates were timed
+    rank_acceptance: list[float]  # P(the drafter's rank-r child is accepted)
+    egt: list[EGTCandidate]
+    sequoia: list[SequoiaCandidate]
+    predictor: PredictorReport
+    graft: GraftReport | None = None
+    draft_vocab: DraftVocabReport | None = None
+    stages: StagesReport | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "planning") -> "Planning":
+        return build(cls, data, where, "", "")
+
+
+@dataclass
 class Plan:
     format_version: int
     yggdrasil_version: str
@@ -165,15 +353,15 @@ class Plan:
     kernel: KernelInfo | None  # None: PyTorch's attention (on CUDA)
     exactness: dict[str, ExactnessRecord]  # by forward kind: "compiled", "eager"
     method: str  # the default method
-    methods: dict[str, dict]
-    profile: dict
+    methods: dict[str, Params]
+    profile: Profile
     calibration: CalibrationInfo
-    planning: dict
+    planning: Planning
     tokenizer: TokenizerInfo
     files: dict[str, FileEntry] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return plain(self)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
@@ -186,7 +374,12 @@ class Plan:
         if data["format_version"] != FORMAT_VERSION:
             raise YggError(f"artifact format version {data['format_version']} is not supported by this runtime "
                            f"(it reads version {FORMAT_VERSION}): recompile with `ygg compile`")
-        return _build(cls, data, where, "")
+        methods = data.get("methods")
+        if not isinstance(methods, dict):
+            raise YggError(f"{where}: `methods` should be a mapping, not {type(methods).__name__}{RECOMPILE}")
+        plan = build(cls, data | {"methods": {}}, where)
+        plan.methods = {name: _method(name, values, where) for name, values in methods.items()}
+        return plan
 
     @classmethod
     def from_yaml(cls, text: str, where: str = "plan.yaml") -> "Plan":
@@ -198,53 +391,11 @@ class Plan:
         return cls.from_dict(data, where)
 
 
-def _build(tp: Any, value: Any, where: str, path: str) -> Any:
-    """`value` checked against the annotation `tp` and built into it (dataclasses recursively).
-    Keys a dataclass does not declare are ignored: a plan of this format written by an older
-    build may carry a field since dropped."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        (tp,) = [a for a in args if a is not type(None)]
-        origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            _bad(where, path, "a mapping", value)
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            sub = f"{path}.{f.name}" if path else f.name
-            if f.name not in value:
-                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
-                    continue
-                raise YggError(f"{where} lacks `{sub}`: recompile with `ygg compile`")
-            kwargs[f.name] = _build(hints[f.name], value[f.name], where, sub)
-        return tp(**kwargs)
-    if tp is dict or origin is dict:  # a bare dict is kept as it is (methods, profile, planning)
-        if not isinstance(value, dict):
-            _bad(where, path, "a mapping", value)
-        if not args:
-            return value
-        return {_build(args[0], k, where, f"{path}.{k}"): _build(args[1], v, where, f"{path}.{k}") for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, list):
-            _bad(where, path, "a list", value)
-        return [_build(args[0], v, where, f"{path}[{i}]") for i, v in enumerate(value)]
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            _bad(where, path, "a number", value)
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            _bad(where, path, "an integer", value)
-        return value
-    if tp in (str, bool):
-        if not isinstance(value, tp):
-            _bad(where, path, f"a {tp.__name__}", value)
-        return value
-    raise TypeError(f"plan field {path} has an annotation {tp!r} the reader does not know")
-
-
-def _bad(where: str, path: str, kind: str, value: Any) -> typing.NoReturn:
-    raise YggError(f"{where}: `{path}` should be {kind}, not {type(value).__name__}: recompile with `ygg compile`")
+def _method(name: str, values: Any, where: str) -> Params:
+    """One method's parameters from the plan, refused in one line (and how to fix it) when wrong."""
+    if not isinstance(values, dict):
+        raise YggError(f"{where}: `methods.{name}` should be a mapping, not {type(values).__name__}{RECOMPILE}")
+    try:
+        return parse(name, values, f"{where}: method {name}")
+    except YggError as e:
+        raise YggError(f"{e}{RECOMPILE}") from None

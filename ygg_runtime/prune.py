@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ygg_runtime import objective
 from ygg_runtime.objective import Curves, StepShape
-from ygg_runtime.runner import fit_width
+from ygg_runtime.params import fit_width
 from ygg_runtime.tree import TokenTree
 
 

@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from ygg_runtime import prune
 from ygg_runtime.errors import YggError
+from ygg_runtime.params import MAX_N, POSITIONS, RANKS, GraftParams
 from ygg_runtime.objective import Curves
 from ygg_runtime.tree import ADJACENCY, CONTEXT, TokenTree
 
@@ -157,11 +158,6 @@ class AdjacencyTable:
             raise YggError(f"cannot read the adjacency table {path}: {e}") from None
 
 
-# The value tables' axes: match length, position in the copied run (the last bucket holds every later
-# one: deep in a copied span, the next token is likelier still), adjacency rank.
-MAX_N, POSITIONS, RANKS = 4, 8, 4
-
-
 # Uncalibrated P(a retrieved token is accepted | its parent was), used until compile measures them on
 # the target's own continuations (`ygg_compile.calibrate.graft_values`): a longer match, a later
 # position in a copied run and a continuation seen twice each make a copy likelier; an adjacency
@@ -183,50 +179,6 @@ def context_cell(cont: Continuation, position: int) -> tuple[int, int, int]:
 def adjacency_cell(rank: int, depth: int) -> tuple[int, int]:
     """The adjacency table's cell of a successor of this rank, `depth` steps down the chain."""
     return rank, int(depth > 0)
-
-
-@dataclass(frozen=True)
-class GraftParams:
-    """How a method retrieves (the plan's `graft`, in `egt` and `pld`). The value tables are what
-    compile measured; the defaults are rough priors."""
-
-    length: int = 16  # tokens of a retrieved continuation at most (pruning keeps what is worth verifying)
-    limit: int = 3  # continuations per lookup
-    max_n: int = MAX_N  # the longest suffix matched
-    min_n: int = 1  # the shortest
-    under: int = 4  # best drafted nodes a lookup also runs under, besides the root (egt)
-    budget: int = 32  # retrieved nodes per step at most (they become cache slots: it bounds a tree)
-    k: int = RANKS  # adjacency successors kept per token
-    adjacency_depth: int = 2  # the adjacency chain under the root
-    file: str | None = None  # the artifact's seeded adjacency table
-    # context[n - 1][position][seen twice or more]: P(accepted | parent accepted) of a context node
-    context: list[list[list[float]]] | None = None
-    # adjacency[rank][position > 0]: the same for an adjacency node
-    adjacency: list[list[float]] | None = None
-
-    def __post_init__(self):
-        if (self.length < 1 or self.limit < 1 or not 1 <= self.min_n <= self.max_n <= MAX_N or self.under < 0
-                or self.budget < 0 or not 1 <= self.k <= RANKS or self.adjacency_depth < 0):
-            raise YggError(f"graft needs length, limit >= 1, 1 <= min_n <= max_n <= {MAX_N}, under, budget, "
-                           f"adjacency_depth >= 0 and 1 <= k <= {RANKS}")
-        for name, table, shape in (("context", self.context, (MAX_N, POSITIONS, 2)), ("adjacency", self.adjacency, (RANKS, 2))):
-            if table is not None and _shape(table) != shape:
-                raise YggError(f"graft's {name} table must be {' x '.join(map(str, shape))}")
-
-    @classmethod
-    def from_dict(cls, values: dict | None) -> "GraftParams":
-        try:
-            return cls(**(values or {}))
-        except TypeError as e:
-            raise YggError(f"graft: {e}") from None
-
-
-def _shape(table) -> tuple[int, ...]:
-    shape, x = [], table
-    while isinstance(x, list):
-        shape.append(len(x))
-        x = x[0] if x else None
-    return tuple(shape)
 
 
 class Retriever:

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ygg_runtime.kv import compact, restore, snapshot
 from ygg_runtime.model import Transformer
+from ygg_runtime.params import fit_width
 
 # The attention span is rounded up to a multiple of this, so that most steps reuse one shape.
 SPAN_BUCKET = 256
@@ -29,12 +30,6 @@ SPAN_BUCKET = 256
 PREFILL_CHUNK = 512
 # The forward widths compile measures and plans with: the latency profile's grid, the verify and
 # draft widths a plan may pick, and the widths a method's tree is padded to.
-WIDTHS = (1, 2, 4, 8, 16, 32, 64)
-
-
-def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
-    """The smallest compiled width that holds n tokens (n itself when none is wide enough)."""
-    return next((w for w in sorted(widths) if w >= n), n)
 
 
 class PrefixCache:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from ygg_runtime.errors import YggError
+from ygg_runtime import params as method_params
 from ygg_runtime.objective import Curves
 from ygg_runtime.options import METHOD_NAMES
+from ygg_runtime.params import Params
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers.ar import AR
-from ygg_runtime.proposers.base import Drafter, Hook, Params, Proposer, Sampling, StepInfo, StepState
+from ygg_runtime.proposers.base import Drafter, Hook, Proposer, Sampling, StepInfo, StepState
 from ygg_runtime.proposers.chain import Chain
 from ygg_runtime.proposers.egt import EGT
 from ygg_runtime.proposers.pld import PLD
@@ -18,25 +19,17 @@ from ygg_runtime.proposers.specinfer import SpecInfer
 METHODS: dict[str, type[Proposer]] = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia, "egt": EGT,
                                       "pld": PLD}
 # the names the command line shows and checks before it imports this module
-assert tuple(METHODS) == METHOD_NAMES, "ygg_runtime.options.METHOD_NAMES must list METHODS"
+assert tuple(METHODS) == METHOD_NAMES == tuple(method_params.PARAMS), "METHOD_NAMES, METHODS and PARAMS must agree"
+assert all(METHODS[name].Params is method_params.PARAMS[name] for name in METHODS)
 # The hand-set methods compile writes into every plan, at their own defaults unless the user sets
 # them; sequoia's tree and egt's shape are planned at compile time (and both egt's and pld's
 # retrieval values calibrated).
 HAND_SET = ("ar", "chain", "specinfer", "pld")
 DEFAULT_PARAMS = {name: METHODS[name].Params().to_dict() for name in HAND_SET}
+params = method_params.parse  # a method's parameters from a mapping, checked
 
 
-def params(name: str, values: dict | None) -> Params:
-    """A method's parameters, checked: an unknown method, parameter or value is refused in one line."""
-    if name not in METHODS:
-        raise YggError(f"unknown method '{name}' (choose from {', '.join(METHODS)})")
-    try:
-        return METHODS[name].Params.from_dict(name, values)
-    except TypeError as e:  # a value of the wrong kind where a comparison needed a number
-        raise YggError(f"method {name}: {e}") from None
-
-
-def build(name: str, values: dict | None, drafter: Drafter | None = None, curves: Curves | None = None,
+def build(name: str, values: dict | Params | None, drafter: Drafter | None = None, curves: Curves | None = None,
           predictor: DepthPredictor | None = None, adjacency: AdjacencyTable | None = None,
           hook: Hook | None = None) -> Proposer:
     """The proposer of a compiled method, built from what it uses of what the artifact has: a
@@ -53,7 +46,7 @@ def build(name: str, values: dict | None, drafter: Drafter | None = None, curves
     return METHODS[name](p, drafter)  # chain, specinfer, sequoia: the drafter alone
 
 
-def validate(methods: dict[str, dict]) -> None:
+def validate(methods: dict[str, dict | Params]) -> None:
     """Refuse unknown methods, parameters or values before anything is written."""
     for name, values in methods.items():
         params(name, values)

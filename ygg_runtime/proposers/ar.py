@@ -1,6 +1,7 @@
 """`ar`: plain target decoding, the baseline of every speed-up (a tree that is only its root)."""
 
-from ygg_runtime.proposers.base import Params, Proposer, StepState
+from ygg_runtime.params import Params
+from ygg_runtime.proposers.base import Proposer, StepState
 from ygg_runtime.tree import TokenTree
 
 

@@ -4,25 +4,23 @@ A proposer has two verbs, like transformers' CandidateGenerator: `propose(state)
 tree rooted at the last accepted token, `update(verdict)` learns what the target accepted of it;
 `start(prompt)` begins a generation. It is small on purpose: the target forward, the acceptance
 rule, compaction, metrics and the batch's cost sharing live in the engine and never in a proposer.
-Its parameters are its own `Params` dataclass: the defaults live there, compile writes them into the
-plan, and what the cost model needs without a drafter (a step's forwards, `Params.step_shape`) is
-computed from them alone. Each method is built by `proposers.build` from what it uses.
+Its parameters are its own `Params` dataclass (`ygg_runtime.params`): the defaults live there,
+compile writes them into the plan, and what the cost model needs without a drafter (a step's
+forwards, `objective.step_shape`) is computed from them alone. Each method is built by
+`proposers.build` from what it uses.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
 from ygg_runtime.accept import Verdict, warp
 from ygg_runtime.errors import YggError
-from ygg_runtime.objective import Curves, StepShape
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.retrieval import AdjacencyTable
+from ygg_runtime.params import Params
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
 
@@ -72,27 +70,6 @@ class Hook:
         """Seconds a drafter stage of the step took (egt: "begin", "rounds", "ahead")."""
 
 
-@dataclass(frozen=True)
-class Params:
-    """A method's parameters, with their defaults. Subclasses check values in __post_init__."""
-
-    @classmethod
-    def from_dict(cls, method: str, values: dict[str, Any] | None) -> "Params":
-        """The parameters as a plan or the CLI gives them, refusing an unknown one in one line."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values or {}) - names)
-        if unknown:
-            raise YggError(f"method {method} has no parameter {', '.join(unknown)} (it takes: {', '.join(sorted(names)) or 'none'})")
-        return cls(**(values or {}))
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def step_shape(self) -> StepShape:
-        """The forwards of a typical step, for the objective: plain decoding by default."""
-        return StepShape((), 1)
-
-
 class Proposer:
     """A decoding method: two verbs and a start. The engine calls `start` once per generation, then
     per step `propose` and, after the target verified (part of) the tree, `update`."""
@@ -124,11 +101,6 @@ class Proposer:
 
 class DraftProposer(Proposer):
     """A proposer driven by a draft model, whose cache follows the accepted sequence."""
-
-    # A step begins by feeding the drafter what it has not seen: the bonus token, and the
-    # accepted leaf when the whole path was accepted. Modelled as 2 (T(1) ≈ T(2) on every curve
-    # measured so far).
-    BEGIN_WIDTH: ClassVar[int] = 2
 
     def __init__(self, params: Params, drafter: "Drafter | None"):
         if drafter is None:

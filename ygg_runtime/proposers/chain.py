@@ -2,25 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from ygg_runtime.errors import YggError
-from ygg_runtime.objective import StepShape
+from ygg_runtime.params import ChainParams
 from ygg_runtime.proposers.base import DraftProposer, StepState, pick_children
-from ygg_runtime.proposers.base import Params as BaseParams
 from ygg_runtime.tree import TokenTree
-
-
-@dataclass(frozen=True)
-class ChainParams(BaseParams):
-    k: int = 4  # drafted tokens per step
-
-    def __post_init__(self):
-        if not isinstance(self.k, int) or self.k < 1:
-            raise YggError("chain needs k >= 1")
-
-    def step_shape(self) -> StepShape:
-        return StepShape((DraftProposer.BEGIN_WIDTH,) + (1,) * (self.k - 1), self.k + 1)
 
 
 class Chain(DraftProposer):

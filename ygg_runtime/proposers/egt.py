@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import heapq
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -37,44 +36,14 @@ import torch
 from ygg_runtime import objective, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.errors import YggError
-from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
+from ygg_runtime.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
+from ygg_runtime.params import EGTParams
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers.base import DraftProposer, Drafter, Hook, StepInfo, StepState
-from ygg_runtime.proposers.base import Params as BaseParams
-from ygg_runtime.retrieval import AdjacencyTable, GraftParams, Retriever
-from ygg_runtime.runner import WIDTHS
+from ygg_runtime.retrieval import AdjacencyTable, Retriever
 from ygg_runtime.tree import TokenTree
 
-PLAIN_STAGES = {"tail": "plain", "head": "plain"}
-
 Children = tuple[list[float], list[int]]  # a node's top children: (draft probabilities, tokens)
-
-
-@dataclass(frozen=True)
-class EGTParams(BaseParams):
-    depth: int = 4  # drafter rounds per step (0: plain decoding); the fixed depth without a predictor
-    draft_width: int = 4  # nodes each round after the first feeds
-    top_k: int = 8  # children added under each fed node
-    verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
-    verify_width: int | None = None  # the usual verify width, for the step shape (None: the widest)
-    accept: list[list[float]] | None = None  # the calibrated map draft probability -> P(accept)
-    depth_policy: dict | None = None  # the depth predictor's plan: file, draft_width, factors, verify_widths
-    stages: dict | None = None  # {"tail": plain|ahead, "head": plain|ahead}
-    graft: dict | None = None  # retrieval grafting (`ygg_runtime.retrieval.GraftParams`); None: off
-    tokens_per_step: float | None = None  # calibrated E[A] at the fixed depth: what a retrieval-only step must beat
-
-    def __post_init__(self):
-        if (self.depth < 0 or self.draft_width < 1 or self.top_k < 1 or not self.verify_widths
-                or min(self.verify_widths) < 1):
-            raise YggError("egt needs depth >= 0, draft_width >= 1, top_k >= 1 and verify widths >= 1")
-        stages = PLAIN_STAGES | (self.stages or {})
-        if set(stages) != {"tail", "head"} or not set(stages.values()) <= {"plain", "ahead"}:
-            raise YggError(f"egt stages must be tail/head: plain or ahead, not {self.stages}")
-        if self.graft is not None:
-            GraftParams.from_dict(self.graft)
-
-    def step_shape(self) -> StepShape:
-        return Planner(self).shape(self.depth)
 
 
 class Planner:
@@ -127,13 +96,11 @@ class Planner:
         """The forwards of a depth-`depth` step (at the usual verify width unless given). behind:
         tokens the drafter has not fed yet (after steps that skipped it), which its first forward
         feeds in chunks of `chunk` (Drafter.begin); 0: the usual bonus and leaf."""
-        if depth == 0:
-            return StepShape((), 1)
-        begin = (DraftProposer.BEGIN_WIDTH,)
-        if behind > DraftProposer.BEGIN_WIDTH and self.curves is not None:
+        begin = (BEGIN_WIDTH,)
+        if behind > BEGIN_WIDTH and self.curves is not None:
             chunk = max(self.curves.draft_widths)
             begin = (chunk,) * ((behind - 1) // chunk) + ((behind - 1) % chunk + 1,)
-        return StepShape(begin + (self.draft_width,) * (depth - 1), verify_width or self.verify_width)
+        return objective.egt_shape(depth, self.draft_width, verify_width or self.verify_width, begin)
 
 
 class EGT(DraftProposer):
@@ -149,19 +116,18 @@ class EGT(DraftProposer):
         super().__init__(params, drafter)
         policy = params.depth_policy
         # The per-step depth: needs the predictor, its policy and the curves to weigh depths.
-        self.predictor = predictor if policy and curves is not None else None
-        if self.predictor is not None and self.predictor.max_depth != len(policy["factors"]) - 1:
+        self.predictor = predictor if policy is not None and curves is not None else None
+        if self.predictor is not None and self.predictor.max_depth != policy.max_depth:
             raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
-        self.planner = Planner(params, curves, policy["draft_width"] if self.predictor is not None else None)
+        self.planner = Planner(params, curves, policy.draft_width if self.predictor is not None else None)
         self.curves = curves  # alone; in a batch the planner prices its step as a share of it (StepState.sequences)
         if self.predictor is not None:
-            self.factors = policy["factors"]
-            self.shapes = [self.planner.shape(d, w) for d, w in enumerate(policy["verify_widths"])]
+            self.factors = policy.factors
+            self.shapes = [self.planner.shape(d, w) for d, w in enumerate(policy.verify_widths)]
         self.max_depth = self.predictor.max_depth if self.predictor is not None else params.depth
         self.step_depth = params.depth  # this step's depth
-        self.retriever = Retriever(GraftParams.from_dict(params.graft), adjacency) if params.graft is not None else None
+        self.retriever = Retriever(params.graft, adjacency) if params.graft is not None else None
         self.hook = hook
-        self.stages = PLAIN_STAGES | (params.stages or {})
         self.drafted: TokenTree | None = None  # the whole drafted tree of the step in progress
         self.verified: TokenTree | None = None  # the part of it proposed for the verify
         self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
@@ -200,7 +166,7 @@ class EGT(DraftProposer):
             reach = self.predictor.reach(state.hidden)
             plain = None if retrieved is None else (alone_value, retrieved[1].verify_width)
             shapes = self.shapes
-            if behind > DraftProposer.BEGIN_WIDTH:
+            if behind > BEGIN_WIDTH:
                 shapes = [shapes[0]] + [self.planner.shape(d, s.verify_width, behind) for d, s in enumerate(shapes) if d]
             self.step_depth = objective.best_depth(reach, self.factors, shapes, self.planner.curves, len(seq), plain)
         elif retrieved is not None and self.step_depth and self.planner.curves is not None and self.params.tokens_per_step:
@@ -231,7 +197,7 @@ class EGT(DraftProposer):
             self.retriever.graft(tree, best)
         verified = self.planner.prune(self.drafted, len(seq), self.step_depth, behind)
         mark = self._clock("rounds", mark)
-        if "ahead" in self.stages.values():
+        if self.params.stages.ahead():
             self.guesses = self._ahead(verified)
             self._clock("ahead", mark)
         return verified
@@ -252,10 +218,10 @@ class EGT(DraftProposer):
         docstring); returns the head draft's guesses by the node they hang from."""
         full, fed, kept = self.drafted, self.drafter.fed, set(verified.origin)
         tail, head = [], {}
-        if self.stages["tail"] == "ahead":  # a retrieved leaf only when its parent's KV is the drafter's
+        if self.params.stages.tail == "ahead":  # a retrieved leaf only when its parent's KV is the drafter's
             tail = [o for v, o in enumerate(verified.origin)
                     if not verified.children[v] and o not in fed and full.parents[o] in fed]
-        if self.stages["head"] == "ahead":
+        if self.params.stages.head == "ahead":
             for o in verified.origin:
                 guess = next((c for c in full.children[o] if c not in kept), None) if o in fed else None
                 if guess is not None:

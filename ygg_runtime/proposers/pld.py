@@ -11,29 +11,11 @@ target without a drafter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from ygg_runtime.errors import YggError
-from ygg_runtime.objective import Curves, StepShape
-from ygg_runtime.proposers.base import Params as BaseParams
+from ygg_runtime.objective import Curves
+from ygg_runtime.params import PLDParams
 from ygg_runtime.proposers.base import Proposer, StepInfo, StepState
-from ygg_runtime.retrieval import AdjacencyTable, GraftParams, Retriever
-from ygg_runtime.runner import WIDTHS
+from ygg_runtime.retrieval import AdjacencyTable, Retriever
 from ygg_runtime.tree import TokenTree
-
-
-@dataclass(frozen=True)
-class PLDParams(BaseParams):
-    verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
-    graft: dict = field(default_factory=dict)  # retrieval settings and calibrated values (`retrieval.GraftParams`)
-
-    def __post_init__(self):
-        if not self.verify_widths or min(self.verify_widths) < 1:
-            raise YggError("pld needs verify widths >= 1")
-        GraftParams.from_dict(self.graft)
-
-    def step_shape(self) -> StepShape:
-        return StepShape((), min(self.verify_widths))
 
 
 class PLD(Proposer):
@@ -42,7 +24,7 @@ class PLD(Proposer):
 
     def __init__(self, params: PLDParams, curves: Curves | None, adjacency: AdjacencyTable | None):
         super().__init__(params)
-        self.retriever = Retriever(GraftParams.from_dict(params.graft), adjacency)
+        self.retriever = Retriever(params.graft, adjacency)
         self.curves = curves
         self.verify_widths = tuple(sorted(params.verify_widths))
 

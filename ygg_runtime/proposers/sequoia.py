@@ -8,55 +8,11 @@ Children are chosen by rank, so the deterministic acceptance rule keeps sampling
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from ygg_runtime.errors import YggError
-from ygg_runtime.objective import StepShape
+from ygg_runtime.params import SequoiaParams, fit_width
 from ygg_runtime.proposers.base import DraftProposer, Drafter, StepState
-from ygg_runtime.proposers.base import Params as BaseParams
-from ygg_runtime.runner import WIDTHS, fit_width
 from ygg_runtime.tree import TokenTree
-
-
-@dataclass(frozen=True)
-class SequoiaParams(BaseParams):
-    parents: list[int] = field(default_factory=lambda: [-1])  # the static tree (node 0 the root)
-    ranks: list[int] = field(default_factory=lambda: [0])  # node v: the drafter's rank-ranks[v] child of its parent
-    widths: list[int] = field(default_factory=lambda: list(WIDTHS))  # the drafter's and target's compiled widths
-
-    def __post_init__(self):
-        parents, ranks = list(self.parents), list(self.ranks)
-        if not parents or parents[0] != -1 or len(ranks) != len(parents) or any(
-            not 0 <= p < v for v, p in enumerate(parents) if v
-        ):
-            raise YggError("sequoia needs a static tree: parents[0] == -1 and every other parent earlier in the list")
-        if not self.widths or min(self.widths) < 1:
-            raise YggError("sequoia needs compiled widths >= 1")
-
-    def children(self) -> list[list[int]]:
-        """Each node's children, in the order the acceptance walk tries them (rank 0 first)."""
-        kids: list[list[int]] = [[] for _ in self.parents]
-        for v in range(1, len(self.parents)):
-            kids[self.parents[v]].append(v)
-        return [sorted(k, key=lambda v: self.ranks[v]) for k in kids]
-
-    def levels(self) -> list[list[int]]:
-        """The inner nodes (those with children) of each depth: one drafter forward each."""
-        depth = [0] * len(self.parents)
-        for v in range(1, len(self.parents)):
-            depth[v] = depth[self.parents[v]] + 1
-        kids = self.children()
-        return [[v for v in range(len(self.parents)) if depth[v] == d and kids[v]] for d in range(max(depth))]
-
-    def step_shape(self) -> StepShape:
-        levels = self.levels()
-        if not levels:
-            return StepShape((), 1)
-        widths = sorted(self.widths)
-        inner = tuple(fit_width(len(lv), widths) for lv in levels[1:])
-        return StepShape((DraftProposer.BEGIN_WIDTH,) + inner, fit_width(len(self.parents), widths))
 
 
 class Sequoia(DraftProposer):

@@ -1,0 +1,244 @@
+"""Each decoding method's parameters, as the plan holds them (plan.yaml's `methods:`) and the command
+line sets them: one frozen dataclass per method, nested parts typed too (egt's depth policy and
+stage order, the retrieval settings of egt and pld). The defaults live here; each checks its values
+when made. Light on purpose (no torch): `ygg_runtime.plan` builds a plan's methods with these, and
+the command line reads plans before it imports torch. What a method's step costs is the cost
+model's (`objective.step_shape`); how a method drafts is its proposer's (`ygg_runtime.proposers`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ygg_runtime.errors import YggError
+from ygg_runtime.typed import build, plain
+
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # the forward widths compiled, profiled and checked for exactness
+
+
+def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
+    """The smallest compiled width that holds n tokens (n itself when none is wide enough)."""
+    return next((w for w in sorted(widths) if w >= n), n)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Frozen settings with their defaults, made from a mapping; subclasses check values in
+    __post_init__."""
+
+    label: ClassVar[str] = "settings"  # how an error names them
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any] | None, where: str | None = None):
+        """The settings as a plan or the command line gives them, refusing an unknown one, or a
+        value of the wrong kind, in one line."""
+        where = where or cls.label
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values or {}) - names)
+        if unknown:
+            raise YggError(f"{where} has no parameter {', '.join(unknown)} (it takes: {', '.join(sorted(names)) or 'none'})")
+        try:
+            return build(cls, values or {}, where, "", "")
+        except TypeError as e:  # a value of the wrong kind where a comparison needed a number
+            raise YggError(f"{where}: {e}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return plain(self)
+
+
+@dataclass(frozen=True)
+class Params(Settings):
+    """A method's parameters, with their defaults (`ar` has none)."""
+
+    method: ClassVar[str] = "ar"
+    label: ClassVar[str] = "method ar"
+
+
+@dataclass(frozen=True)
+class ChainParams(Params):
+    method: ClassVar[str] = "chain"
+    label: ClassVar[str] = "method chain"
+    k: int = 4  # drafted tokens per step
+
+    def __post_init__(self):
+        if self.k < 1:
+            raise YggError("chain needs k >= 1")
+
+
+@dataclass(frozen=True)
+class SpecInferParams(Params):
+    method: ClassVar[str] = "specinfer"
+    label: ClassVar[str] = "method specinfer"
+    width: int = 2  # children per node
+    depth: int = 3
+
+    def __post_init__(self):
+        if self.width < 1 or self.depth < 1:
+            raise YggError("specinfer needs width >= 1 and depth >= 1")
+
+    @property
+    def nodes(self) -> int:
+        return sum(self.width**d for d in range(self.depth + 1))
+
+
+@dataclass(frozen=True)
+class SequoiaParams(Params):
+    method: ClassVar[str] = "sequoia"
+    label: ClassVar[str] = "method sequoia"
+    parents: list[int] = field(default_factory=lambda: [-1])  # the static tree (node 0 the root)
+    ranks: list[int] = field(default_factory=lambda: [0])  # node v: the drafter's rank-ranks[v] child of its parent
+    widths: list[int] = field(default_factory=lambda: list(WIDTHS))  # the drafter's and target's compiled widths
+
+    def __post_init__(self):
+        parents, ranks = list(self.parents), list(self.ranks)
+        if not parents or parents[0] != -1 or len(ranks) != len(parents) or any(
+            not 0 <= p < v for v, p in enumerate(parents) if v
+        ):
+            raise YggError("sequoia needs a static tree: parents[0] == -1 and every other parent earlier in the list")
+        if not self.widths or min(self.widths) < 1:
+            raise YggError("sequoia needs compiled widths >= 1")
+
+    def children(self) -> list[list[int]]:
+        """Each node's children, in the order the acceptance walk tries them (rank 0 first)."""
+        kids: list[list[int]] = [[] for _ in self.parents]
+        for v in range(1, len(self.parents)):
+            kids[self.parents[v]].append(v)
+        return [sorted(k, key=lambda v: self.ranks[v]) for k in kids]
+
+    def levels(self) -> list[list[int]]:
+        """The inner nodes (those with children) of each depth: one drafter forward each."""
+        depth = [0] * len(self.parents)
+        for v in range(1, len(self.parents)):
+            depth[v] = depth[self.parents[v]] + 1
+        kids = self.children()
+        return [[v for v in range(len(self.parents)) if depth[v] == d and kids[v]] for d in range(max(depth))]
+
+
+# The retrieval value tables' axes: match length, position in the copied run (the last bucket holds
+# every later one: deep in a copied span, the next token is likelier still), adjacency rank.
+MAX_N, POSITIONS, RANKS = 4, 8, 4
+
+
+@dataclass(frozen=True)
+class GraftParams(Settings):
+    """How a method retrieves (the plan's `graft`, in `egt` and `pld`; `ygg_runtime.retrieval`).
+    The value tables are what compile measured; the defaults are rough priors."""
+
+    label: ClassVar[str] = "graft"
+
+    length: int = 16  # tokens of a retrieved continuation at most (pruning keeps what is worth verifying)
+    limit: int = 3  # continuations per lookup
+    max_n: int = MAX_N  # the longest suffix matched
+    min_n: int = 1  # the shortest
+    under: int = 4  # best drafted nodes a lookup also runs under, besides the root (egt)
+    budget: int = 32  # retrieved nodes per step at most (they become cache slots: it bounds a tree)
+    k: int = RANKS  # adjacency successors kept per token
+    adjacency_depth: int = 2  # the adjacency chain under the root
+    file: str | None = None  # the artifact's seeded adjacency table
+    # context[n - 1][position][seen twice or more]: P(accepted | parent accepted) of a context node
+    context: list[list[list[float]]] | None = None
+    # adjacency[rank][position > 0]: the same for an adjacency node
+    adjacency: list[list[float]] | None = None
+
+    def __post_init__(self):
+        if (self.length < 1 or self.limit < 1 or not 1 <= self.min_n <= self.max_n <= MAX_N or self.under < 0
+                or self.budget < 0 or not 1 <= self.k <= RANKS or self.adjacency_depth < 0):
+            raise YggError(f"graft needs length, limit >= 1, 1 <= min_n <= max_n <= {MAX_N}, under, budget, "
+                           f"adjacency_depth >= 0 and 1 <= k <= {RANKS}")
+        for name, table, shape in (("context", self.context, (MAX_N, POSITIONS, 2)), ("adjacency", self.adjacency, (RANKS, 2))):
+            if table is not None and _shape(table) != shape:
+                raise YggError(f"graft's {name} table must be {' x '.join(map(str, shape))}")
+
+
+def _shape(table) -> tuple[int, ...]:
+    shape, x = [], table
+    while isinstance(x, list):
+        shape.append(len(x))
+        x = x[0] if x else None
+    return tuple(shape)
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Which of egt's drafter stages run ahead of the verify (docs/design.md, "Stages")."""
+
+    tail: str = "plain"  # plain | ahead
+    head: str = "plain"
+
+    def __post_init__(self):
+        if not {self.tail, self.head} <= {"plain", "ahead"}:
+            raise YggError(f"egt stages must be tail/head: plain or ahead, not tail {self.tail}, head {self.head}")
+
+    def ahead(self) -> bool:
+        return "ahead" in (self.tail, self.head)
+
+
+@dataclass(frozen=True)
+class DepthPolicy:
+    """egt's depth predictor as the plan uses it (`ygg_compile.predictor_training.plan_policy`):
+    its file, the draft width its steps grow with, and per depth D the calibrated factor and the
+    verify width of a depth-D step (index 0: plain decoding)."""
+
+    file: str
+    draft_width: int
+    factors: list[float]
+    verify_widths: list[int]
+
+    def __post_init__(self):
+        if len(self.factors) != len(self.verify_widths) or len(self.factors) < 2 or self.draft_width < 1:
+            raise YggError("egt's depth policy needs a factor and a verify width per depth 0..D (D >= 1) and draft_width >= 1")
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.factors) - 1
+
+
+@dataclass(frozen=True)
+class EGTParams(Params):
+    method: ClassVar[str] = "egt"
+    label: ClassVar[str] = "method egt"
+    depth: int = 4  # drafter rounds per step (0: plain decoding); the fixed depth without a predictor
+    draft_width: int = 4  # nodes each round after the first feeds
+    top_k: int = 8  # children added under each fed node
+    verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
+    verify_width: int | None = None  # the usual verify width, for the step shape (None: the widest)
+    accept: list[list[float]] | None = None  # the calibrated map draft probability -> P(accept)
+    depth_policy: DepthPolicy | None = None  # with a depth predictor: the depth every step
+    stages: Stages = field(default_factory=Stages)
+    graft: GraftParams | None = None  # retrieval grafting; None: off
+    tokens_per_step: float | None = None  # calibrated E[A] at the fixed depth: what a retrieval-only step must beat
+
+    def __post_init__(self):
+        if (self.depth < 0 or self.draft_width < 1 or self.top_k < 1 or not self.verify_widths
+                or min(self.verify_widths) < 1):
+            raise YggError("egt needs depth >= 0, draft_width >= 1, top_k >= 1 and verify widths >= 1")
+
+
+@dataclass(frozen=True)
+class PLDParams(Params):
+    method: ClassVar[str] = "pld"
+    label: ClassVar[str] = "method pld"
+    verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
+    graft: GraftParams = field(default_factory=GraftParams)  # retrieval settings and calibrated values
+
+    def __post_init__(self):
+        if not self.verify_widths or min(self.verify_widths) < 1:
+            raise YggError("pld needs verify widths >= 1")
+
+
+# Every decoding method's parameters, in the order the command line lists the methods.
+PARAMS: dict[str, type[Params]] = {"ar": Params, "chain": ChainParams, "specinfer": SpecInferParams,
+                                   "sequoia": SequoiaParams, "egt": EGTParams, "pld": PLDParams}
+
+
+def parse(name: str, values: "dict[str, Any] | Params | None", where: str | None = None) -> Params:
+    """A method's parameters, checked: an unknown method, parameter or value is refused in one line."""
+    if name not in PARAMS:
+        raise YggError(f"unknown method '{name}' (choose from {', '.join(PARAMS)})")
+    if isinstance(values, Params):
+        if type(values) is not PARAMS[name]:
+            raise YggError(f"{type(values).__name__} are not method {name}'s parameters")
+        return values
+    return PARAMS[name].from_dict(values, where)
