@@ -31,6 +31,7 @@ from ygg_runtime.ui import Reporter
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import output_dir, write_atomic
+from ygg_runtime.metrics import tpot_ms
 from ygg_runtime.options import check_max_new_tokens
 from ygg_runtime.text import TextCodec
 
@@ -76,7 +77,7 @@ class Client:
         end = time.perf_counter()
         n = len(tokens)
         return {"tokens": tokens, "generated": n, "finish_reason": reason, "latency_s": end - start,
-                "ttft_s": (first or end) - start, "tpot_ms": 1000 * (end - first) / (n - 1) if first and n > 1 else None,
+                "ttft_s": (first or end) - start, "tpot_ms": tpot_ms(start, first, end, n) if first and n > 1 else None,
                 "start": start, "end": end}
 
 

@@ -4,10 +4,10 @@ assistant schedule) and with prompt lookup (`hf-pld`, no draft model); llama.cpp
 llama-cpp-python on the very GGUF file the target came from, with the same threads (`llama.cpp`),
 and with the binding's one speculative mode, prompt lookup (`llama.cpp-pld`).
 
-Timing matches ours (`Metrics.tpot_ms`: decode time per generated token, prompt processing
-excluded): a streamer timestamps every chunk generate emits; the first chunk comes out of the
-forward that also read the prompt, so TPOT is the time from the first chunk to the last over the
-tokens after the first chunk. Tokens per target forward = tokens / chunks (one chunk per forward).
+Timing is ours (`metrics.tpot_ms`, the one definition: from the first output token to the last,
+over the tokens after the first): a streamer timestamps every chunk generate emits (llama.cpp: every
+token); the first chunk comes out of the forward that also read the prompt. Tokens per target
+forward = tokens / chunks (one chunk per forward).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 from ygg_compile.options import HF_PEERS, LLAMA_PEERS
 from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.metrics import tpot_ms
 
 LLAMA_MISSING = ("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
                  "(it builds llama.cpp from source, a few minutes)")
@@ -114,11 +115,8 @@ class HFPeers:
         tokens = out[0, len(ids):].tolist()
         if not clock.marks:
             return PeerRun(tokens, 1000.0 * (end - start) / max(1, len(tokens)), end - start, end - start, 0)
-        first_t, first_n = clock.marks[0]
-        rest = len(tokens) - first_n
-        last_t = clock.marks[-1][0]
-        tpot = 1000.0 * (last_t - first_t) / rest if rest > 0 else 1000.0 * (first_t - start) / max(1, first_n)
-        return PeerRun(tokens, tpot, end - start, first_t - start, len(clock.marks))
+        first_t, last_t = clock.marks[0][0], clock.marks[-1][0]
+        return PeerRun(tokens, tpot_ms(start, first_t, last_t, len(tokens)), end - start, first_t - start, len(clock.marks))
 
 
 class LlamaCppPeers:
@@ -184,8 +182,7 @@ class LlamaCppPeers:
         finally:
             llm.eval = original
         end = time.perf_counter()
-        if len(marks) < 2:
-            return PeerRun(tokens, 1000.0 * (end - start) / max(1, len(tokens)), end - start, end - start, max(1, evals - 1))
-        tpot = 1000.0 * (marks[-1] - marks[0]) / (len(marks) - 1)
+        if not marks:
+            return PeerRun(tokens, 0.0, end - start, end - start, max(1, evals - 1))
         # the first eval read the prompt and gave the first token; the others are decode forwards
-        return PeerRun(tokens, tpot, end - start, marks[0] - start, max(1, evals))
+        return PeerRun(tokens, tpot_ms(start, marks[0], marks[-1], len(tokens)), end - start, marks[0] - start, max(1, evals))

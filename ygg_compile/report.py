@@ -193,7 +193,8 @@ def summary_markdown(results: dict) -> str:
         + (f" (continuing `{cfg['resumed_from']}` with `--resume`: runs recorded by either are reported)"
            if cfg.get("resumed_from") and cfg["resumed_from"] != cfg["command"] else ""),
         "",
-        "TPOT is decode time per generated token (prompt processing excluded), the median over the prompts "
+        "TPOT is the time per output token after the first (vLLM's: from the first token out to the last, over the "
+        "tokens after the first; prompt processing excluded), the median over the prompts "
         "(p25–p75 in brackets). Speed-ups are paired: per prompt, the ratio of TPOTs measured back to back, "
         "median over the prompts. Mean accepted = tokens per target forward, bonus included."
         + (" `vs llama.cpp`: over llama.cpp's plain decoding of the same GGUF file, same threads and prompt ids."

@@ -107,6 +107,8 @@ class Generation:
         # The metrics describe the output: drafted tokens the budget or an eos cut are not counted.
         kept = min(verdict.accepted, len(new))
         tried = kept + bool(tree.children[verdict.path[kept]]) if kept == verdict.accepted else kept
+        if new and not self.out:
+            self.metrics.first_token_s = time.perf_counter() - self._t1
         self.seq += new
         self.out += new
         step = Step(len(tree) - 1, kept, len(new), tried, max(tree.depths), tuple(tree.sources[1:]),

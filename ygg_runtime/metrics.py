@@ -15,6 +15,18 @@ from dataclasses import dataclass, field, fields
 
 from ygg_runtime.tree import ADJACENCY, CONTEXT, DRAFT
 
+
+def tpot_ms(start: float, first: float, last: float, tokens: int) -> float:
+    """Time per output token in ms, the one definition every figure of ours and of the peers uses
+    (vLLM's): from the first output token to the last, over the tokens after the first —
+    (last − first) / (tokens − 1). Prompt processing and the wait for the first token are the time
+    to first token's, not TPOT's; tokens that arrive together (a speculative step's) share its
+    time. A single token has no interval: its own time since `start` (the decode's start) stands in.
+    Times in seconds, on one clock."""
+    if tokens > 1:
+        return 1000.0 * (last - first) / (tokens - 1)
+    return 1000.0 * (first - start) if tokens == 1 else 0.0
+
 # Per-step lists stay out of to_dict(): a run's record stays small whatever its length (Result
 # carries accepted_lengths; tree_depths and the depth counters are summarised by their properties).
 PER_STEP = ("accepted_lengths", "depth_tries", "depth_accepts", "tree_depths")
@@ -64,6 +76,7 @@ class Metrics:
     verify_s: float = 0.0  # target forwards over the trees
     other_s: float = 0.0  # acceptance, compaction, bookkeeping
     decode_s: float = 0.0  # wall time from the end of the prefill to the last token
+    first_token_s: float = 0.0  # of it, until the first output token
     compiled_forwards: int = 0  # model forwards (target and drafter, prefill included) run ahead-of-time compiled
     eager_forwards: int = 0  # ... and run eager (`--eager`, no compiled forwards, or wider than they hold)
 
@@ -137,9 +150,8 @@ class Metrics:
 
     @property
     def tpot_ms(self) -> float:
-        """Time per output token in ms: decode wall time (everything after the prefill, so every
-        generated token including the first) over generated tokens."""
-        return 1000.0 * self.decode_s / max(1, self.generated_tokens)
+        """Time per output token in ms after the first (`tpot_ms`, the one definition)."""
+        return tpot_ms(0.0, self.first_token_s, self.decode_s, self.generated_tokens)
 
     def to_dict(self) -> dict:
         """The counters (per-step lists left out) and the derived metrics, by name."""

@@ -129,7 +129,7 @@ class ServerMetrics:
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", registry=r)
         self.success = Counter("vllm:request_success", "Requests finished", ["finished_reason"], registry=r)
         buckets = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Decode time per output token", buckets=buckets,
+        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time per output token after the first", buckets=buckets,
                               registry=r)
         self.latency = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token",
                                  buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300), registry=r)
@@ -301,8 +301,8 @@ class Scheduler:
         m = job.member.generation.metrics
         self.metrics.success.labels(reason).inc()
         self.metrics.latency.observe(time.perf_counter() - job.arrived)
-        if m.generated_tokens > 1:
-            self.metrics.tpot.observe(m.decode_s / m.generated_tokens)
+        if m.generated_tokens > 1:  # vLLM's: no TPOT for a one-token answer
+            self.metrics.tpot.observe(m.tpot_ms / 1000)
         job.send("done", reason)
 
 
