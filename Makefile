@@ -41,9 +41,10 @@ demo: install-qwen
 	done; done
 
 # Two workers, one thread each (tests/conftest.py), a test file per worker at a time: the suite's
-# module fixtures (compiled artifacts) are built once per file.
+# module fixtures (compiled artifacts) are built once per file. The 15 slowest tests are listed at
+# the end, so each machine's log says where its time goes.
 test: install install-llama
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 # Each package's module graph, read from the source: what imports what, lines, imports hidden in
 # functions, and any cycle (tests/test_imports.py keeps it acyclic).
