@@ -302,7 +302,7 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
             t.add_column(col, justify="right")
     for r in rep.methods:
         name = f"[bold]{r.name}[/] (default)" if r.name == plan.method else r.name
-        row = [name, _short_params(r.name, r.params),
+        row = [name, _short_params(r.params),
                " + ".join(map(str, r.shape.draft_widths)) or "–", str(r.shape.verify_width),
                fmt(r.step_ms, ".1f"), fmt(r.break_even)]
         if measured:
@@ -317,7 +317,7 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
         con.print(f"[green]wrote[/] {f}")
 
 
-def _short_params(name: str, params: Params) -> str:
+def _short_params(params: Params) -> str:
     """A method's parameters in a table cell (sequoia's tree and egt's map summarised)."""
     if isinstance(params, SequoiaParams):
         return f"{len(params.parents)}-node tree"

@@ -79,7 +79,7 @@ class Curves:
         self.draft_widths = tuple(profile.compiled_widths("draft"))
         # f(B, c, n) / T(n) of a forward over B sequences (`ygg_compile.profile.batch_times`);
         # absent from profiles measured before batching: then taken as 1.
-        self.batch = {"target": profile.target_batch, "draft": profile.draft_batch}
+        self.batch = {role: profile.batch(role) for role in ("target", "draft")}
         self.share = 1  # see shared()
 
     def shared(self, sequences: int) -> "Curves":

@@ -55,11 +55,14 @@ class Params(Settings):
     method: ClassVar[str] = "ar"
     label: ClassVar[str] = "method ar"
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.label = f"method {cls.method}"  # errors name the method
+
 
 @dataclass(frozen=True)
 class ChainParams(Params):
     method: ClassVar[str] = "chain"
-    label: ClassVar[str] = "method chain"
     k: int = 4  # drafted tokens per step
 
     def __post_init__(self):
@@ -70,7 +73,6 @@ class ChainParams(Params):
 @dataclass(frozen=True)
 class SpecInferParams(Params):
     method: ClassVar[str] = "specinfer"
-    label: ClassVar[str] = "method specinfer"
     width: int = 2  # children per node
     depth: int = 3
 
@@ -86,7 +88,6 @@ class SpecInferParams(Params):
 @dataclass(frozen=True)
 class SequoiaParams(Params):
     method: ClassVar[str] = "sequoia"
-    label: ClassVar[str] = "method sequoia"
     parents: list[int] = field(default_factory=lambda: [-1])  # the static tree (node 0 the root)
     ranks: list[int] = field(default_factory=lambda: [0])  # node v: the drafter's rank-ranks[v] child of its parent
     widths: list[int] = field(default_factory=lambda: list(WIDTHS))  # the drafter's and target's compiled widths
@@ -198,7 +199,6 @@ class DepthPolicy:
 @dataclass(frozen=True)
 class EGTParams(Params):
     method: ClassVar[str] = "egt"
-    label: ClassVar[str] = "method egt"
     depth: int = 4  # drafter rounds per step (0: plain decoding); the fixed depth without a predictor
     draft_width: int = 4  # nodes each round after the first feeds
     top_k: int = 8  # children added under each fed node
@@ -219,7 +219,6 @@ class EGTParams(Params):
 @dataclass(frozen=True)
 class PLDParams(Params):
     method: ClassVar[str] = "pld"
-    label: ClassVar[str] = "method pld"
     verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
     graft: GraftParams = field(default_factory=GraftParams)  # retrieval settings and calibrated values
 
