@@ -45,7 +45,9 @@ def test_tiny_greedy_equals_hf_generate(tiny_pair, method, params):
 @pytest.mark.real
 def test_smollm2_greedy_equals_hf_generate(smollm2_hf, smollm2_tokenizer):
     """On a real model, with drafters that always accept (the target itself), mostly reject (its
-    first 3 of 30 layers) and sometimes accept (a noised copy), for every method with a drafter."""
+    first 3 of 30 layers) and sometimes accept (a noised copy), for every method with a drafter.
+    Each (drafter, method) pair runs on one of the two texts, in a Latin square: every text meets
+    every method and every drafter (half the forwards of running every pair on both)."""
     target = to_runtime(smollm2_hf)
     drafts = {
         "self": to_runtime(smollm2_hf),
@@ -57,13 +59,15 @@ def test_smollm2_greedy_equals_hf_generate(smollm2_hf, smollm2_tokenizer):
     n_new = 32
     tr = runner(target)
     lengths = {}
-    for text in texts:
+    for t, text in enumerate(texts):
         prompt = smollm2_tokenizer(text).input_ids
         ref = hf_greedy(smollm2_hf, prompt, n_new)
         assert decode(tr, None, "ar", {}, prompt, n_new)[0] == ref
-        for name, draft in drafts.items():
+        for d, (name, draft) in enumerate(drafts.items()):
             dr = runner(draft)
-            for method, params in METHODS[1:3] + METHODS[4:6]:  # chain, specinfer, sequoia, egt
+            for j, (method, params) in enumerate(METHODS[1:3] + METHODS[4:6]):  # chain, specinfer, sequoia, egt
+                if (d + j) % len(texts) != t:
+                    continue
                 out, m = decode(tr, dr, method, params, prompt, n_new)
                 assert out == ref, f"{method} with the {name} drafter diverged on {text[:20]!r}"
                 if method in ("chain", "specinfer"):  # the drafters' regimes, on the simplest shapes
@@ -150,10 +154,16 @@ def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smol
     output is `ar`'s, token for token, grafted trees and retrieval alone included.
     (Measured here with the rule off: 42 of 72 outputs of a 12-prompt, 40-token, six-method form of
     this test equalled `ar`'s; with PyTorch's attention padded to width 4, 61 of 72.)
-    YGG_TEST_NO_PADDING=1 switches the padding rule off, to show the test has power on a machine."""
+    YGG_TEST_NO_PADDING=1 switches the padding rule off, to show the test has power on a machine.
+    Each method runs on every other prompt (a Latin square, so each prompt meets three methods).
+    On a CPU without native bfloat16 arithmetic (AVX2: every bf16 matmul emulated, three times the
+    time, and `--dtype auto` picks float32 there) two of the prompts run (the prose one that
+    showed the most divergence with the rule off, and the copy)."""
     import os
 
     from ygg_compile import invariance
+    from ygg_compile.hardware import BF16_FLAGS
+    from ygg_runtime.integrity import cpu_flags
 
     target = runner(to_runtime(smollm2_hf, torch.bfloat16))
     draft = runner(noised_runtime(to_runtime(smollm2_hf, torch.bfloat16), 0.1, seed=3))
@@ -161,12 +171,14 @@ def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smol
     assert rec.min_width is not None, rec
     if os.environ.get("YGG_TEST_NO_PADDING") != "1":
         target.min_width = rec.min_width
+    texts = PROSE_AND_CODE if BF16_FLAGS & cpu_flags() else [PROSE_AND_CODE[0], PROSE_AND_CODE[5]]
+    retrieving = [("egt", METHODS[5][1] | {"graft": {}}), ("pld", {})]  # grafted trees, retrieval alone
+    methods = METHODS[1:3] + METHODS[4:6] + retrieving  # chain, specinfer, sequoia, egt
     accepted, diverged, retrieved = [], [], 0
-    for text in PROSE_AND_CODE:
+    for i, text in enumerate(texts):
         prompt = smollm2_tokenizer(text).input_ids
         ref, _ = decode(target, None, "ar", {}, prompt, 32)
-        retrieving = [("egt", METHODS[5][1] | {"graft": {}}), ("pld", {})]  # grafted trees, retrieval alone
-        for method, params in METHODS[1:3] + METHODS[4:6] + retrieving:  # chain, specinfer, sequoia, egt
+        for method, params in methods[i % 2 :: 2]:
             out, m = decode(target, draft, method, params, prompt, 32)
             retrieved += m.accepted_context + m.accepted_adjacency
             if out != ref:
@@ -175,4 +187,4 @@ def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smol
                 accepted.append(m.mean_accepted_length)
     assert not diverged, diverged
     assert 1.5 < sum(accepted) / len(accepted) < 4.0  # the drafter both hits and misses
-    assert retrieved > 10  # retrieved tokens were verified and accepted too
+    assert retrieved >= len(texts)  # retrieved tokens were verified and accepted too (one a prompt or more)
