@@ -1,5 +1,7 @@
+import fcntl
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # Under pytest-xdist (`make test` runs two workers on two cores) each worker, and every `ygg` it
@@ -42,22 +44,39 @@ def smollm2_tokenizer(smollm2_dir):
     return AutoTokenizer.from_pretrained(smollm2_dir)
 
 
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
+    """A directory every test of this run shares, built by whichever xdist worker asks first while
+    the other waits on a lock (a session fixture alone is built once per worker: the compiled
+    artifact twice). Tests read it and copy it before they change anything."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's directory, above each worker's own
+    path, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            build(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory):
     """A tiny random Llama target and a noised copy as drafter, saved as HF directories."""
     import tiny
 
-    root = tmp_path_factory.mktemp("models")
     target = tiny.hf_model("llama", seed=40)
     draft = tiny.noised(target, 0.05, seed=41)
     tok = tiny.byte_tokenizer()
-    return {
-        "target": tiny.save_pair_dir(root / "target", target, tok),
-        "draft": tiny.save_pair_dir(root / "draft", draft, tok),
-        "hf": target,
-        "tokenizer": tok,
-        "root": root,
-    }
+    for model in (target, draft):  # as save_pair_dir sets them, in the worker that does not save too
+        model.config.eos_token_id = model.generation_config.eos_token_id = 257
+
+    def save(root: Path) -> None:
+        tiny.save_pair_dir(root / "target", target, tok)
+        tiny.save_pair_dir(root / "draft", draft, tok)
+
+    root = built_once(tmp_path_factory, "models", save)
+    return {"target": root / "target", "draft": root / "draft", "hf": target, "tokenizer": tok, "root": root}
 
 
 @pytest.fixture(scope="session")
@@ -65,8 +84,9 @@ def artifact(pair, tmp_path_factory):
     """`ygg compile` of the tiny pair in float32 (token-exact), default method chain."""
     from helpers import ygg
 
-    out = tmp_path_factory.mktemp("art") / "tiny"
-    proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
-               "--max-context", 256, "--method", "chain")
-    assert proc.returncode == 0, proc.stderr
-    return out
+    def compile_(out: Path) -> None:
+        proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
+                   "--max-context", 256, "--method", "chain")
+        assert proc.returncode == 0, proc.stderr
+
+    return built_once(tmp_path_factory, "artifact", compile_)
