@@ -45,16 +45,18 @@ def smollm2_tokenizer(smollm2_dir):
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Path:
-    """A directory every test of this run shares, built by whichever xdist worker asks first while
-    the other waits on a lock (a session fixture alone is built once per worker: the compiled
-    artifact twice). Tests read it and copy it before they change anything."""
+    """<run>/<name>/<name>, a directory every test of this run shares, built by whichever xdist
+    worker asks first while the other waits on a lock (a session fixture alone is built once per
+    worker: the compiled artifact twice). Alone in its parent, as a user's output would be; tests
+    read it and copy it before they change anything."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's directory, above each worker's own
-    path, done = root / name, root / f"{name}.done"
+    path, done = root / name / name, root / f"{name}.done"
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
+            path.parent.mkdir(exist_ok=True)
             build(path)
             done.touch()
     return path
@@ -89,4 +91,4 @@ def artifact(pair, tmp_path_factory):
                    "--max-context", 256, "--method", "chain")
         assert proc.returncode == 0, proc.stderr
 
-    return built_once(tmp_path_factory, "artifact", compile_)
+    return built_once(tmp_path_factory, "tiny", compile_)

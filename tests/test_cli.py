@@ -202,9 +202,9 @@ def small_calib(tmp_path):
 def test_compile_reuses_a_matching_profile_and_reprofile_measures_again(tmp_path, pair, small_calib):
     """A compile stores both models' profiles; the next compile of the same pair reuses them,
     --reprofile measures again, and a profile from another machine is not reused. (Eager
-    forwards, to keep it quick: compiled ones have profiles of their own, as the plan's key says.)"""
+    forwards and --quick, to keep it quick: compiled ones have profiles of their own, as the plan's key says.)"""
     args = ["compile", "--draft", pair["draft"], "--target", pair["target"], "--dtype", "float32",
-            "--max-context", 256, "--calib", small_calib, "--calib-tokens", 8, "--no-aot"]
+            "--max-context", 256, "--calib", small_calib, "--calib-tokens", 8, "--no-aot", "--quick"]
     first = ygg(*args, "-o", tmp_path / "first")
     assert first.returncode == 0, first.stderr
     again = ygg(*args, "-o", tmp_path / "a")
@@ -319,6 +319,14 @@ def test_a_pair_whose_target_has_more_vocabulary_rows_compiles_and_runs(tmp_path
     (["run", "p.txt", "-a", "."], ". is not a Yggdrasil artifact: it has no plan.yaml"),
     (["serve", "-a", ".", "--max-batch", "0"], "--max-batch must be in 1..64"),
     (["inspect", "no-artifact"], "artifact directory no-artifact does not exist"),
+    (["compile", "--draft", "d", "--target", "t", "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["compile", "--draft", "d", "--target", "t", "--draft-weights", "int5"], "--draft-weights must be auto, bf16"),
+    (["compile", "--draft", "d", "--target", "t", "--calib-tokens", "0"], "--calib-tokens must be at least 1"),
+    (["compile", "--draft", "d", "--target", "t", "-o", "p.txt"], "refusing to overwrite p.txt"),
+    (["bench", "-a", ".", "--rounds", "0"], "--rounds must be at least 1"),
+    (["bench", "-a", ".", "--peers", "vllm"], "unknown peer 'vllm'"),
+    (["bench", "-a", ".", "-t", "-1"], "--temperature must be a finite number"),
+    (["bench-serve", "-a", ".", "--limit", "0"], "--limit must be at least 1"),
 ])
 def test_a_refused_call_answers_before_torch_is_imported(tmp_path, args, needle):
     """Bad input and missing files get their one line from the light command line: torch, the

@@ -31,7 +31,7 @@ from ygg_compile import (aot, calibrate, draft_vocab, footprint, hardware, invar
                          roofline, sources, stages)
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
-from ygg_compile.options import CompileOptions
+from ygg_compile.options import CompileOptions, check_output
 from ygg_runtime.ui import Reporter
 from ygg_runtime import engine, exactness, kernels, objective, proposers, typed
 from ygg_runtime.artifact import PLAN_FILE
@@ -65,7 +65,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
     device = hardware.resolve_device(opts.device)
     dtype = hardware.resolve_dtype(opts.dtype, device)
     out = Path(opts.output)
-    _check_output(out)
+    check_output(out)  # again: the options may have been made a while ago
     calib_prompts, calib_tokens, predictor = prompts.calibration(opts.calib), opts.calib_tokens, opts.predictor
     if opts.quick:
         calib_prompts, calib_tokens, predictor = calib_prompts[:QUICK_PROMPTS], min(calib_tokens, QUICK_TOKENS), False
@@ -318,11 +318,6 @@ def _interrupts() -> Iterator[threading.Event]:
             signal.signal(sig, before)
 
 
-def _check_output(out: Path) -> None:
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / PLAN_FILE).exists()):
-        raise YggError(f"refusing to overwrite {out}: it exists and is not a Yggdrasil artifact")
-
-
 @contextlib.contextmanager
 def _staging(out: Path) -> Iterator[Path]:
     """A temporary directory beside `out`, renamed to `out` only when the body succeeds. One
@@ -443,8 +438,6 @@ def _weights(asked: str, src: sources.ModelSource, device: str, role: str = "tar
     nothing requantized) and the drafter at 4 bits (int4: lossless all the same, it only proposes;
     its acceptance moved from 0.80 to 0.79 while its forward went from 14 to 10 ms); the float dtype
     otherwise (the portable path is ~25x slower)."""
-    if asked not in ("auto", *quantize.WEIGHTS):
-        raise YggError(f"--weights must be auto, {', '.join(quantize.WEIGHTS)}, not '{asked}'")
     if asked.startswith("int") and not device.startswith("cpu"):
         raise YggError(f"--weights {asked} runs on CPUs only (the quantized kernel is CPU code): use --weights bf16 on {device}")
     if asked == "auto":

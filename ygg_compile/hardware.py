@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from ygg_compile.options import check_dtype
 from ygg_runtime.errors import YggError
 from ygg_runtime.integrity import cpu_flags
 from ygg_runtime.plan import CPUInfo
@@ -39,14 +40,13 @@ def resolve_device(device: str) -> str:
 def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     """`auto`: bfloat16 on CUDA and on CPUs with native bf16 arithmetic, float32 elsewhere
     (bf16 emulated on older CPUs is slower than fp32)."""
+    check_dtype(dtype)
     names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+             "float16": torch.float16, "fp16": torch.float16}  # DTYPES' names
     if dtype == "auto":
         if device.startswith("cuda") or BF16_FLAGS & set(cpu_info().isa):
             return torch.bfloat16
         return torch.float32
-    if dtype not in names:
-        raise YggError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
     return names[dtype]
 
 

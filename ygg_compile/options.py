@@ -2,7 +2,8 @@
 the peers' names, in one place for the `ygg` command and the Python API.
 
 Imports nothing heavy (no torch): the command line builds its options from this module before it
-loads anything, so bad input is refused at once.
+loads anything, and each options type refuses bad values when it is made, so bad input is refused
+at once, by the command line and the Python API alike.
 """
 
 from __future__ import annotations
@@ -10,13 +11,34 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ygg_runtime.options import DEFAULT_DIR
+from ygg_runtime.errors import YggError
+from ygg_runtime.options import DEFAULT_DIR, check_settings
+from ygg_runtime.plan import PLAN_FILE
 
 HF_PEERS = ("hf", "hf-assisted", "hf-pld")
 LLAMA_PEERS = ("llama.cpp", "llama.cpp-pld")  # an optional extra: pip install -e '.[llama]'
 PEERS = HF_PEERS + LLAMA_PEERS
 SERVE_CONCURRENCY = (1, 2, 4, 8)  # `ygg bench-serve`'s load levels
 SERVE_METHODS = ("egt", "ar")  # and the methods it loads the server with
+WEIGHTS = ("bf16", "int8", "int4", "int3", "int2")  # what --weights takes besides "auto" (bf16: the artifact's dtype)
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # what --dtype takes (ygg_compile.hardware)
+
+
+def check_output(out: Path) -> None:
+    """An output directory may be new, empty or a previous artifact: anything else is the user's."""
+    out = Path(out)
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / PLAN_FILE).exists()):
+        raise YggError(f"refusing to overwrite {out}: it exists and is not a Yggdrasil artifact")
+
+
+def check_dtype(dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise YggError(f"unknown dtype '{dtype}' (use auto, float32, bfloat16 or float16)")
+
+
+def check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 1:
+        raise YggError(f"--limit must be at least 1, not {limit}")
 
 
 @dataclass
@@ -43,6 +65,15 @@ class CompileOptions:
     quick: bool = False  # a smaller plan, sooner: QUICK_PROMPTS calibration prompts, no depth predictor
     profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
 
+    def __post_init__(self) -> None:
+        check_dtype(self.dtype)
+        for flag, asked in (("--weights", self.weights), ("--draft-weights", self.draft_weights)):
+            if asked is not None and asked not in ("auto", *WEIGHTS):
+                raise YggError(f"{flag} must be auto, {', '.join(WEIGHTS)}, not '{asked}'")
+        if self.calib_tokens < 1:
+            raise YggError("--calib-tokens must be at least 1")
+        check_output(self.output)
+
 
 @dataclass
 class BenchOptions:
@@ -61,6 +92,15 @@ class BenchOptions:
     resume: bool = False
     command: str = ""
 
+    def __post_init__(self) -> None:
+        check_settings(self.max_new_tokens, self.temperature, self.top_p, self.seed)
+        check_limit(self.limit)
+        if self.rounds < 1:
+            raise YggError(f"--rounds must be at least 1, not {self.rounds}")
+        for peer in self.peers:
+            if peer not in PEERS:
+                raise YggError(f"unknown peer '{peer}' (choose from {', '.join(PEERS)}, or none)")
+
 
 @dataclass
 class ServeBenchOptions:
@@ -74,3 +114,7 @@ class ServeBenchOptions:
     output: Path | None = None
     cost_aware: bool = True
     command: str = ""
+
+    def __post_init__(self) -> None:
+        check_settings(self.max_new_tokens, 0.0, 1.0)
+        check_limit(self.limit)

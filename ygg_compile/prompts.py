@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ygg_compile.options import check_limit
 from ygg_runtime.errors import YggError
 
 DATA = Path(__file__).parent / "data"
@@ -29,8 +30,7 @@ def read_jsonl(path: Path | None, categories: list[str] | None = None, limit: in
         raise YggError(f"prompt file {path} is a directory: give a JSONL file")
     if not path.is_file():
         raise YggError(f"prompt file {path} does not exist")
-    if limit is not None and limit < 1:
-        raise YggError(f"--limit must be at least 1, not {limit}")
+    check_limit(limit)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:

@@ -29,7 +29,6 @@ from ygg_runtime.model import ModelArgs
 from ygg_runtime.plan import WeightsInfo
 from ygg_runtime.quant import BITS, Codes, fits_kernel, pack, pack_rows, segment_kind
 
-WEIGHTS = ("bf16", "int8", "int4", "int3", "int2")  # what --weights takes besides "auto" (bf16: the artifact's dtype)
 QK = 256  # values per K-quant super-block
 
 
