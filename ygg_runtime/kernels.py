@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ygg_runtime.errors import YggError, out_of_space
+from ygg_runtime.files import locked
 from ygg_runtime.integrity import cache_dir
 
 CSRC = Path(__file__).parent / "csrc"
@@ -89,10 +90,9 @@ def _compiler() -> str:
 def build(cache: Path | None = None, isa: list[str] | None = None) -> Path:
     """The kernels compiled for this machine (or for the instruction-set flags `isa`, which tests
     use to build the portable paths): reused from `cache` when the same sources, torch, compiler and
-    flags built them before, else compiled now (written under a temporary name, then renamed, so a
-    concurrent or interrupted build never leaves a broken library)."""
-    from torch.utils.cpp_extension import include_paths, library_paths
-
+    flags built them before, else compiled now (written under a temporary name, then renamed, so an
+    interrupted build never leaves a broken library; processes that need the same build take turns
+    on a lock, so the second loads what the first built rather than building it again)."""
     cxx = _compiler()
     flags = ["-O3", "-std=c++20", "-shared", "-fPIC", "-fopenmp", *(isa_flags() if isa is None else isa),
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
@@ -103,7 +103,15 @@ def build(cache: Path | None = None, isa: list[str] | None = None) -> Path:
     out = root / f"kernels-{key}.so"
     if out.is_file():
         return out
-    root.mkdir(parents=True, exist_ok=True)
+    with locked(out, remove=True):
+        if not out.is_file():  # else built by whoever held the lock before us
+            _compile(cxx, flags, root, out)
+    return out
+
+
+def _compile(cxx: str, flags: list[str], root: Path, out: Path) -> None:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
     libs = library_paths()
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         part = Path(tmp) / LIBRARY
@@ -117,7 +125,6 @@ def build(cache: Path | None = None, isa: list[str] | None = None) -> Path:
             first = next((line for line in proc.stderr.splitlines() if "error" in line), proc.stderr.strip()[:200])
             raise YggError(f"cannot build the native kernels with {cxx}: {first}")
         os.replace(part, out)
-    return out
 
 
 def load(path: Path | None = None) -> Path:
