@@ -210,7 +210,7 @@ def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path
     shared.mkdir(parents=True, exist_ok=True)
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "kernels").symlink_to(shared, target_is_directory=True)
-    proc = ygg("compile", "--draft", draft, "--target", "smollm2-135m", "-o", out, "--max-context", 1024,
+    proc = ygg("compile", "--draft", draft, "--target", "smollm2-135m", "-o", out, "--max-context", 256,
                "--calib", calib, "--calib-tokens", 24, "--no-aot", "--quick", "--weights", "bf16", env=cache)
     assert proc.returncode == 0, proc.stderr
     assert [e.kind for e in entries(tmp_path / "cache") if e.kind == "conversions"] == []
