@@ -1,4 +1,3 @@
-import fcntl
 import os
 import sys
 from collections.abc import Callable
@@ -12,6 +11,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest
 import torch
+
+from ygg_runtime.files import locked
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
@@ -53,8 +54,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], None]) -> Pa
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the run's directory, above each worker's own
     path, done = root / name / name, root / f"{name}.done"
-    with open(root / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(root / name):  # its lock file sits in the run's directory, not beside the output
         if not done.exists():
             path.parent.mkdir(exist_ok=True)
             build(path)
@@ -70,8 +70,8 @@ def pair(tmp_path_factory):
     target = tiny.hf_model("llama", seed=40)
     draft = tiny.noised(target, 0.05, seed=41)
     tok = tiny.byte_tokenizer()
-    for model in (target, draft):  # as save_pair_dir sets them, in the worker that does not save too
-        model.config.eos_token_id = model.generation_config.eos_token_id = 257
+    for model in (target, draft):  # as saving sets it, in the worker that does not save too
+        tiny.set_eos(model)
 
     def save(root: Path) -> None:
         tiny.save_pair_dir(root / "target", target, tok)

@@ -39,9 +39,9 @@ def int4_artifact(pair, calib, tmp_path_factory):
     return out
 
 
-@pytest.fixture()
-def prompt_file(tmp_path):
-    path = tmp_path / "prompt.txt"
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompt") / "prompt.txt"
     path.write_text(PROMPT + " " + PROMPT + "\n")
     return path
 
@@ -63,11 +63,9 @@ def _run40(artifact: Path, prompt: Path, method: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def int4_plain(int4_artifact, tmp_path_factory) -> dict:
+def int4_plain(int4_artifact, prompt_file) -> dict:
     """Plain decoding's 40 tokens on the quantized artifact, run once for every method's test."""
-    prompt = tmp_path_factory.mktemp("prompt") / "prompt.txt"
-    prompt.write_text(PROMPT + " " + PROMPT + "\n")
-    return _run40(int4_artifact, prompt, "ar")
+    return _run40(int4_artifact, prompt_file, "ar")
 
 
 @pytest.mark.parametrize("method", ["chain", "specinfer", "sequoia", "egt", "pld"])

@@ -53,30 +53,31 @@ def exact_joint(target, temperature: float, top_p: float = 1.0, eos: int | None 
     return joint.flatten()
 
 
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pool the cells expected below 5 samples into one, then Pearson's chi-square (0 when a
-    sample landed where the target puts no mass at all)."""
-    if counts[probs == 0].sum() > 0:
-        return 0.0
+def pooled(counts: torch.Tensor, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Observed and expected counts with the cells expected below 5 samples pooled into one (cells
+    the target gives no mass dropped)."""
     expected = probs * counts.sum()
     small = expected < 5
     obs = torch.cat([counts[~small], counts[small].sum()[None]]).double()
     exp = torch.cat([expected[~small], expected[small].sum()[None]])
     keep = exp > 0
-    return float(chisquare(obs[keep].numpy(), exp[keep].numpy() * obs.sum().item() / exp[keep].sum().item()).pvalue)
+    return obs[keep], exp[keep]
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's chi-square over the pooled cells (0 when a sample landed where the target puts no
+    mass at all)."""
+    if counts[probs == 0].sum() > 0:
+        return 0.0
+    obs, exp = pooled(counts, probs)
+    return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
 
 
 def power(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """The probability that the test above rejects at ALPHA, at this sample size, for the
     distribution the counts come from: the noncentral chi-square whose noncentrality is the
     statistic's excess over its degrees of freedom (cells pooled as the test pools them)."""
-    n = counts.sum().item()
-    expected = probs * n
-    small = expected < 5
-    obs = torch.cat([counts[~small], counts[small].sum()[None]]).double()
-    exp = torch.cat([expected[~small], expected[small].sum()[None]])
-    keep = exp > 0
-    obs, exp = obs[keep], exp[keep]
+    obs, exp = pooled(counts, probs)
     df = len(exp) - 1
     excess = max(((obs - exp) ** 2 / exp).sum().item() - df, 0.0)
     return float(ncx2.sf(chi2.ppf(1 - ALPHA, df), df, excess))

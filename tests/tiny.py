@@ -75,11 +75,16 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
+def set_eos(model, eos_token_id: int | None = 257) -> None:
+    """The model's eos in its config and its generation config (257: the byte tokenizer's </s>)."""
+    model.config.eos_token_id = eos_token_id
+    model.generation_config.eos_token_id = eos_token_id
+
+
 def save_pair_dir(path: Path, model, tokenizer, eos_token_id: int | None = 257) -> Path:
     """A local HF model directory (config, safetensors, tokenizer) as a user would have it."""
     path.mkdir(parents=True, exist_ok=True)
-    model.config.eos_token_id = eos_token_id
-    model.generation_config.eos_token_id = eos_token_id
+    set_eos(model, eos_token_id)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.options import DEFAULT_DIR, check_settings
+from ygg_runtime.options import DEFAULT_DIR, check_max_new_tokens, check_settings
 from ygg_runtime.plan import PLAN_FILE
 
 HF_PEERS = ("hf", "hf-assisted", "hf-pld")
@@ -116,5 +116,7 @@ class ServeBenchOptions:
     command: str = ""
 
     def __post_init__(self) -> None:
-        check_settings(self.max_new_tokens, 0.0, 1.0)
+        if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 64:
+            raise YggError("--concurrency takes levels in 1..64, e.g. 1,2,4,8")
+        check_max_new_tokens(self.max_new_tokens)
         check_limit(self.limit)

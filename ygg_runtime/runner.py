@@ -28,8 +28,6 @@ from ygg_runtime.params import fit_width
 SPAN_BUCKET = 256
 # A prompt is run in chunks of at most this many tokens (the widest compiled forward).
 PREFILL_CHUNK = 512
-# The forward widths compile measures and plans with: the latency profile's grid, the verify and
-# draft widths a plan may pick, and the widths a method's tree is padded to.
 
 
 class PrefixCache:
