@@ -1,4 +1,6 @@
-"""Sampling is lossless: the output distribution is exactly the target's (chi-square tests)."""
+"""Sampling is lossless: the output distribution is exactly the target's (chi-square tests), by
+both rules — coupled (Gumbel-max: every method prints `ar`'s tokens for the same seed) and
+rejection (speculative sampling)."""
 
 
 import pytest
@@ -83,15 +85,21 @@ def power(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(ncx2.sf(chi2.ppf(1 - ALPHA, df), df, excess))
 
 
-def sample_counts(target, draft, method, params, temperature, top_p=1.0, eos=None, prompt=PROMPT) -> tuple[torch.Tensor, float]:
+def sample_counts(target, draft, method, params, temperature, top_p=1.0, eos=None, prompt=PROMPT,
+                  sampling="rejection", outputs: list | None = None) -> tuple[torch.Tensor, float]:
+    """Counts of the first two tokens over SAMPLES seeds, and the mean accepted drafts; `outputs`
+    collects each seed's tokens."""
     counts = torch.zeros(VOCAB * VOCAB)
     accepted = 0.0
     eos_ids = frozenset() if eos is None else frozenset({eos})
     for seed in range(SAMPLES):
         out, m = decode(target, draft, method, params, prompt, N_TOKENS, temperature=temperature, top_p=top_p,
-                        seed=seed, eos_ids=eos_ids)
+                        seed=seed, eos_ids=eos_ids, sampling=sampling)
+        assert m.sampling == sampling
         counts[out[0] * VOCAB + (out[1] if len(out) > 1 else eos)] += 1
         accepted += m.accepted_tokens
+        if outputs is not None:
+            outputs.append(out)
     return counts, accepted / SAMPLES
 
 
@@ -248,14 +256,15 @@ def test_a_zero_exponential_draw_never_picks_a_token_the_drafter_rules_out(monke
     """Gumbel top-k keys are log q - log E with E ~ Exp(1); E can be exactly 0. A token with
     q = 0 then got the key NaN, which topk ranks first."""
     from ygg_runtime.proposers.base import pick_children
-    from ygg_runtime.proposers import Sampling
+    from ygg_runtime.proposers import Sampling, StepState
 
     logits = torch.tensor([2.0, 1.0, float("-inf"), 0.5, float("-inf"), 0.0])
     real = torch.Tensor.exponential_
     monkeypatch.setattr(torch.Tensor, "exponential_",
                         lambda self, generator=None: real(self, generator=generator).index_fill_(0, torch.tensor([2, 4]), 0.0))
     tree = TokenTree(0, child_rule="without_replacement")
-    picks = pick_children(tree, 0, logits, 3, Sampling(1.0, 1.0, torch.Generator().manual_seed(0)))
+    state = StepState([0], sampling=Sampling(1.0, 1.0, torch.Generator().manual_seed(0)))
+    picks = pick_children(tree, 0, logits, 3, state)
     assert all(tree.tokens[c] not in (2, 4) for c in picks) and len(picks) == 3
 
 
@@ -288,3 +297,130 @@ def test_top_p_keeps_the_smallest_nucleus():
     probs = accept.warp(torch.tensor([0.0, 1.0, 2.0, 3.0]).log(), 1.0, top_p=0.6)  # p = 0, 1/6, 2/6, 3/6
     assert probs[3] > 0 and probs[2] > 0 and probs[1] == 0 and probs[0] == 0
     torch.testing.assert_close(probs.sum(), torch.tensor(1.0, dtype=torch.float64))
+
+
+# Coupled sampling (`ygg_runtime.coupling`): every method, with any tree, prints the tokens `ar`
+# prints for the same seed, and those are an exact sample of the target.
+COUPLED = [("chain", {"k": 3}), ("specinfer", {"width": 2, "depth": 2}), ("egt", EGT),
+           ("egt", EGT | {"stages": {"tail": "ahead", "head": "ahead"}}), ("sequoia", SEQUOIA)]
+COUPLED_SETTINGS = [(1.0, 1.0), (0.7, 1.0), (1.5, 0.7)]
+
+
+@pytest.fixture(scope="module")
+def plain_samples(models):
+    """`ar`'s coupled samples per (temperature, top_p, prompt): the seed-by-seed reference."""
+    target, _ = models
+    cache = {}
+
+    def get(temperature, top_p, prompt=PROMPT):
+        key = (temperature, top_p, tuple(prompt))
+        if key not in cache:
+            outs = []
+            counts, _ = sample_counts(target, None, "ar", {}, temperature, top_p, prompt=prompt, sampling="coupled",
+                                      outputs=outs)
+            cache[key] = counts, outs
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.parametrize("temperature,top_p", COUPLED_SETTINGS, ids=str)
+def test_coupled_plain_decoding_samples_the_target_distribution(models, plain_samples, temperature, top_p):
+    """Gumbel-max over noise keyed by (seed, position): argmax(log p + g) is an exact sample of p
+    at every position, temperature and nucleus included."""
+    target, _ = models
+    counts, _ = plain_samples(temperature, top_p)
+    assert chi_square_pvalue(counts, exact_joint(target, temperature, top_p)) > ALPHA
+
+
+@pytest.mark.parametrize("temperature,top_p", COUPLED_SETTINGS, ids=str)
+@pytest.mark.parametrize("method,params", COUPLED, ids=str)
+def test_coupled_sampling_prints_plain_decodings_tokens_in_every_method(models, plain_samples, method, params,
+                                                                        temperature, top_p):
+    """Each seed's tokens are `ar`'s, whatever the tree; so the method's distribution is the
+    target's (its own chi-square, on its own samples)."""
+    target, draft = models
+    outs = []
+    counts, accepted = sample_counts(target, draft, method, params, temperature, top_p, sampling="coupled", outputs=outs)
+    assert 0.1 < accepted < N_TOKENS  # drafts were accepted and rejected
+    assert outs == plain_samples(temperature, top_p)[1]
+    assert chi_square_pvalue(counts, exact_joint(target, temperature, top_p)) > ALPHA
+
+
+@pytest.mark.parametrize("method,params", [("egt", EGT | {"graft": {}}), ("pld", {})], ids=str)
+def test_coupled_sampling_with_retrieved_nodes_prints_plain_decodings_tokens(models, plain_samples, method, params):
+    """Trees holding retrieved tokens (egt's grafting, pld) are verified by the same choice."""
+    target, draft = models
+    outs = []
+    counts, _ = sample_counts(target, draft, method, params, 1.0, prompt=GRAFT_PROMPT, sampling="coupled", outputs=outs)
+    assert outs == plain_samples(1.0, 1.0, GRAFT_PROMPT)[1]
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0, prompt=GRAFT_PROMPT)) > ALPHA
+
+
+@pytest.mark.parametrize("method,params", [("chain", {"k": 3}), ("egt", EGT)], ids=str)
+def test_coupled_sampling_with_a_cut_head_drafter_prints_plain_decodings_tokens(models, cut_drafter, plain_samples,
+                                                                                method, params):
+    """A drafter that can never propose three tokens (the target's favourite among them)."""
+    target, _ = models
+    draft, missing = cut_drafter
+    outs = []
+    counts, accepted = sample_counts(target, draft, method, params, 1.0, sampling="coupled", outputs=outs)
+    assert 0.1 < accepted and counts.view(VOCAB, VOCAB)[missing].sum() > SAMPLES / 20
+    assert outs == plain_samples(1.0, 1.0)[1]
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0)) > ALPHA
+
+
+def _wrong_noise(monkeypatch, make):
+    """Replace the noise of every position by make(seed, position, vocab)."""
+    from ygg_runtime.coupling import Noise
+
+    monkeypatch.setattr(Noise, "at", lambda self, position, vocab: make(self.seed, position, vocab))
+
+
+def test_chi_square_detects_coupling_with_noise_that_is_not_gumbel(models, monkeypatch):
+    """The coupled tests' power: argmax(log p + u) with u uniform, not Gumbel, is not a sample of p."""
+    target, _ = models
+    _wrong_noise(monkeypatch, lambda seed, position, vocab: torch.rand(
+        vocab, generator=torch.Generator().manual_seed(seed * 1000 + position), dtype=torch.float64))
+    counts, _ = sample_counts(target, None, "ar", {}, 1.0, sampling="coupled")
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0)) < ALPHA
+    assert power(counts, exact_joint(target, 1.0)) > POWER
+
+
+def test_chi_square_detects_noise_keyed_by_tree_depth_instead_of_position(models, monkeypatch):
+    """... and noise reused across positions (keyed by the depth in the step's tree, as a
+    counter-per-step generator would): consecutive tokens become dependent."""
+    import ygg_runtime.coupling as coupling
+
+    target, draft = models
+    real = coupling.Noise.at
+    monkeypatch.setattr(coupling.Noise, "at", lambda self, position, vocab: real(self, 0, vocab))
+    counts, _ = sample_counts(target, draft, "chain", {"k": 3}, 1.0, sampling="coupled")
+    assert chi_square_pvalue(counts, exact_joint(target, 1.0)) < ALPHA
+    assert power(counts, exact_joint(target, 1.0)) > POWER
+
+
+def test_chi_square_detects_a_coupled_choice_that_ignores_top_p(models, monkeypatch):
+    """... and a target choice over the whole distribution when the user asked for a nucleus."""
+    import ygg_runtime.coupling as coupling
+
+    target, draft = models
+    real = coupling.keys
+    monkeypatch.setattr(coupling, "keys", lambda logits, temperature, top_p, gumbel: real(logits, temperature, 1.0, gumbel))
+    counts, _ = sample_counts(target, draft, "egt", EGT, 1.5, top_p=0.7, sampling="coupled")
+    assert chi_square_pvalue(counts, exact_joint(target, 1.5, top_p=0.7)) < ALPHA
+    assert power(counts, exact_joint(target, 1.5, top_p=0.7)) > POWER
+
+
+def test_coupled_noise_is_keyed_by_seed_and_position_alone():
+    """A position's noise is the same whichever order positions are asked for in (a counter-based
+    generator), and differs between positions and seeds."""
+    from ygg_runtime.coupling import Noise
+
+    a, b = Noise(7), Noise(7)
+    first = [a.at(t, 50).clone() for t in (3, 4, 5)]
+    later = [b.at(t, 50).clone() for t in (5, 3, 4)]
+    assert torch.equal(first[0], later[1]) and torch.equal(first[2], later[0])
+    assert not torch.equal(first[0], first[1]) and not torch.equal(Noise(8).at(3, 50), first[0])
+    a.forget(5)
+    assert torch.equal(a.at(3, 50), first[0])  # recomputed alike after it was dropped

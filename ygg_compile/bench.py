@@ -119,7 +119,8 @@ class Method(Contestant):
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
         res = self.decoder.generate(ids, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
-                                    top_p=opts.top_p, seed=seed, method=self.method, **self.options)
+                                    top_p=opts.top_p, seed=seed, sampling=opts.sampling, method=self.method,
+                                    **self.options)
         return {"tokens": res.token_ids, "wall_s": res.wall_s, **res.metrics.to_dict()}
 
 
@@ -269,7 +270,7 @@ def _load_peers(plan: Plan, peers: list[str]) -> HFPeers:
 
 # A resumed run must agree with the runs it reuses on these; the prompt and contestant selection
 # may change (runs outside the new selection are left out of the results, missing ones are run).
-RESUME_KEYS = ("artifact_created", "max_new_tokens", "temperature", "top_p", "seed", "rounds")
+RESUME_KEYS = ("artifact_created", "max_new_tokens", "temperature", "top_p", "sampling", "seed", "rounds")
 
 
 def _config(opts: BenchOptions, plan: Plan, contestants: list[str], prompt_keys: list[str]) -> dict:
@@ -282,6 +283,7 @@ def _config(opts: BenchOptions, plan: Plan, contestants: list[str], prompt_keys:
         "max_new_tokens": opts.max_new_tokens,
         "temperature": opts.temperature,
         "top_p": opts.top_p,
+        "sampling": opts.sampling or plan.sampling,
         "seed": opts.seed,
         "rounds": opts.rounds,
         "command": opts.command,

@@ -277,6 +277,7 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
         exactness=b.exact,
         method=opts.method,
         methods=b.methods,
+        sampling=opts.sampling,
         profile=b.profile,
         calibration=CalibrationInfo(
             source=str(opts.calib) if opts.calib else "builtin",

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from ygg_compile.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, BenchOptions, CompileOptions, ServeBenchOptions
-from ygg_runtime.cli import METHODS, TOOLCHAIN, app, main, read_prompt, require
+from ygg_runtime.cli import METHODS, SAMPLING_HELP, TOOLCHAIN, app, main, read_prompt, require
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR, check_max_new_tokens
 from ygg_runtime.plan import plan_bytes
@@ -39,6 +39,7 @@ def compile_cmd(
     target: str = typer.Option(..., "--target", help="target model (same forms as --draft)"),
     output: Path = typer.Option(DEFAULT_DIR, "-o", "--output", help="artifact directory to write"),
     method: str = typer.Option(CompileOptions.method, "--method", help=f"default method of the artifact: {METHODS}"),
+    sampling: str = typer.Option(CompileOptions.sampling, "--sampling", help=f"the artifact's sampling rule at temperature > 0: {SAMPLING_HELP}"),
     device: str = typer.Option(CompileOptions.device, "--device", help="cpu or cuda"),
     dtype: str = typer.Option(CompileOptions.dtype, "--dtype", help="auto (bf16 where the hardware has it), float32, bfloat16, float16"),
     weights: str = typer.Option(CompileOptions.weights, "--weights",
@@ -73,6 +74,7 @@ def compile_cmd(
         draft_weights=draft_weights,
         draft_vocab=draft_vocab,
         method=method,
+        sampling=sampling,
         methods=_given({"chain": {"k": chain_k}, "specinfer": {"width": tree_width, "depth": tree_depth}}),
         max_context=max_context,
         calib=calib,
@@ -115,6 +117,8 @@ def bench_cmd(
                                     help="peers: hf, hf-assisted, hf-pld (transformers), llama.cpp, llama.cpp-pld (llama-cpp-python, the extra '.[llama]'), or none"),
     max_new_tokens: int = typer.Option(BenchOptions.max_new_tokens, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
     temperature: float = typer.Option(BenchOptions.temperature, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
+    top_p: float = typer.Option(BenchOptions.top_p, "--top-p", help="nucleus sampling mass (at temperature > 0)"),
+    sampling: Optional[str] = typer.Option(None, "--sampling", help=f"rule at temperature > 0: {SAMPLING_HELP} (default: the artifact's)"),
     rounds: int = typer.Option(BenchOptions.rounds, "--rounds", help="times each prompt runs per contestant (median kept)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted benchmark in the same directory"),
@@ -123,7 +127,8 @@ def bench_cmd(
     peer_list = [p for p in _split(peers) or [] if p != "none"]
     opts = BenchOptions(
         artifact=artifact, prompts=prompts, categories=_split(categories, "--categories"), limit=limit, methods=_split(methods, "--methods"),
-        peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, rounds=rounds, output=output,
+        peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+        sampling=sampling, rounds=rounds, output=output,
         resume=resume, command=shlex.join(["ygg", *[a for a in sys.argv[1:] if a != "--debug"]]),
     )
     commands("bench").bench(opts)

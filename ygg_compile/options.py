@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.options import DEFAULT_DIR, check_max_new_tokens, check_settings
+from ygg_runtime.options import DEFAULT_DIR, SAMPLING, check_max_new_tokens, check_sampling, check_settings
 from ygg_runtime.plan import PLAN_FILE
 
 HF_PEERS = ("hf", "hf-assisted", "hf-pld")
@@ -52,6 +52,7 @@ class CompileOptions:
     draft_weights: str | None = None  # the drafter's, when it differs (None: as `weights`)
     draft_vocab: str = "auto"  # the drafter's head rows: a number, all, or auto (ygg_compile.draft_vocab)
     method: str = "egt"
+    sampling: str = SAMPLING  # the artifact's rule at temperature > 0 (ygg_runtime.options.SAMPLINGS)
     # the hand-set methods' parameters that differ from their defaults, by method (the rest as
     # ygg_runtime.proposers.DEFAULT_PARAMS has them)
     methods: dict[str, dict] = field(default_factory=dict)
@@ -67,6 +68,7 @@ class CompileOptions:
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
+        check_sampling(self.sampling)
         for flag, asked in (("--weights", self.weights), ("--draft-weights", self.draft_weights)):
             if asked is not None and asked not in ("auto", *WEIGHTS):
                 raise YggError(f"{flag} must be auto, {', '.join(WEIGHTS)}, not '{asked}'")
@@ -87,6 +89,7 @@ class BenchOptions:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    sampling: str | None = None  # at temperature > 0 (None: the artifact's)
     rounds: int = 1
     output: Path | None = None  # None: default_output(artifact)
     resume: bool = False
@@ -94,6 +97,8 @@ class BenchOptions:
 
     def __post_init__(self) -> None:
         check_settings(self.max_new_tokens, self.temperature, self.top_p, self.seed)
+        if self.sampling is not None:
+            check_sampling(self.sampling)
         check_limit(self.limit)
         if self.rounds < 1:
             raise YggError(f"--rounds must be at least 1, not {self.rounds}")

@@ -1,13 +1,19 @@
-"""The acceptance rule every method uses (docs/design.md, "The lossless rules"), greedy and lossless sampling.
+"""The acceptance rule every method uses (docs/design.md, "The lossless rules"): greedy, coupled
+sampling and rejection sampling.
 
 Walk down from the root; at each node try its children in order; the first accepted child becomes
-the node; when none is accepted the bonus token comes from the target (its argmax, or a sample from
-what the rejections left of p). The sampling rules keep the output distribution exactly p.
+the node; when none is accepted the bonus token comes from the target. Greedy and coupled sampling
+accept the child whose token is the target's own choice at the node (its argmax; the argmax of
+log p + Gumbel noise keyed by the position, `ygg_runtime.coupling`), and the bonus is that choice:
+the output is plain decoding's, token for token. Rejection sampling accepts a child with
+probability min(1, p/q) and draws the bonus from what the rejections left of p. Both sampling rules
+keep the output distribution exactly p.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -38,16 +44,31 @@ def warp(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
     return probs
 
 
+def _follow(tree: TokenTree, choice: Callable[[int], int]) -> Verdict:
+    """Down the children whose token is the target's choice at their parent; the bonus is the
+    choice where no child has it."""
+    node, path = 0, [0]
+    while True:
+        best = choice(node)
+        nxt = tree.child(node, best)
+        if nxt is None:
+            return Verdict(path, best)
+        node = nxt
+        path.append(node)
+
+
 def accept_greedy(tree: TokenTree, logits: Tensor) -> Verdict:
     """logits [n, V] of the target at every tree node."""
     best = logits.argmax(-1).tolist()
-    node, path = 0, [0]
-    while True:
-        nxt = next((c for c in tree.children[node] if tree.tokens[c] == best[node]), None)
-        if nxt is None:
-            return Verdict(path, best[node])
-        node = nxt
-        path.append(node)
+    return _follow(tree, best.__getitem__)
+
+
+def accept_coupled(tree: TokenTree, logits: Tensor, noise: "coupling.Noise", first: int, temperature: float,
+                   top_p: float) -> Verdict:
+    """logits [n, V] of the target at every tree node; first: the sequence position of the root's
+    children. The target's choice at a node of depth d is argmax(log p + g) with g the noise of
+    position first + d, computed only on the path walked (a row at a time, as `ar` computes it)."""
+    return _follow(tree, lambda node: noise.choose(logits[node], first + tree.depths[node], temperature, top_p))
 
 
 def _normalise(p: Tensor) -> Tensor:

@@ -36,7 +36,7 @@ from ygg_runtime import engine, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.engine import Generation, step_room
 from ygg_runtime.metrics import Step
-from ygg_runtime.options import MAX_BATCH, MAX_ROWS, check_max_batch
+from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter, Proposer
 from ygg_runtime.runner import Call, ModelRunner, forward_many
@@ -152,8 +152,9 @@ class Batch:
 
     def __init__(self, target: ModelRunner, drafter: ModelRunner | None,
                  make_proposer: Callable[[str, Drafter | None], Proposer], curves: Curves | None = None,
-                 max_batch: int = MAX_BATCH, cost_aware: bool = True):
+                 max_batch: int = MAX_BATCH, cost_aware: bool = True, sampling: str = SAMPLING):
         self.target, self.drafter = target, drafter
+        self.sampling = check_sampling(sampling)  # the rule of a sampled member that names none
         self.make_proposer = make_proposer
         self.curves = curves if cost_aware else None
         self.max_batch = check_max_batch(max_batch)
@@ -180,14 +181,16 @@ class Batch:
         return len(prompt) + max_new_tokens + step_room(self.target, proposer)
 
     def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
-             top_p: float = 1.0, seed: int | None = None, eos_ids: frozenset[int] = frozenset(),
+             top_p: float = 1.0, seed: int | None = None, sampling: str | None = None,
+             eos_ids: frozenset[int] = frozenset(),
              on_tokens: Callable[[list[int]], None] | None = None,
              on_step: Callable[[TokenTree, Verdict], None] | None = None,
              on_event: Callable[[Step], None] | None = None) -> Member | None:
         """A new member, prefilled at the next step; None when the batch or the cache is full now
         (try again after a step). A request that can never fit is refused (YggError). on_tokens
         hears each step's new tokens, on_step each verified tree and its verdict, on_event each
-        step's metrics event (`ygg_runtime.metrics.Step`)."""
+        step's metrics event (`ygg_runtime.metrics.Step`). sampling: the rule at temperature > 0
+        (None: the batch's, which a decoder takes from its plan)."""
         if len(self.members) >= self.max_batch:
             return None
         length = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
@@ -201,7 +204,8 @@ class Batch:
             if self.drafter is not None:
                 drafter = Drafter(self.drafter.region(base, length), self.target.vocab_size, lazy=True)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
-                             temperature=temperature, top_p=top_p, seed=seed, eos_ids=eos_ids, on_step=on_step,
+                             temperature=temperature, top_p=top_p, seed=seed, sampling=sampling or self.sampling,
+                             eos_ids=eos_ids, on_step=on_step,
                              on_event=on_event)
         except BaseException:
             self.regions.free(base)
@@ -268,8 +272,11 @@ class Batch:
                 r.gate = None
 
     def _allocate(self, live: list[Member]) -> None:
-        """CAST: share the verify's nodes across the batch (prune.allocate) for greedy members."""
-        greedy = [m for m in live if m.generation.sampling is None and len(m.generation.tree) > 1]
+        """CAST: share the verify's nodes across the batch (prune.allocate) for the members whose
+        trees any part of can be verified: greedy and coupled sampling (the target's choice at a
+        node does not depend on its siblings); a rejection-sampled tree is verified whole."""
+        greedy = [m for m in live if (m.generation.sampling is None or m.generation.sampling.noise is not None)
+                  and len(m.generation.tree) > 1]
         if not greedy:
             return
         gens = [m.generation for m in greedy]

@@ -18,10 +18,12 @@ from typing import Optional
 import typer
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.options import DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, ServeOptions, check_settings
+from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, ServeOptions, check_sampling,
+                                 check_settings)
 from ygg_runtime.plan import plan_bytes
 
 METHODS = ", ".join(METHOD_NAMES)  # for help strings
+SAMPLING_HELP = "coupled (every method prints the text `ar` prints with the same seed) or rejection"
 RUNTIME = "Run an artifact"  # the help's two panels: what the runtime install does ...
 TOOLCHAIN = r"Make and measure artifacts (pip install 'yggdrasil\[compile]')"  # ... and what the toolchain adds (rich markup)
 
@@ -29,7 +31,7 @@ TOOLCHAIN = r"Make and measure artifacts (pip install 'yggdrasil\[compile]')"  #
 # installs it and the modules that extra provides (a test holds these to pyproject.toml's extras).
 EXTRAS = {
     "serve": ("fastapi", "uvicorn", "pydantic", "prometheus_client"),
-    "compile": ("transformers", "accelerate", "huggingface_hub", "gguf", "sklearn", "numpy", "matplotlib"),
+    "compile": ("transformers", "accelerate", "huggingface_hub", "gguf", "sklearn", "matplotlib"),
 }
 NEEDS = {"run": (), "serve": ("serve",), "compile": ("compile",), "bench": ("compile",),
          "bench-serve": ("compile", "serve"), "inspect": ("compile",), "cache": ("compile",)}
@@ -61,6 +63,7 @@ def run_cmd(
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples losslessly"),
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass"),
     seed: Optional[int] = typer.Option(None, "--seed", help="random seed for sampling"),
+    sampling: Optional[str] = typer.Option(None, "--sampling", help=f"rule at temperature > 0: {SAMPLING_HELP} (default: the plan's)"),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of streaming text"),
     stats: bool = typer.Option(False, "--stats", help="print a table of decoding statistics (stderr)"),
     raw: bool = typer.Option(False, "--raw", help="do not wrap the prompt in the model's chat template"),
@@ -75,12 +78,14 @@ def run_cmd(
     """Generate from a prompt with a compiled artifact: exactly the target's own output, faster."""
     prompt = read_prompt(prompt_file)
     check_settings(max_new_tokens, temperature, top_p, seed)
+    if sampling is not None:
+        check_sampling(sampling)
     plan_bytes(artifact, expect_plan)
     require("run")
     from ygg_runtime import run  # torch and the models: only once the arguments have passed
 
     run.run(prompt, artifact, method=method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            seed=seed, as_json=as_json, stats=stats, raw=raw, ignore_eos=ignore_eos, no_predictor=no_predictor,
+            seed=seed, sampling=sampling, as_json=as_json, stats=stats, raw=raw, ignore_eos=ignore_eos, no_predictor=no_predictor,
             no_graft=no_graft, eager=eager, device=device, dtype=dtype, expect_plan=expect_plan)
 
 

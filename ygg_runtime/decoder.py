@@ -12,7 +12,7 @@ from ygg_runtime.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
-from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS
+from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, SAMPLING, check_sampling
 from ygg_runtime.params import Params, Stages
 from ygg_runtime.plan import ExactnessRecord, Plan
 from ygg_runtime.predictor import DepthPredictor
@@ -77,6 +77,7 @@ class Decoder:
         self.target, self.codec, self.eos_ids = target, codec, eos_ids
         self.methods, self.default_method = methods, default_method
         self.plan = plan  # the artifact's, when loaded from one
+        self.sampling = plan.sampling if plan else SAMPLING  # the rule at temperature > 0 unless told
         self.forwards = forwards  # how the models run, and why (`ygg run --stats` shows it)
         # The context the artifact serves (its cache has room past it for compile-time probing).
         self.max_context = plan.max_context if plan else None
@@ -137,7 +138,7 @@ class Decoder:
                                    self.adjacency)
 
         drafter = self._drafter.runner if self._drafter is not None else None
-        return Batch(self.target, drafter, make, self.curves(), max_batch, cost_aware)
+        return Batch(self.target, drafter, make, self.curves(), max_batch, cost_aware, self.sampling)
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
         if isinstance(prompt, list):
@@ -156,6 +157,7 @@ class Decoder:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        sampling: str | None = None,
         method: str | None = None,
         predictor: bool = True,
         stages: Stages | None = None,
@@ -166,11 +168,13 @@ class Decoder:
         on_text: Callable[[str], None] | None = None,
         on_step: Callable | None = None,
     ) -> Result:
-        """Generate exactly what the target alone would (greedy), or a sample from its distribution.
+        """Generate exactly what the target alone would (greedy), or a sample from its distribution
+        by the `sampling` rule (None: the plan's; coupled prints `ar`'s tokens for the same seed).
         Ablations: predictor=False, stages, graft=False (see proposer()); eager=True runs this generation on the
         eager forwards even when compiled ones are loaded."""
         start = time.perf_counter()
         ids = self.encode(prompt, raw)
+        sampling = check_sampling(sampling or self.sampling)
         prop = self.proposer(method or self.default_method, predictor, stages, graft)
         compiled = {role: r.compiled for role, r in self.runners.items()}
         record = self.exactness.get(self.forward_kind(eager))
@@ -180,15 +184,15 @@ class Decoder:
                 r.compiled = None
         self.target.min_width = exactness.min_width(record)
         try:
-            return self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text,
-                                  on_step, record)
+            return self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos,
+                                  on_text, on_step, record)
         finally:
             self.target.min_width = floor
             for role, r in self.runners.items():
                 r.compiled = compiled[role]
 
-    def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, ignore_eos, on_text, on_step,
-                  record) -> Result:
+    def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos, on_text,
+                  on_step, record) -> Result:
         if self.max_context and len(ids) + max_new_tokens > self.max_context:
             raise YggError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens does not fit the context of "
                            f"{self.max_context} tokens; shorten the prompt or lower --max-new-tokens")
@@ -204,6 +208,7 @@ class Decoder:
             temperature=temperature,
             top_p=top_p,
             seed=seed,
+            sampling=sampling,
             eos_ids=frozenset() if ignore_eos else self.eos_ids,
             on_tokens=on_tokens,
             on_step=on_step,

@@ -8,10 +8,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ygg_runtime.accept import Verdict, accept_greedy, accept_sampling, warp
+from ygg_runtime.accept import Verdict, accept_coupled, accept_greedy, accept_sampling, warp
+from ygg_runtime.coupling import Noise
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics, Step
-from ygg_runtime.options import check_settings
+from ygg_runtime.options import SAMPLING, check_sampling, check_settings
 from ygg_runtime.proposers import Proposer, Sampling, StepState
 from ygg_runtime.params import fit_width
 from ygg_runtime.runner import Call, ModelRunner
@@ -31,26 +32,31 @@ class Generation:
     the part of it the batch's allocation kept (`tree`, whose `origin` maps into the proposed one);
     `accept` takes the logits, commits, hands the proposer its verdict in the numbering of the tree
     it proposed, and returns the new tokens. Greedy when temperature == 0, else lossless sampling
-    from the target's distribution at that temperature and top_p."""
+    from the target's distribution at that temperature and top_p, by the `sampling` rule
+    (`ygg_runtime.options.SAMPLINGS`): coupled gives `ar`'s tokens for the same seed."""
 
     def __init__(self, target: ModelRunner, proposer: Proposer, prompt: list[int], *, max_new_tokens: int,
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 eos_ids: frozenset[int] = frozenset(),
+                 sampling: str = SAMPLING, eos_ids: frozenset[int] = frozenset(),
                  on_step: Callable[[TokenTree, Verdict], None] | None = None,
                  on_event: Callable[[Step], None] | None = None):
         check(target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
+        check_sampling(sampling)
         self.target, self.proposer, self.prompt = target, proposer, prompt
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.eos_ids, self.on_step, self.on_event = eos_ids, on_step, on_event
         self.sampling = None
-        if temperature > 0:
+        if temperature > 0 and sampling == "coupled":
+            self.sampling = Sampling(temperature, top_p, noise=Noise(seed))
+        elif temperature > 0:
             gen = torch.Generator(device=target.device)  # private: the caller's generators stay as they were
             if seed is None:
                 gen.seed()
             else:
                 gen.manual_seed(seed)
             self.sampling = Sampling(temperature, top_p, gen)
-        self.metrics = Metrics(method=proposer.name, prompt_tokens=len(prompt))
+        rule = "greedy" if self.sampling is None else self.sampling.rule
+        self.metrics = Metrics(method=proposer.name, prompt_tokens=len(prompt), sampling=rule)
         self.seq, self.out = list(prompt), []
         self.hidden: Tensor | None = None  # the target's at the last accepted position
         self.sequences = 1  # sequences sharing the step's forwards (a batch sets it before each step)
@@ -89,6 +95,8 @@ class Generation:
         tv = time.perf_counter()
         if self.sampling is None:
             verdict = accept_greedy(tree, logits)
+        elif self.sampling.noise is not None:
+            verdict = accept_coupled(tree, logits, self.sampling.noise, len(self.seq), self.temperature, self.top_p)
         else:
             verdict = accept_sampling(tree, warp(logits, self.temperature, self.top_p), self.sampling.generator)
         if self.on_step is not None:
@@ -111,6 +119,8 @@ class Generation:
             self.metrics.first_token_s = time.perf_counter() - self._t1
         self.seq += new
         self.out += new
+        if self.sampling is not None and self.sampling.noise is not None:
+            self.sampling.noise.forget(len(self.seq))  # those positions are decided
         step = Step(len(tree) - 1, kept, len(new), tried, max(tree.depths), tuple(tree.sources[1:]),
                     tuple(tree.sources[v] for v in verdict.path[1 : kept + 1]), draft_s=self._td - self._ts,
                     verify_s=verify_s, other_s=time.perf_counter() - tv, retrieval_s=info.retrieval_s,
@@ -154,6 +164,7 @@ def generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int | None = None,
+    sampling: str = SAMPLING,
     eos_ids: frozenset[int] = frozenset(),
     on_tokens: Callable[[list[int]], None] | None = None,
     on_step: Callable[[TokenTree, Verdict], None] | None = None,
@@ -162,7 +173,7 @@ def generate(
     tokens and the metrics. on_step sees every verified tree and its verdict (`ygg inspect` draws
     one)."""
     g = Generation(target, proposer, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   seed=seed, eos_ids=eos_ids, on_step=on_step)
+                   seed=seed, sampling=sampling, eos_ids=eos_ids, on_step=on_step)
     g.prefill()
     while not g.done:
         tree = g.propose()

@@ -56,6 +56,7 @@ class Step:
 @dataclass
 class Metrics:
     method: str = ""
+    sampling: str = "greedy"  # how tokens were drawn: "greedy", "coupled" or "rejection" (options.SAMPLINGS)
     prompt_tokens: int = 0
     generated_tokens: int = 0
     steps: int = 0  # target verify forwards after the prefill

@@ -24,6 +24,12 @@ MAX_ROWS = 64
 # Sequences decoded together unless told otherwise; at most MAX_ROWS, as every member puts at least
 # one row in each verify.
 MAX_BATCH = 8
+# How a sampled generation (temperature > 0) draws its tokens (docs/design.md, "The lossless rules"):
+# "coupled" (Gumbel-max noise keyed by seed and position: every method prints the tokens `ar` prints
+# with the same seed, alone or in any batch) or "rejection" (speculative rejection sampling: the
+# same distribution, text that depends on the tree). Both sample the target's distribution exactly.
+SAMPLINGS = ("coupled", "rejection")
+SAMPLING = "coupled"  # the default: chosen from the acceptance measured against rejection (docs/measured.md)
 
 
 def check_max_batch(max_batch: int) -> int:
@@ -47,6 +53,12 @@ def check_settings(max_new_tokens: int, temperature: float, top_p: float, seed: 
         raise YggError(f"--top-p must be in (0, 1], not {top_p}")
     if seed is not None and not 0 <= seed < 2**63:
         raise YggError(f"--seed must be in [0, 2^63), not {seed}")
+
+
+def check_sampling(sampling: str) -> str:
+    if sampling not in SAMPLINGS:
+        raise YggError(f"--sampling must be one of {', '.join(SAMPLINGS)}, not {sampling!r}")
+    return sampling
 
 
 @dataclass(frozen=True)

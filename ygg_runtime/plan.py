@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.options import SAMPLINGS
 from ygg_runtime.params import Params, Stages, parse
 from ygg_runtime.typed import RECOMPILE, build, plain
 
@@ -359,6 +360,9 @@ class Plan:
     planning: Planning
     tokenizer: TokenizerInfo
     files: dict[str, FileEntry] = field(default_factory=dict)
+    # the rule a sampled generation uses unless told (`ygg_runtime.options.SAMPLINGS`); plans before
+    # it sampled by rejection, and read so
+    sampling: str = "rejection"
 
     def to_dict(self) -> dict:
         return plain(self)
@@ -378,6 +382,8 @@ class Plan:
         if not isinstance(methods, dict):
             raise YggError(f"{where}: `methods` should be a mapping, not {type(methods).__name__}{RECOMPILE}")
         plan = build(cls, data | {"methods": {}}, where)
+        if plan.sampling not in SAMPLINGS:
+            raise YggError(f"{where}: `sampling` should be one of {', '.join(SAMPLINGS)}, not {plan.sampling!r}{RECOMPILE}")
         plan.methods = {name: _method(name, values, where) for name, values in methods.items()}
         return plan
 

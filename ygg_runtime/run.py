@@ -15,7 +15,7 @@ from ygg_runtime.ui import err, stats_table
 
 
 def run(prompt: str, artifact: Path, *, method: str | None, max_new_tokens: int, temperature: float, top_p: float,
-        seed: int | None, as_json: bool, stats: bool, raw: bool, ignore_eos: bool, no_predictor: bool, no_graft: bool,
+        seed: int | None, sampling: str | None, as_json: bool, stats: bool, raw: bool, ignore_eos: bool, no_predictor: bool, no_graft: bool,
         eager: bool, device: str | None, dtype: str | None, expect_plan: str | None) -> None:
     """Generate from the prompt, streaming the text (or one JSON object at the end)."""
     decoder = load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype,
@@ -32,6 +32,7 @@ def run(prompt: str, artifact: Path, *, method: str | None, max_new_tokens: int,
             temperature=temperature,
             top_p=top_p,
             seed=seed,
+            sampling=sampling,
             method=method,
             graft=not no_graft,
             raw=raw,

@@ -96,6 +96,9 @@ def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     t.add_column(style="bold")
     t.add_column(justify="right")
     t.add_row("method", m.method)
+    rules = {"greedy": "greedy", "coupled": "coupled (Gumbel-max: the text plain decoding prints with this seed)",
+             "rejection": "rejection (speculative sampling: the same distribution, text that depends on the tree)"}
+    t.add_row("sampling", rules.get(m.sampling, m.sampling))
     t.add_row("prompt / generated tokens", f"{m.prompt_tokens} / {m.generated_tokens}")
     t.add_row("steps (target forwards)", str(m.steps))
     t.add_row("mean accepted length", f"{m.mean_accepted_length:.2f}")

@@ -13,7 +13,7 @@ forwards, `objective.step_shape`) is computed from them alone. Each method is bu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
@@ -24,14 +24,29 @@ from ygg_runtime.params import Params
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.tree import TokenTree
 
+if TYPE_CHECKING:
+    from ygg_runtime.coupling import Noise
+
 
 @dataclass
 class Sampling:
-    """Sampling settings of one generation; None in place of this object means greedy."""
+    """Sampling settings of one generation; None in place of this object means greedy. Coupled
+    sampling carries the generation's noise (`ygg_runtime.coupling`); rejection sampling its
+    generator."""
 
     temperature: float
     top_p: float
-    generator: torch.Generator
+    generator: torch.Generator | None = None  # rejection
+    noise: "Noise | None" = None  # coupled
+
+    @property
+    def rule(self) -> str:
+        return "coupled" if self.noise is not None else "rejection"
+
+    def candidates(self, logits: Tensor, position: int, k: int) -> tuple[list[float], list[int]]:
+        """Coupled: a drafter's k guesses at the target's token at sequence `position`
+        (`Noise.candidates`), with their values."""
+        return self.noise.candidates(logits, position, k, self.temperature, self.top_p)
 
 
 @dataclass
@@ -228,14 +243,19 @@ class Drafter:
 
 
 def pick_children(
-    tree: TokenTree, node: int, logits: Tensor, k: int, sampling: Sampling | None
+    tree: TokenTree, node: int, logits: Tensor, k: int, state: StepState
 ) -> list[int]:
-    """Add k children of `node` from draft logits [V]: top-k when greedy; at T > 0, k draws from
-    the warped draft distribution without replacement (Gumbel top-k), recorded for acceptance."""
+    """Add k children of `node` from draft logits [V]: top-k when greedy; coupled, the top k of
+    log q + the noise of the children's position; rejection, k draws from the warped draft
+    distribution without replacement (Gumbel top-k), recorded for acceptance."""
+    sampling = state.sampling
     if sampling is None:
         probs = torch.softmax(logits.float(), dim=-1)
         top = probs.topk(k)
         return [tree.add(node, t, p) for p, t in zip(top.values.tolist(), top.indices.tolist())]
+    if sampling.noise is not None:
+        values, tokens = sampling.candidates(logits, len(state.seq) + tree.depths[node], k)
+        return [tree.add(node, t, v) for v, t in zip(values, tokens)]
     q = warp(logits, sampling.temperature, sampling.top_p)
     tree.draft_dists[node] = q
     k = min(k, int((q > 0).sum()))

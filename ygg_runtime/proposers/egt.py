@@ -182,11 +182,19 @@ class EGT(DraftProposer):
                 self.hook.drafted(self.drafted, state)
             return verified
 
+        def top(row: torch.Tensor, depth: int) -> Children:
+            """A node's children: the drafter's top_k (coupled sampling: its top_k guesses at the
+            target's choice under the noise of their position)."""
+            if state.sampling is None or state.sampling.noise is None:
+                return self.planner.top(row)
+            return state.sampling.candidates(row, len(seq) + depth, self.planner.top_k)
+
         def expand(tree: TokenTree, picks: list[int]) -> list[Children]:
-            return [self.planner.top(row) for row in self.drafter.expand(tree, picks, self.planner.draft_width)]
+            rows = self.drafter.expand(tree, picks, self.planner.draft_width)
+            return [top(row, tree.depths[v]) for v, row in zip(picks, rows)]
 
         mark = self._clock(None)
-        root = self.planner.top(self.drafter.begin(seq))
+        root = top(self.drafter.begin(seq), 0)
         mark = self._clock("begin", mark)
         self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth)
         if self.hook is not None:

@@ -3,7 +3,8 @@ acceptance and cost (Sequoia; built at compile time by `ygg_compile.sequoia_tree
 
 Node v of the static tree is the drafter's rank-`ranks[v]` candidate under its parent. The drafter
 runs once per level over that level's inner nodes, padded to a compiled width; leaves are never fed.
-Children are chosen by rank, so the deterministic acceptance rule keeps sampling lossless.
+Children are chosen by rank, so the deterministic acceptance rule keeps rejection sampling lossless;
+coupled sampling ranks the drafter's guesses under the position's noise (`ygg_runtime.coupling`).
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ class Sequoia(DraftProposer):
                 logits = self.drafter.expand(tree, nodes, fit_width(len(nodes), self.widths))
             for v, row in zip(level, logits):
                 kids = self.children[v]
-                top = torch.softmax(row.float(), dim=-1).topk(max(self.ranks[c] for c in kids) + 1)
+                k = max(self.ranks[c] for c in kids) + 1
+                if state.sampling is not None and state.sampling.noise is not None:  # coupled: ranked under the noise
+                    values, tokens = state.sampling.candidates(row, len(seq) + d, k)
+                else:
+                    top = torch.softmax(row.float(), dim=-1).topk(k)
+                    values, tokens = top.values.tolist(), top.indices.tolist()
                 for c in kids:
                     r = self.ranks[c]
-                    node_of[c] = tree.add(node_of[v], top.indices[r].item(), top.values[r].item())
+                    node_of[c] = tree.add(node_of[v], tokens[r], values[r])
         tree.verify_width = self.verify_width
         return tree

@@ -24,7 +24,7 @@ class SpecInfer(DraftProposer):
         frontier, logits = [0], self.drafter.begin(state.seq)[None]
         for d in range(depth):
             level = [c for node, row in zip(frontier, logits)
-                     for c in pick_children(tree, node, row, width, state.sampling)]
+                     for c in pick_children(tree, node, row, width, state)]
             if d + 1 < depth:
                 logits = self.drafter.expand(tree, level)
             frontier = level
