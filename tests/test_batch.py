@@ -311,3 +311,42 @@ def test_as_the_batch_grows_the_objective_picks_shallower_trees_down_to_plain_de
     assert depths[0] == 4 and depths[-1] == 0
     assert all(a >= b for a, b in zip(depths, depths[1:])), depths
     assert curves.shared(1) is curves and curves.shared(4).t_verify(8) == pytest.approx((30 + 0.5 * 32) / 4)
+
+
+def test_every_batched_target_forward_runs_at_a_width_the_row_check_covers(int8_pair, monkeypatch):
+    """Four chain k = 4 members ending together: 20 tree rows, and near the end no member's region
+    has room for the 12 padding rows past its tree. The forward must still run at a checked
+    width (the batch keeps slots for padding), never at the raw 20, which the compile-time row
+    check never measured (it covers the compiled widths, as the decoder's target has them)."""
+    import ygg_runtime.batch
+    from ygg_runtime.model import Transformer
+    from ygg_runtime.runner import ModelRunner
+
+    checked = (1, 2, 4, 8, 16, 32, 64)
+    target, draft, tok = int8_pair
+    target = ModelRunner(target.model, 2048)
+    target.widths = checked
+    widths = []
+    real = Transformer.forward
+
+    def recorded(self, x, *args, **kw):
+        if self is target.model:
+            widths.append(x.shape[1])
+        return real(self, x, *args, **kw)
+
+    monkeypatch.setattr(Transformer, "forward", recorded)
+    rows = []
+
+    def counted(calls, width=0):
+        if calls[0].runner.model is target.model:
+            rows.append(sum(len(c.tokens) for c in calls))
+        return forward_many(calls, width)
+
+    monkeypatch.setattr(ygg_runtime.batch, "forward_many", counted)
+    batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 4}, d), max_batch=4, cost_aware=False)
+    prompt = tok(PROMPTS[0]).input_ids
+    prompts = [prompt, prompt[:-1] + [prompt[-1] + 1], prompt[:-1] + [prompt[-1] + 2], prompt[:-1] + [prompt[-1] + 3]]
+    outs = run_batch(batch, [(p, "chain", {"max_new_tokens": 13}) for p in prompts])
+    assert rows.count(20) > 1  # the four trees verified together
+    assert set(widths) <= set(checked), sorted(set(widths) - set(checked))
+    assert outs == [decode(target, None, "ar", {}, p, 13)[0] for p in prompts]

@@ -13,7 +13,8 @@ step, so a request that decodes plainly under load (see CAST below) never runs t
 Why a member's greedy output is what it gets alone: the target's kernels compute every row from
 its own query and visible keys only (`ygg_runtime.kernels`), regions need no alignment, and a
 batched forward is never wider than `MAX_ROWS`, the widest the compile-time row check covers, nor
-narrower than the exactness floor. The drafter's rows are as invariant when its weights are
+narrower than the exactness floor, and always at a compiled width (its padding rows go to slots the
+batch keeps for them when no region has room), so only at widths the check measured. The drafter's rows are as invariant when its weights are
 quantized or its forwards run at the same widths; where they are not, a batch can draft another
 tree than alone, which changes the speed, never the text (the target verifies every token).
 
@@ -35,6 +36,7 @@ from torch import Tensor
 from ygg_runtime import engine, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.engine import Generation, step_room
+from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
 from ygg_runtime.objective import Curves
@@ -43,15 +45,20 @@ from ygg_runtime.runner import Call, ModelRunner, forward_many
 from ygg_runtime.tree import TokenTree
 
 class Regions:
-    """First-fit allocation of cache slots [0, size) to sequences, each a contiguous range."""
+    """First-fit allocation of cache slots [start, size) to sequences, each a contiguous range."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self, size: int, start: int = 0):
+        self.size, self.start = size, start
         self.taken: dict[int, int] = {}  # base -> length
+
+    @property
+    def capacity(self) -> int:
+        """The longest range there is: every slot free."""
+        return self.size - self.start
 
     def alloc(self, length: int) -> int | None:
         """The base of a free range of `length` slots, now taken (None: no such range)."""
-        start = 0
+        start = self.start
         for base in sorted(self.taken):
             if base - start >= length:
                 break
@@ -158,7 +165,12 @@ class Batch:
         self.make_proposer = make_proposer
         self.curves = curves if cost_aware else None
         self.max_batch = check_max_batch(max_batch)
-        self.regions = Regions(target.max_len if drafter is None else min(target.max_len, drafter.max_len))
+        # The first MAX_ROWS slots of both caches are no sequence's: a batched forward's padding
+        # rows write there when no member's region has room past its tree, so every target forward
+        # runs at a compiled width at least the exactness floor, the widths the row check measured.
+        # (At the front, so that an attention span reaches no further than the sequences do.)
+        self.scratch = range(MAX_ROWS)
+        self.regions = Regions(target.max_len if drafter is None else min(target.max_len, drafter.max_len), MAX_ROWS)
         self.members: list[Member] = []
         self.steps = 0
         self.drafted: list[tuple[int, int]] = []  # this step's drafter forwards: (members served, rows)
@@ -178,7 +190,12 @@ class Batch:
         probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
         proposer = self.make_proposer(method, probe)
         engine.check(self.target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
-        return len(prompt) + max_new_tokens + step_room(self.target, proposer)
+        room = step_room(self.target, proposer)
+        if len(prompt) + max_new_tokens + room > self.regions.capacity:
+            raise YggError(f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
+                           f"{self.regions.capacity - room} tokens a batched request has; shorten the prompt or "
+                           "lower max_tokens")
+        return len(prompt) + max_new_tokens + room
 
     def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, seed: int | None = None, sampling: str | None = None,
@@ -200,9 +217,12 @@ class Batch:
             return None
         try:
             target = self.target.region(base, length)
+            target.scratch = self.scratch
             drafter = None
             if self.drafter is not None:
-                drafter = Drafter(self.drafter.region(base, length), self.target.vocab_size, lazy=True)
+                region = self.drafter.region(base, length)
+                region.scratch = self.scratch
+                drafter = Drafter(region, self.target.vocab_size, lazy=True)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, seed=seed, sampling=sampling or self.sampling,
                              eos_ids=eos_ids, on_step=on_step,

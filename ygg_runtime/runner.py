@@ -97,6 +97,9 @@ class ModelRunner:
         self.compiled = None
         # The shared prompt prefix whose KV rows a prefill copies instead of computing (None: none).
         self.prefix: PrefixCache | None = None
+        # Cache slots no sequence owns, where a forward's padding rows may write when no region
+        # has room past its tree (a batch's regions share them: `ygg_runtime.batch`). Empty alone.
+        self.scratch: range = range(0)
 
     def region(self, base: int, length: int) -> "ModelRunner":
         """A runner for slots [base, base + length) of this model's cache, with this runner's
@@ -185,9 +188,11 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     same cache, or one runner alone): row i of a call sees its region's committed prefix and the
     tree slots its mask row allows, nothing of the other calls. The forward is padded to `width`,
     to a compiled width and to at least the exactness floor (`min_width`), with dummy rows in fresh
-    slots past the tree of the call whose region has the most room, each seeing only itself;
-    padding to a compiled width is dropped when no region has the room (it is only a speed-up,
-    while the engine keeps room for the floor). Returns each call's logits [W_i, vocab]."""
+    slots past the tree of the call whose region has the most room, or else in the slots a batch
+    keeps for padding (`ModelRunner.scratch`), each seeing only itself. Alone, padding to a
+    compiled width is dropped when the cache has no room for it (the engine keeps room for the
+    floor and for the widest tree padded); in a batch, the scratch slots always hold it, so every
+    forward runs at a width the compile-time row check measured. Returns each call's logits [W_i, vocab]."""
     first = calls[0].runner
     n = sum(len(c.tokens) for c in calls)
     need = max(n, first.min_width)  # padding to min_width is the exactness rule, not a choice
@@ -197,7 +202,8 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
         return c.runner.max_len - c.runner.committed - max(c.tree_mask.shape[1], max(c.offsets) + 1)
 
     host = max(calls, key=room)
-    if width > need and room(host) < width - n:
+    scratch = first.scratch  # slots a batch keeps for padding: a checked width whatever the regions hold
+    if width > need and room(host) < width - n and len(scratch) < width - n:
         width = need
     slots, positions, spans = [], [], []
     for c in calls:
@@ -210,12 +216,14 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
         spans.append((r.base, start, c.tree_mask))
     extra = width - n
     pad_slots = []
-    if extra:
-        if room(host) < extra:
-            raise ValueError(f"no region has room for {extra} padding rows past its tree")
+    if extra and room(host) >= extra:
         r = host.runner
         first_free = r.base + r.committed + max(host.tree_mask.shape[1], max(host.offsets) + 1)
         pad_slots = list(range(first_free, first_free + extra))
+    elif extra:
+        if len(scratch) < extra:
+            raise ValueError(f"no region has room for {extra} padding rows past its tree")
+        pad_slots = list(scratch[:extra])
     top = max([start + m.shape[1] for _, start, m in spans] + [s + 1 for s in pad_slots])
     cache = first.model.max_len
     span = min(cache, -(-top // SPAN_BUCKET) * SPAN_BUCKET)
