@@ -101,3 +101,37 @@ def test_a_generation_says_whether_it_is_exact():
     assert not exact and "both compiled and eager" in why
     assert "threads" in exactness.verdict(replace(rec, threads=rec.threads + 1))[1]
     assert not exactness.verdict(None)[0] and not exactness.verdict(replace(rec, min_width=None))[0]
+
+
+def test_a_check_made_on_another_machine_is_not_claimed_here(monkeypatch):
+    """Another torch, CPU model or set of vector flags (a CPU with AMX picks other bf16 kernels):
+    the record says nothing about this machine, in one sentence that says what differs and how to
+    check it again."""
+    rec = ExactnessRecord(1, [1, 2, 4], {1: True, 2: True, 4: True}, {1: 0.0, 2: 0.0, 4: 0.0}, [37],
+                          torch.get_num_threads(), 1.0)
+    here = exactness.Machine.here()
+    assert exactness.verdict(rec, here)[0]
+    for other, says in ((replace(here, isa=here.isa + ("amx_bf16",)), "CPU flags -amx_bf16"),
+                        (replace(here, cpu="Intel(R) Xeon(R) Platinum 8480+"), "not 'Intel(R) Xeon(R) Platinum 8480+'"),
+                        (replace(here, torch="2.12.0"), f"torch {torch.__version__}, not 2.12.0")):
+        exact, why = exactness.verdict(rec, other)
+        assert not exact and why.startswith("not checked on this machine (") and says in why, why
+        assert "`ygg compile` on this machine checks it again" in why
+    monkeypatch.setattr(torch, "__version__", "2.99.0")  # this process's torch, as Machine.here() reads it
+    assert "torch 2.99.0, not" in exactness.verdict(rec, here)[1]
+
+
+def test_a_loaded_artifact_on_a_cpu_with_other_flags_says_it_was_not_checked_here(artifact, monkeypatch):
+    """The same through the artifact: `generate`'s result (what --json and --stats print) and the
+    decoder's verdict (what `ygg serve`'s /health and start-up line say)."""
+    import ygg_runtime
+    import ygg_runtime.integrity as integrity
+
+    real = integrity.cpu_flags
+    monkeypatch.setattr(integrity, "cpu_flags", lambda: real() | {"amx_tile", "amx_bf16"})
+    dec = ygg_runtime.load(artifact)
+    res = dec.generate([3, 4, 5], max_new_tokens=2)
+    assert not res.exact and res.exactness.startswith("not checked on this machine (CPU flags +amx_bf16, +amx_tile)")
+    assert dec.verdict() == (res.exact, res.exactness)
+    monkeypatch.setattr(integrity, "cpu_flags", real)
+    assert ygg_runtime.load(artifact).generate([3, 4, 5], max_new_tokens=2).exact

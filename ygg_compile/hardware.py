@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import platform
 import re
-from pathlib import Path
 
 import torch
 
 from ygg_compile.options import check_dtype
 from ygg_runtime.errors import YggError
-from ygg_runtime.integrity import cpu_flags
-from ygg_runtime.plan import CPUInfo
+from ygg_runtime.integrity import cpu_info
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
-
-
-def cpu_info() -> CPUInfo:
-    model = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-                break
-    isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    return CPUInfo(model, torch.get_num_threads(), isa)
 
 
 def resolve_device(device: str) -> str:

@@ -20,7 +20,7 @@ from ygg_compile.report import fmt
 from ygg_runtime import objective
 from ygg_runtime.artifact import plan_sha256, read_plan
 from ygg_runtime.errors import YggError
-from ygg_runtime.exactness import verdict
+from ygg_runtime.exactness import Machine, verdict
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.options import check_max_new_tokens
 from ygg_runtime.params import EGTParams, Params, PLDParams, SequoiaParams, Stages
@@ -176,10 +176,11 @@ def weights_summary(m, dtype: str) -> str:
 
 
 def exactness_summary(plan: Plan) -> str:
-    """One line on whether greedy output is plain decoding's, for each forward kind checked."""
+    """One line on whether greedy output is plain decoding's on this machine, for each forward kind
+    checked (a check made on another machine is "not checked on this machine")."""
     lines = []
     for kind, record in plan.exactness.items():
-        _, why = verdict(record, kind=kind)
+        _, why = verdict(record, Machine.checked(plan, record), kind=kind)
         checked = f"checked in {record.seconds:.0f} s"
         lines.append(f"exactness ({kind} forwards, {checked}): {why}")
     return "\n".join(lines)

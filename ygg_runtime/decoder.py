@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import torch
+
 from ygg_runtime import engine, exactness, proposers
 from ygg_runtime.batch import Batch
 from ygg_runtime.errors import YggError
@@ -85,6 +87,7 @@ class Decoder:
         self.adjacency = adjacency  # the adjacency table compile seeded, which egt and pld retrieve from
         # The compile-time row-invariance records by forward kind ("compiled", "eager").
         self.exactness: dict[str, ExactnessRecord] = plan.exactness if plan else {}
+        self._here = exactness.Machine.here()  # this machine, to compare with the one the check ran on
         target.min_width = exactness.min_width(self.exactness.get(self.forward_kind()))
         # Chat prompts share the template's system turn: its KV rows are computed once per model.
         shared = codec.prefix_ids() if codec is not None else []
@@ -93,6 +96,16 @@ class Decoder:
                 r.prefix = PrefixCache(shared)
         self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
         self._proposers: dict[tuple, proposers.Proposer] = {}
+
+    def verdict(self, eager: bool = False, mixed: bool = False) -> tuple[bool, str]:
+        """(exact, sentence): whether greedy output on this machine's `eager` or default forwards is
+        guaranteed to be plain decoding's (`ygg_runtime.exactness`); what `ygg serve`'s /health,
+        `ygg inspect` and every generation's result say."""
+        kind = self.forward_kind(eager)
+        record = self.exactness.get(kind)
+        checked = exactness.Machine.checked(self.plan, record) if self.plan is not None and record else None
+        here = dataclasses.replace(self._here, threads=torch.get_num_threads())
+        return exactness.verdict(record, checked, mixed=mixed, kind=kind, here=here)
 
     def forward_kind(self, eager: bool = False) -> str:
         """Which forwards a generation runs: "compiled" when the target has compiled ones loaded."""
@@ -213,14 +226,14 @@ class Decoder:
             on_tokens=on_tokens,
             on_step=on_step,
         )
-        mixed, kind = [], self.forward_kind()
+        mixed = []
         for r, (forwards, compiled) in zip(runners, before):
             ran_compiled = r.compiled_forwards - compiled
             ran_eager = r.forwards - forwards - ran_compiled
             m.compiled_forwards += ran_compiled
             m.eager_forwards += ran_eager
             mixed.append(ran_compiled > 0 and ran_eager > 0)
-        exact, why = exactness.verdict(record, mixed=mixed[0], kind=kind)  # mixed[0]: the target's
+        exact, why = self.verdict(mixed=mixed[0])  # on the forwards it ran (eager ones unloaded); mixed[0]: the target's
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:
             on_text(stream.finish())

@@ -5,15 +5,59 @@ The guarantee rests on the compile-time row-invariance check (`ygg_compile.invar
 plan.yaml's `exactness` per forward kind ("compiled", "eager"): from `min_width` on, a token's row
 has the same bits in every forward, so a tree verify scores it as plain decoding does. It holds for
 a generation when a width was found for the forward kind it ran, every target forward ran that
-kind (a compiled graph and the eager model round differently), and the process has the thread
-count the check ran with (a matmul may split its work differently on other counts).
+kind (a compiled graph and the eager model round differently), and it runs on the machine the check
+ran on: the same torch (its kernels), the same CPU model and vector instruction flags (oneDNN and
+torch pick other kernels on a CPU with AMX, say), and the same thread count (a matmul may split its
+work differently on other counts). Anything else is "not checked on this machine", and `ygg
+compile` there checks it again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
-from ygg_runtime.plan import ExactnessRecord
+from ygg_runtime.integrity import cpu_info
+from ygg_runtime.plan import CPUInfo, ExactnessRecord, Plan
+
+LOST = "greedy output can differ from plain decoding at float near-ties"
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the row check's result depends on besides the artifact."""
+
+    torch: str
+    cpu: str
+    isa: tuple[str, ...]
+    threads: int
+
+    @classmethod
+    def here(cls) -> "Machine":
+        info = cpu_info()
+        return cls(str(torch.__version__), info.model, tuple(info.isa), torch.get_num_threads())
+
+    @classmethod
+    def checked(cls, plan: Plan, record: ExactnessRecord) -> "Machine":
+        """The machine `record` was measured on: the compiling one (plan.yaml's torch and cpu)."""
+        return cls(plan.torch_version, plan.cpu.model, tuple(plan.cpu.isa), record.threads)
+
+
+def differences(checked: Machine, here: Machine) -> list[str]:
+    """How this machine differs from the checked one, each in a few words (empty: it is the same)."""
+    out = []
+    if checked.torch != here.torch:
+        out.append(f"torch {here.torch}, not {checked.torch}")
+    if checked.cpu != here.cpu:
+        out.append(f"CPU {here.cpu!r}, not {checked.cpu!r}")
+    gained, lost = sorted(set(here.isa) - set(checked.isa)), sorted(set(checked.isa) - set(here.isa))
+    if gained or lost:
+        out.append("CPU flags " + ", ".join([f"+{f}" for f in gained] + [f"-{f}" for f in lost]))
+    if checked.threads != here.threads:
+        out.append(f"{here.threads} threads, not {checked.threads} (set OMP_NUM_THREADS={checked.threads})")
+    return out
 
 
 def min_width(record: ExactnessRecord | None) -> int:
@@ -21,11 +65,12 @@ def min_width(record: ExactnessRecord | None) -> int:
     return (record.min_width if record else None) or 0
 
 
-def verdict(record: ExactnessRecord | None, mixed: bool = False, kind: str = "compiled") -> tuple[bool, str]:
-    """(exact, sentence) for a generation run under `record`, on the `kind` forwards ("compiled"
-    or "eager", each exact against its own plain decoding: they round differently); mixed: its
-    target forwards ran both."""
-    lost = "greedy output can differ from plain decoding at float near-ties"
+def verdict(record: ExactnessRecord | None, checked: Machine | None = None, mixed: bool = False,
+            kind: str = "compiled", here: Machine | None = None) -> tuple[bool, str]:
+    """(exact, sentence) for a generation run under `record`, measured on the `checked` machine
+    (None: this one), on the `kind` forwards ("compiled" or "eager", each exact against its own
+    plain decoding: they round differently); mixed: its target forwards ran both."""
+    lost = LOST
     if not record:
         return False, f"{lost}: this forward kind was not checked when the artifact was compiled"
     if record.min_width is None:
@@ -33,9 +78,11 @@ def verdict(record: ExactnessRecord | None, mixed: bool = False, kind: str = "co
                        f"(checked widths {', '.join(map(str, record.widths))})")
     if mixed:
         return False, f"{lost}: this generation ran the target both compiled and eager"
-    if record.threads != torch.get_num_threads():
-        return False, (f"{lost}: rows were checked with {record.threads} threads and this process runs "
-                       f"{torch.get_num_threads()} (set OMP_NUM_THREADS={record.threads})")
+    here = here or Machine.here()
+    checked = checked or dataclasses.replace(here, threads=record.threads)
+    if diff := differences(checked, here):
+        return False, (f"not checked on this machine ({'; '.join(diff)}): {lost}; `ygg compile` on this machine "
+                       "checks it again")
     off = [w for w in record.widths if w < record.min_width]
     unused = ""
     if off:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 from pathlib import Path
 
 import torch
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import sha256_of, size, write_atomic
-from ygg_runtime.plan import FileEntry, Plan
+from ygg_runtime.plan import CPUInfo, FileEntry, Plan
 
 
 def cache_dir() -> Path:
@@ -71,6 +72,22 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def cpu_info() -> CPUInfo:
+    """This CPU as plan.yaml records the compiling one: its model name, torch's thread count, and
+    its vector instruction flags (the ones that decide which kernels run)."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+                break
+    except OSError:
+        pass
+    isa = sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return CPUInfo(model, torch.get_num_threads(), isa)
 
 
 def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool, kernel: bool = True) -> None:
