@@ -156,6 +156,41 @@ def test_concurrent_greedy_requests_each_get_their_own_output(server, decoder):
     assert got == [alone(decoder, p, 40) for p in PROMPTS]
 
 
+def test_a_seeded_sampled_request_prints_plain_decodings_text_whatever_runs_beside_it(server, decoder):
+    """The OpenAI `seed` under the artifact's coupled sampling: a request's text is what `ar`
+    prints alone with that seed, whether it runs alone or beside other requests (other methods,
+    greedy and sampled, joining and leaving), whatever tree its method drafts."""
+    def sample(prompt, seed, method, temperature=1.0):
+        return server.client.completions.create(
+            model=server.model, prompt=prompt, max_tokens=24, temperature=temperature, top_p=0.9, seed=seed,
+            extra_body={"ignore_eos": True, "return_token_ids": True, "method": method}).choices[0].model_extra["token_ids"]
+
+    def plain(prompt, seed, temperature=1.0):
+        return decoder.generate(prompt, max_new_tokens=24, temperature=temperature, top_p=0.9, seed=seed, raw=True,
+                                ignore_eos=True, method="ar", sampling="coupled").token_ids
+
+    assert sample(PROMPTS[0], 1, "egt") == plain(PROMPTS[0], 1)  # alone
+    jobs = [(PROMPTS[i % 3], seed, m) for i, (seed, m) in enumerate([(1, "egt"), (2, "chain"), (3, "specinfer"),
+                                                                     (1, "ar"), (4, "egt"), (5, "sequoia")])]
+    with ThreadPoolExecutor(len(jobs) + 1) as pool:
+        greedy = pool.submit(complete, server, PROMPTS[4], 40, method="egt")
+        futures = [pool.submit(sample, p, seed, m) for p, seed, m in jobs]
+        got = [f.result(timeout=TIMEOUT) for f in futures]
+        greedy.result(timeout=TIMEOUT)
+    assert got == [plain(p, seed) for p, seed, _ in jobs]
+    assert plain(PROMPTS[0], 1) != plain(PROMPTS[0], 2)  # the seed matters
+
+
+def test_health_says_whether_greedy_output_is_exact_here_and_how_it_samples(server):
+    import httpx2 as httpx
+
+    r = httpx.get(server.url + "/health", timeout=5)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "ok" and body["sampling"] == "coupled"
+    assert body["exact"] is True and "identical to this artifact's plain decoding" in body["exactness"]
+
+
 def test_bad_requests_get_openai_errors_while_another_request_completes(server, decoder):
     with ThreadPoolExecutor(1) as pool:
         long = pool.submit(complete, server, PROMPTS[4], 120)

@@ -559,7 +559,10 @@ def create_app(server: Server) -> "FastAPI":
 
     @app.get("/health")
     async def health():
-        return PlainTextResponse("")
+        """200 while serving (what load balancers and vLLM's clients look for), with whether the
+        greedy output on this machine is guaranteed to be plain decoding's and the sampling rule."""
+        exact, why = server.decoder.verdict()
+        return {"status": "ok", "exact": exact, "exactness": why, "sampling": server.decoder.sampling}
 
     @app.get("/metrics")
     async def metrics():
@@ -603,5 +606,8 @@ def serve_artifact(opts: ServeOptions, artifact: Path, model_name: Optional[str]
     name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
     err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{opts.host}:{opts.port}/v1 · batch "
               f"≤ {opts.max_batch}, queue ≤ {opts.max_queue} · Ctrl-C or SIGTERM stops it once running requests finish")
+    err.print(f"exactness: {decoder.verdict()[1]} · sampling at temperature > 0: {decoder.sampling} (a request's seed gives "
+              + ("the text plain decoding gives it, whatever else is running)" if decoder.sampling == "coupled"
+                 else "a sample that depends on the batch it runs in)"))
     serve(decoder, name, opts)
     err.print("ygg serve: stopped")
