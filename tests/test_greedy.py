@@ -188,3 +188,34 @@ def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smol
     assert not diverged, diverged
     assert 1.5 < sum(accepted) / len(accepted) < 4.0  # the drafter both hits and misses
     assert retrieved >= len(texts)  # retrieved tokens were verified and accepted too (one a prompt or more)
+
+
+def test_a_checkpoint_whose_tokenizer_outgrows_its_embedding_compiles_and_decodes_as_hf(tmp_path):
+    """transformers' Qwen2 tokenizer class adds <|endoftext|> as its pad token even where the
+    checkpoint's embedding has no row for it: len(tokenizer) = embedding + 1, and HF `generate`
+    runs the checkpoint all the same. So does `ygg compile` (it notes the id), every method's
+    greedy output is HF's, and a prompt holding that token is refused in one line."""
+    from helpers import assert_one_line_error, ygg
+
+    import ygg_runtime
+
+    hf = tiny.hf_model("qwen2", seed=10)
+    tok = tiny.byte_tokenizer()
+    tok.add_special_tokens({"pad_token": "<|endoftext|>"})
+    assert len(tok) == hf.config.vocab_size + 1
+    for name, model in (("target", hf), ("draft", tiny.noised(hf, 0.05, seed=1))):
+        tiny.save_pair_dir(tmp_path / name, model, tok)
+    out = tmp_path / "artifact"
+    proc = ygg("compile", "--draft", tmp_path / "draft", "--target", tmp_path / "target", "-o", out, "--dtype", "float32",
+               "--max-context", 256, "--no-aot", "--quick", "--calib-tokens", 8)
+    assert proc.returncode == 0, proc.stderr
+    assert "<|endoftext|> (id 258) has no row" in " ".join(proc.stderr.split())
+    dec = ygg_runtime.load(out)
+    for prompt in prompts(2, seed=14):
+        ref = hf_greedy(hf, prompt, 24)
+        for method in dec.methods:
+            assert dec.generate(prompt, max_new_tokens=24, method=method, ignore_eos=True).token_ids == ref, method
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("hello <|endoftext|> world")
+    assert_one_line_error(ygg("run", prompt, "--artifact", out, "--raw", "-n", 8), "token id 258",
+                          "no embedding row", "remove it from the prompt")

@@ -180,7 +180,7 @@ def _convert(b: _Build) -> None:
         label = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
         with phase("convert", f"converting {role} ({src.spec}) to {label}"):
             b.models[role] = _convert_model(src, role, dtype, b.tmp / role, weights, b.ui)
-    _check_vocab(len(b.tokenizer), b.models, b.ui)
+    _check_vocab(b.tokenizer, b.models, b.ui)
     big, small = b.models["draft"].parameters, b.models["target"].parameters
     if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
         b.ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
@@ -420,13 +420,21 @@ def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):
     return toks[1]
 
 
-def _check_vocab(tokens: int, models: dict[str, ModelInfo], ui: Reporter) -> None:
-    """The tokenizer's ids must all be the target's; the drafter may lack some (padded embeddings
-    differ between sizes of one family): those reach it as a stand-in (proposers.Drafter)."""
+def _check_vocab(tokenizer, models: dict[str, ModelInfo], ui: Reporter) -> None:
+    """Tokenizer ids past the target's embedding are noted, not refused: a tokenizer class can add a
+    default special token the checkpoint never had (transformers' Qwen2 tokenizer adds
+    <|endoftext|> as its pad token), which the model can never emit and HF `generate` runs beside
+    all the same; a prompt holding one is refused in one line (`engine.check`). The drafter may lack
+    some of the target's ids (padded embeddings differ between sizes of one family): those reach it
+    as a stand-in (proposers.Drafter)."""
     target, draft = models["target"], models["draft"]
+    tokens = len(tokenizer)
     if tokens > target.vocab_size:
-        raise YggError(f"the tokenizer has {tokens} tokens but the target {target.spec} embeds only "
-                       f"{target.vocab_size}: not a model of this tokenizer")
+        names = [t for t, i in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]) if i >= target.vocab_size]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        ui.note(f"the tokenizer has {tokens} tokens and the target {target.spec} embeds {target.vocab_size}: "
+                f"{shown} (id {target.vocab_size}{'+' if len(names) > 1 else ''}) has no row, so the model never "
+                "emits it, and a prompt that holds it is refused")
     if draft.vocab_size != target.vocab_size:
         ui.note(f"vocabularies: target {target.vocab_size} rows, draft {draft.vocab_size}, tokenizer {tokens} "
                 "tokens; the target's ids the drafter lacks reach it as a stand-in")

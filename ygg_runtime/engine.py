@@ -146,6 +146,9 @@ def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_to
     settings, or more tokens than the runner's cache holds."""
     if not prompt:
         raise YggError("the prompt is empty")
+    if (past := next((t for t in prompt if not 0 <= t < target.vocab_size), None)) is not None:
+        raise YggError(f"the prompt holds token id {past}, which the target has no embedding row for (it has "
+                       f"{target.vocab_size}; a tokenizer token the model never learned): remove it from the prompt")
     check_settings(max_new_tokens, temperature, top_p, seed)
     room = step_room(target, proposer)
     if len(prompt) + max_new_tokens + room > target.max_len:
