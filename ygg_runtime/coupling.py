@@ -56,9 +56,11 @@ class Noise:
         the noise reorders the tokens, and the q of the token it lifted to the top says little about
         whether the target agrees."""
         k = min(k, logits.shape[-1])  # past q's support, the ruled-out tokens follow, valued 0
-        tokens = keys(logits, temperature, top_p, self.at(position, logits.shape[-1])).topk(k).indices.tolist()
-        values = warp(logits, temperature, top_p).topk(k).values.tolist()
-        return values, tokens
+        g = self.at(position, logits.shape[-1]).to(logits.device)
+        # in float32: a guess needs no exactness (the target's choice decides), and it is cheaper
+        q = torch.softmax(logits.float() / temperature, -1) if top_p == 1.0 else warp(logits, temperature, top_p).float()
+        tokens = torch.where(q > 0, q.log() + g.float(), float("-inf")).topk(k).indices.tolist()
+        return q.topk(k).values.tolist(), tokens
 
     def forget(self, before: int) -> None:
         """Drop the noise of positions before `before`: the sequence holds their tokens now."""
@@ -73,6 +75,7 @@ def keys(logits: Tensor, temperature: float, top_p: float, gumbel: Tensor) -> Te
     if top_p < 1.0:
         p = warp(logits, temperature, top_p)
         return torch.where(p > 0, p.log() + gumbel.to(p.device), float("-inf"))
-    scaled = logits.double() / temperature  # log softmax minus its constant: the argmax is the same
-    return torch.where(torch.isfinite(scaled), scaled + gumbel.to(scaled.device), float("-inf"))
+    # log softmax minus its constant, so the argmax is the same; -inf (a row a cut head lacks)
+    # stays -inf, the noise being finite
+    return logits.double() / temperature + gumbel.to(logits.device)
 
