@@ -43,6 +43,14 @@ class Noise:
             self._cache[position] = g
         return g
 
+    def at32(self, position: int, vocab: int) -> Tensor:
+        """g_t in float32, for a drafter's guesses (kept beside the float64 noise)."""
+        key = -1 - position  # the float32 copies' slots in the cache
+        g = self._cache.get(key)
+        if g is None or g.shape[0] != vocab:
+            g = self._cache[key] = self.at(position, vocab).float()
+        return g
+
     def choose(self, logits: Tensor, position: int, temperature: float, top_p: float) -> int:
         """The target's token at `position` from its logits row [V]: argmax of log p + g, an exact
         sample of p."""
@@ -56,15 +64,19 @@ class Noise:
         the noise reorders the tokens, and the q of the token it lifted to the top says little about
         whether the target agrees."""
         k = min(k, logits.shape[-1])  # past q's support, the ruled-out tokens follow, valued 0
-        g = self.at(position, logits.shape[-1]).to(logits.device)
+        g = self.at32(position, logits.shape[-1]).to(logits.device)
         # in float32: a guess needs no exactness (the target's choice decides), and it is cheaper
-        q = torch.softmax(logits.float() / temperature, -1) if top_p == 1.0 else warp(logits, temperature, top_p).float()
-        tokens = torch.where(q > 0, q.log() + g.float(), float("-inf")).topk(k).indices.tolist()
-        return q.topk(k).values.tolist(), tokens
+        if top_p == 1.0:
+            log_q = torch.log_softmax(logits.float() / temperature, -1)  # -inf where q is 0
+        else:
+            q = warp(logits, temperature, top_p).float()
+            log_q = torch.where(q > 0, q.log(), float("-inf"))
+        tokens = (log_q + g).topk(k).indices.tolist()
+        return log_q.topk(k).values.exp().tolist(), tokens
 
     def forget(self, before: int) -> None:
         """Drop the noise of positions before `before`: the sequence holds their tokens now."""
-        for t in [t for t in self._cache if t < before]:
+        for t in [t for t in self._cache if -1 - before < t < before]:  # float64 at t, float32 at -1 - t
             del self._cache[t]
 
 

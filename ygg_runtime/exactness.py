@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ygg_runtime.integrity import cpu_info
-from ygg_runtime.plan import CPUInfo, ExactnessRecord, Plan
+from ygg_runtime.plan import ExactnessRecord, Plan
 
 LOST = "greedy output can differ from plain decoding at float near-ties"
 

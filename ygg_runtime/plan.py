@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.options import SAMPLINGS
+from ygg_runtime.options import SAMPLING, SAMPLINGS
 from ygg_runtime.params import Params, Stages, parse
 from ygg_runtime.typed import RECOMPILE, build, plain
 
@@ -360,9 +360,9 @@ class Plan:
     planning: Planning
     tokenizer: TokenizerInfo
     files: dict[str, FileEntry] = field(default_factory=dict)
-    # the rule a sampled generation uses unless told (`ygg_runtime.options.SAMPLINGS`); plans before
-    # it sampled by rejection, and read so
-    sampling: str = "rejection"
+    # the rule a sampled generation uses unless told (`ygg_runtime.options.SAMPLINGS`); a plan from
+    # before the field gets the default (nothing compiled depends on the rule)
+    sampling: str = SAMPLING
 
     def to_dict(self) -> dict:
         return plain(self)

@@ -36,7 +36,7 @@ from ygg_runtime.batch import Member
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Step
-from ygg_runtime.options import MAX_BATCH, ServeOptions
+from ygg_runtime.options import MAX_BATCH, SAMPLINGS, ServeOptions
 from ygg_runtime.text import StreamDecoder
 from ygg_runtime.ui import err
 
@@ -84,6 +84,7 @@ class BaseRequest(BaseModel):
     stream: bool = False
     ignore_eos: bool = False  # vLLM's extra: generate max_tokens tokens whatever the eos
     method: str | None = None  # Yggdrasil's extra: a compiled method (default: the artifact's)
+    sampling: str | None = None  # Yggdrasil's extra: coupled or rejection at temperature > 0 (default: the artifact's)
     return_token_ids: bool = False  # vLLM's extra: the prompt's and the output's token ids in the response
 
 
@@ -163,6 +164,7 @@ class Job:
     temperature: float
     top_p: float
     seed: int | None
+    sampling: str | None
     ignore_eos: bool
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
@@ -244,6 +246,7 @@ class Scheduler:
             try:
                 member = self.batch.join(job.prompt, job.method, max_new_tokens=job.max_tokens,
                                          temperature=job.temperature, top_p=job.top_p, seed=job.seed,
+                                         sampling=job.sampling,
                                          eos_ids=frozenset() if job.ignore_eos else self.decoder.eos_ids,
                                          on_tokens=lambda new, job=job: self._emit(job, new),
                                          on_event=self.metrics.record)
@@ -377,6 +380,8 @@ class Server:
             raise ApiError(400, f"top_p must be in (0, 1], not {req.top_p}", param="top_p")
         if req.seed is not None and not 0 <= req.seed < 2**63:
             raise ApiError(400, f"seed must be in [0, 2^63), not {req.seed}", param="seed")
+        if req.sampling is not None and req.sampling not in SAMPLINGS:
+            raise ApiError(400, f"sampling must be one of {', '.join(SAMPLINGS)}, not {req.sampling!r}", param="sampling")
         if len(prompt) + max_tokens > self.context:
             raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) is more than the context "
                                 f"of {self.context} tokens; shorten the prompt or lower max_tokens", param="max_tokens",
@@ -388,7 +393,7 @@ class Server:
         except YggError as e:
             raise ApiError(400, str(e).replace("--max-new-tokens", "max_tokens"),
                            param="max_tokens" if "fit" in str(e) else None) from None
-        return Job(prompt, method, max_tokens, req.temperature, req.top_p, req.seed, req.ignore_eos,
+        return Job(prompt, method, max_tokens, req.temperature, req.top_p, req.seed, req.sampling, req.ignore_eos,
                    asyncio.get_running_loop(), asyncio.Queue())
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
