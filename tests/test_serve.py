@@ -213,6 +213,13 @@ def test_bad_requests_get_openai_errors_while_another_request_completes(server, 
             server.client.completions.create(model=server.model, prompt="hi", max_tokens=4,
                                              extra_body={"method": "medusa"})
         assert "method 'medusa' is not in this artifact" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.completions.create(model=server.model, prompt="hi", max_tokens=4, seed=1,
+                                             extra_body={"sampling": "typical"})
+        assert e.value.body["param"] == "sampling" and "coupled, rejection" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError) as e:
+            server.client.completions.create(model=server.model, prompt=[5, decoder.target.vocab_size + 3], max_tokens=4)
+        assert "prompt token ids must be in [0, " in e.value.body["message"]
         r = long.result(timeout=TIMEOUT)
     assert r.choices[0].model_extra["token_ids"] == alone(decoder, PROMPTS[4], 120)
 
