@@ -30,7 +30,8 @@ class Noise:
 
     def __init__(self, seed: int | None):
         self.seed = secrets.randbits(63) if seed is None else seed
-        self._cache: dict[int, Tensor] = {}
+        self._cache: dict[int, Tensor] = {}  # by position, float64 (the target's choice)
+        self._cache32: dict[int, Tensor] = {}  # ... and float32 (a drafter's guesses)
 
     def at(self, position: int, vocab: int) -> Tensor:
         """g_t [vocab] float64: -log E, E ~ Exp(1) from Philox keyed by (seed, position)."""
@@ -45,10 +46,9 @@ class Noise:
 
     def at32(self, position: int, vocab: int) -> Tensor:
         """g_t in float32, for a drafter's guesses (kept beside the float64 noise)."""
-        key = -1 - position  # the float32 copies' slots in the cache
-        g = self._cache.get(key)
+        g = self._cache32.get(position)
         if g is None or g.shape[0] != vocab:
-            g = self._cache[key] = self.at(position, vocab).float()
+            g = self._cache32[position] = self.at(position, vocab).float()
         return g
 
     def choose(self, logits: Tensor, position: int, temperature: float, top_p: float) -> int:
@@ -76,8 +76,9 @@ class Noise:
 
     def forget(self, before: int) -> None:
         """Drop the noise of positions before `before`: the sequence holds their tokens now."""
-        for t in [t for t in self._cache if -1 - before < t < before]:  # float64 at t, float32 at -1 - t
-            del self._cache[t]
+        for cache in (self._cache, self._cache32):
+            for t in [t for t in cache if t < before]:
+                del cache[t]
 
 
 def keys(logits: Tensor, temperature: float, top_p: float, gumbel: Tensor) -> Tensor:

@@ -43,11 +43,6 @@ class Sampling:
     def rule(self) -> str:
         return "coupled" if self.noise is not None else "rejection"
 
-    def candidates(self, logits: Tensor, position: int, k: int) -> tuple[list[float], list[int]]:
-        """Coupled: a drafter's k guesses at the target's token at sequence `position`
-        (`Noise.candidates`), with their values."""
-        return self.noise.candidates(logits, position, k, self.temperature, self.top_p)
-
 
 @dataclass
 class StepState:
@@ -61,6 +56,17 @@ class StepState:
     # Sequences whose trees share this step's forwards (`ygg_runtime.batch`): a method that weighs
     # its tree against measured costs prices it as its share (`Curves.shared`, CAST).
     sequences: int = 1
+
+    def top(self, logits: Tensor, depth: int, k: int) -> tuple[list[float], list[int]]:
+        """The k best children (draft probabilities, tokens) of a tree node at `depth` from its
+        draft logits [V]: by draft probability when greedy (and for rejection sampling's children
+        picked by rank); coupled, the drafter's k guesses at the target's token under the noise of
+        the children's position (`Noise.candidates`)."""
+        s = self.sampling
+        if s is not None and s.noise is not None:
+            return s.noise.candidates(logits, len(self.seq) + depth, k, s.temperature, s.top_p)
+        top = torch.softmax(logits.float(), dim=-1).topk(min(k, logits.shape[-1]))
+        return top.values.tolist(), top.indices.tolist()
 
 
 @dataclass
@@ -249,13 +255,8 @@ def pick_children(
     log q + the noise of the children's position; rejection, k draws from the warped draft
     distribution without replacement (Gumbel top-k), recorded for acceptance."""
     sampling = state.sampling
-    if sampling is None:
-        probs = torch.softmax(logits.float(), dim=-1)
-        top = probs.topk(k)
-        return [tree.add(node, t, p) for p, t in zip(top.values.tolist(), top.indices.tolist())]
-    if sampling.noise is not None:
-        values, tokens = sampling.candidates(logits, len(state.seq) + tree.depths[node], k)
-        return [tree.add(node, t, v) for v, t in zip(values, tokens)]
+    if sampling is None or sampling.noise is not None:
+        return [tree.add(node, t, p) for p, t in zip(*state.top(logits, tree.depths[node], k))]
     q = warp(logits, sampling.temperature, sampling.top_p)
     tree.draft_dists[node] = q
     k = min(k, int((q > 0).sum()))

@@ -58,10 +58,6 @@ class Planner:
         self.accept = AcceptanceMap(params.accept)
         self.curves = curves
 
-    def top(self, logits: torch.Tensor) -> Children:
-        top = torch.softmax(logits.float(), dim=-1).topk(min(self.top_k, logits.shape[-1]))
-        return top.values.tolist(), top.indices.tolist()
-
     def grow(self, root_token: int, root_children: Children, expand: Callable[[TokenTree, list[int]], list[Children]],
              depth: int) -> TokenTree:
         """The drafted tree: the root's children, then depth - 1 rounds that each expand the
@@ -182,19 +178,12 @@ class EGT(DraftProposer):
                 self.hook.drafted(self.drafted, state)
             return verified
 
-        def top(row: torch.Tensor, depth: int) -> Children:
-            """A node's children: the drafter's top_k (coupled sampling: its top_k guesses at the
-            target's choice under the noise of their position)."""
-            if state.sampling is None or state.sampling.noise is None:
-                return self.planner.top(row)
-            return state.sampling.candidates(row, len(seq) + depth, self.planner.top_k)
-
         def expand(tree: TokenTree, picks: list[int]) -> list[Children]:
             rows = self.drafter.expand(tree, picks, self.planner.draft_width)
-            return [top(row, tree.depths[v]) for v, row in zip(picks, rows)]
+            return [state.top(row, tree.depths[v], self.planner.top_k) for v, row in zip(picks, rows)]
 
         mark = self._clock(None)
-        root = top(self.drafter.begin(seq), 0)
+        root = state.top(self.drafter.begin(seq), 0, self.planner.top_k)
         mark = self._clock("begin", mark)
         self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth)
         if self.hook is not None:

@@ -9,8 +9,6 @@ coupled sampling ranks the drafter's guesses under the position's noise (`ygg_ru
 
 from __future__ import annotations
 
-import torch
-
 from ygg_runtime.params import SequoiaParams, fit_width
 from ygg_runtime.proposers.base import DraftProposer, Drafter, StepState
 from ygg_runtime.tree import TokenTree
@@ -48,12 +46,7 @@ class Sequoia(DraftProposer):
                 logits = self.drafter.expand(tree, nodes, fit_width(len(nodes), self.widths))
             for v, row in zip(level, logits):
                 kids = self.children[v]
-                k = max(self.ranks[c] for c in kids) + 1
-                if state.sampling is not None and state.sampling.noise is not None:  # coupled: ranked under the noise
-                    values, tokens = state.sampling.candidates(row, len(seq) + d, k)
-                else:
-                    top = torch.softmax(row.float(), dim=-1).topk(k)
-                    values, tokens = top.values.tolist(), top.indices.tolist()
+                values, tokens = state.top(row, d, max(self.ranks[c] for c in kids) + 1)
                 for c in kids:
                     r = self.ranks[c]
                     node_of[c] = tree.add(node_of[v], tokens[r], values[r])
