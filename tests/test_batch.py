@@ -108,18 +108,25 @@ def test_every_method_batched_gives_each_request_its_own_greedy_output(int8_pair
         assert outs == alone, (method, params)
 
 
-def test_a_members_drafter_feeds_the_prompt_only_when_it_first_drafts(int8_pair):
+def test_a_members_drafter_follows_its_prompt_chunks_and_one_that_never_drafts_never_runs(int8_pair):
     """Lazy drafters: a member that never drafts (egt at depth 0) never runs its drafter; one that
-    drafts feeds the whole prompt at its first step and decodes exactly as alone."""
+    drafts is fed its prompt a chunk behind its target (chunked prefill), has all of it by its
+    first drafting step, and decodes exactly as alone."""
     target, draft, tok = int8_pair
     prompt = tok(PROMPTS[2]).input_ids
     params = {"chain": {"k": 3}, "egt": {"depth": 0}}
     batch = Batch(target, draft, lambda name, d: proposers.build(name, params[name], d), max_batch=2)
     plain = batch.join(prompt, "egt", max_new_tokens=8)
     drafting = batch.join(prompt, "chain", max_new_tokens=8)
-    batch.step()
+    d = drafting.generation.proposer.drafter.runner
+    fed = []
+    while not drafting.prefilled:
+        batch.step()
+        fed.append((drafting.generation.target.committed, d.committed))
+    assert all(theirs <= ours for ours, theirs in fed)  # the drafter follows, never leads
+    batch.step()  # its first drafting step
+    assert d.committed >= len(prompt) - 1
     assert plain.generation.proposer.drafter.runner.forwards == 0
-    assert drafting.generation.proposer.drafter.runner.committed >= len(prompt) - 1
     while batch.members:
         batch.step()
     alone = decode(target, None, "ar", {}, prompt, 8)[0]
@@ -350,3 +357,62 @@ def test_every_batched_target_forward_runs_at_a_width_the_row_check_covers(int8_
     assert rows.count(20) > 1  # the four trees verified together
     assert set(widths) <= set(checked), sorted(set(widths) - set(checked))
     assert outs == [decode(target, None, "ar", {}, p, 13)[0] for p in prompts]
+
+
+def test_a_long_prompt_prefills_in_chunks_beside_the_decoding_members_and_every_output_is_its_own(int8_pair):
+    """Chunked prefill: a prompt of several chunks joins two decoding members. Every step until it
+    is in carries one chunk of it in the same target forward as the others' trees (at most
+    MAX_ROWS rows), the decoding members get tokens at every one of those steps (no stall), and
+    every request's output is what it gets alone."""
+    target, draft, tok = int8_pair
+    long = tok(" ".join(PROMPTS) * 2).input_ids
+    short = [tok(p).input_ids for p in PROMPTS[:2]]
+    alone = [decode(target, None, "ar", {}, p, n)[0] for p, n in [(short[0], 200), (short[1], 200), (long, 40)]]
+    batch = Batch(target, draft, lambda name, d: proposers.build(name, dict(METHODS)[name], d), max_batch=4,
+                  cost_aware=False)
+    outs = [[], [], []]
+    members = [batch.join(p, "chain", max_new_tokens=200, on_tokens=o.extend) for p, o in zip(short, outs)]
+    for _ in range(2):
+        batch.step()
+    joiner = batch.join(long, "chain", max_new_tokens=40, on_tokens=outs[2].extend)
+    steps, seen = 0, [0]
+    while not joiner.prefilled:
+        before = [len(o) for o in outs[:2]]
+        with joiner.generation.target.recording() as widths:
+            batch.step()
+        steps += 1
+        seen.append(joiner.generation.target.committed)
+        assert len(widths) == 1 and seen[-1] - seen[-2] < widths[0] <= MAX_ROWS  # one forward, shared
+        assert not any(m.done for m in members)
+        assert all(len(o) > b for o, b in zip(outs[:2], before))
+    assert steps >= (len(long) - 1) // MAX_ROWS + 1 and steps > 2, steps  # in chunks, over several steps
+    assert seen == sorted(seen) and seen[-1] == len(long) - 1
+    while batch.members:
+        batch.step()
+    assert outs == alone
+
+
+def test_a_chunk_is_as_large_as_the_step_budget_allows_and_fills_an_idle_forward(int8_pair):
+    """The chunk size comes from the measured T(B, n): a step carrying a chunk costs at most
+    PREFILL_STRETCH times the step without it (at least MIN_CHUNK tokens); with nobody decoding,
+    the forward is filled to MAX_ROWS."""
+    from ygg_runtime.batch import MIN_CHUNK, PREFILL_STRETCH
+    from ygg_runtime.objective import Curves
+
+    target, draft, tok = int8_pair
+    widths = [1, 2, 4, 8, 16, 32, 64]  # memory-bound up to 8 rows, then compute-bound
+    curves = Curves({"widths": widths, "contexts": [16], "threads": 2, "target_ms": [[10, 10, 11, 12, 20, 36, 68]]})
+    batch = Batch(target, None, lambda name, d: proposers.build(name, {}, d), curves=curves, max_batch=3)
+    long = tok(" ".join(PROMPTS) * 4).input_ids
+    decoding = batch.join(tok(PROMPTS[0]).input_ids, "ar", max_new_tokens=30)
+    batch.step()  # its prompt is short: one chunk
+    assert decoding.prefilled
+    filling = batch.join(long, "ar", max_new_tokens=4)
+    filling.started = True
+    filling.generation.begin_prefill()
+    ((m, n),) = batch._chunks([decoding], [filling], 1)
+    plain = curves.t_batch("target", 1, 1)
+    assert m is filling and MIN_CHUNK <= n < MAX_ROWS
+    assert curves.t_batch("target", 2, 1 + n) - plain <= (PREFILL_STRETCH - 1) * plain
+    assert curves.t_batch("target", 2, 2 + n) - plain > (PREFILL_STRETCH - 1) * plain
+    assert batch._chunks([], [filling], 0) == [(filling, MAX_ROWS)]

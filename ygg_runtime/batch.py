@@ -7,11 +7,17 @@ runs their drafter forwards together (`Gate`: when every member still drafting i
 forward, one forward serves them all); then one target forward verifies every tree (one mask whose
 rows see only their own sequence). Sequences join and leave between steps. Everything runs on the
 caller's thread: the thread that loaded the models (`ygg serve` steps the batch on its main thread).
-A member's drafter is lazy (`proposers.Drafter`): it feeds the prompt at the member's first drafting
-step, so a request that decodes plainly under load (see CAST below) never runs the drafter at all.
+
+Chunked prefill (Sarathi-Serve's idea, vLLM's default): a new member's prompt enters in chunks that
+share the target forward with the decoding members' trees, each chunk as large as keeps the step
+within PREFILL_STRETCH of its cost without it (`Batch._chunks`, from the measured T(B, n)), so
+nobody's tokens stall behind a long prompt. A member's drafter is lazy (`proposers.Drafter`): it
+follows its target's chunks a step behind, in the drafting forwards, and only when its method
+drafts, so a request that never drafts never runs the drafter at all.
 
 Why a member's greedy output is what it gets alone: the target's kernels compute every row from
-its own query and visible keys only (`ygg_runtime.kernels`), regions need no alignment, and a
+its own query and visible keys only (`ygg_runtime.kernels`), regions need no alignment, a prompt
+is run in forwards of at most MAX_ROWS alone too (`runner.PREFILL_CHUNK`), and a
 batched forward is never wider than `MAX_ROWS`, the widest the compile-time row check covers, nor
 narrower than the exactness floor, and always at a compiled width (its padding rows go to slots the
 batch keeps for them when no region has room), so only at widths the check measured. The drafter's rows are as invariant when its weights are
@@ -39,6 +45,14 @@ from ygg_runtime.engine import Generation, step_room
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
+
+# Chunked prefill: a step that carries prompt chunks may cost up to this many times the step
+# without them (so a decoding request's time per token stays within 2x of an undisturbed one),
+# and carries at least MIN_CHUNK prompt tokens (so a prompt always progresses); DEFAULT_CHUNK
+# when the batch has no curves to price a chunk with (CAST off).
+PREFILL_STRETCH = 2.0
+MIN_CHUNK = 8
+DEFAULT_CHUNK = 16
 from ygg_runtime.objective import Curves
 from ygg_runtime.proposers import Drafter, Proposer
 from ygg_runtime.runner import Call, ModelRunner, forward_many
@@ -84,7 +98,8 @@ class Member:
     base: int
     length: int  # its cache slots, from base
     on_tokens: Callable[[list[int]], None] | None = None
-    prefilled: bool = False
+    started: bool = False  # its prompt has begun (`Generation.begin_prefill`)
+    prefilled: bool = False  # its whole prompt is in the target's cache: it decodes
     error: BaseException | None = None  # why it stopped early (the batch goes on without it)
     steps_batched: list[int] = field(default_factory=list)  # members verified with it, per step
     nodes: list[int] = field(default_factory=list)  # its verified tree's size per step (root included)
@@ -247,26 +262,74 @@ class Batch:
                 member.generation.finish()
 
     def step(self) -> list[Member]:
-        """One step of every member; returns the members that finished in it (done or failed),
-        which have left the batch."""
+        """One step of every member: a decoding member drafts and verifies a tree, a prefilling
+        one puts the next chunk of its prompt into the same target forward (chunked prefill);
+        returns the members that finished in it (done or failed), which have left the batch."""
         for m in self.members:
-            if not m.prefilled:
-                self._guard(m, m.generation.prefill)
-                m.prefilled = True
-        live = [m for m in self.members if not m.done]
+            if not m.started:
+                m.started = True
+                self._guard(m, m.generation.begin_prefill)
+                self._end_prefill(m)  # a prompt the prefix cache held whole
+        live = [m for m in self.members if m.prefilled and not m.done]
+        filling = [m for m in self.members if not m.prefilled and not m.done]
         if self.curves is not None:  # CAST: each tree is weighed as its share of this step
             for m in live:
                 m.generation.sequences = len(live)
-        self._propose(live)
+        self._propose(live, filling)
         live = [m for m in live if not m.done]
+        filling = [m for m in filling if not m.done]
         if len(live) > 1 and self.curves is not None:
             self._allocate(live)
-        self._verify(live)
+        self._verify(live, filling)
         finished = [m for m in self.members if m.done]
         for m in finished:
             self.cancel(m)
         self.steps += 1
         return finished
+
+    def _end_prefill(self, m: Member) -> None:
+        if not m.done and not m.generation.owed():
+            m.prefilled = True
+            self._guard(m, m.generation.end_prefill)
+
+    def _chunks(self, live: list[Member], filling: list[Member], rows: int) -> list[tuple[Member, int]]:
+        """How many prompt tokens each prefilling member puts into this step's target forward,
+        beside `rows` verify rows of the live members (Sarathi-Serve's chunked prefill): as many as
+        keep the step within PREFILL_STRETCH times what it costs without them (by the measured
+        T(B, n): the verify forward and the drafter forwards of the step), at least MIN_CHUNK, in
+        one forward of at most MAX_ROWS rows with the verify when it has room. With no member
+        decoding, the forward is filled. Members take their share in the order they joined."""
+        if not filling:
+            return []
+        if not live:
+            total = MAX_ROWS
+        elif self.curves is None:
+            total = DEFAULT_CHUNK
+        else:
+            c = self.curves
+            context = sum(len(m.generation.seq) for m in live) // len(live)
+            drafted = sum(c.t_batch("draft", b, n, context) for b, n in self.drafted) if c.draft_ms else 0.0
+            plain = c.t_batch("target", len(live), rows, context)
+            budget = (PREFILL_STRETCH - 1) * (plain + drafted)
+            drafts = c.draft_ms and any(_drafts(m) for m in filling)
+            total = MIN_CHUNK
+            for n in range(MIN_CHUNK + 1, MAX_ROWS + 1):
+                extra = c.t_batch("target", len(live) + 1, rows + n, context) - plain
+                extra += c.t_batch("draft", 1, n, context) if drafts else 0.0  # next step, a chunk behind
+                if extra > budget:
+                    break
+                total = n
+        if rows < MAX_ROWS:
+            total = min(total, max(MAX_ROWS - rows, MIN_CHUNK))
+        out = []
+        for m in filling:
+            n = min(total, len(m.generation.owed()))
+            if n:
+                out.append((m, n))
+                total -= n
+            if total <= 0:
+                break
+        return out
 
     def _guard(self, member: Member, fn: Callable, *args):
         try:
@@ -275,18 +338,29 @@ class Batch:
             member.error = e
             return None
 
-    def _propose(self, live: list[Member]) -> None:
-        """Every member drafts its tree; their drafter forwards run together through a Gate."""
+    def _propose(self, live: list[Member], filling: list[Member]) -> None:
+        """Every live member drafts its tree, and every prefilling member's drafter catches up with
+        the chunks its target took; their drafter forwards run together through a Gate."""
         self.drafted = []
-        if len(live) == 1:
-            self._guard(live[0], live[0].generation.propose)
+        tasks, runners = [], []
+        for m in live:
+            tasks.append(functools.partial(self._guard, m, m.generation.propose))
+            if _drafts(m):
+                runners.append(m.generation.proposer.drafter.runner)
+        for m in filling:
+            d = getattr(m.generation.proposer, "drafter", None)
+            upto = m.generation.target.committed
+            if d is not None and d.owes(upto):
+                tasks.append(functools.partial(self._guard, m, d.feed_prompt, m.generation.prompt, upto))
+                runners.append(d.runner)
+        if len(tasks) == 1:
+            tasks[0]()
             return
         gate = Gate()
-        runners = [m.generation.proposer.drafter.runner for m in live if _drafts(m)]
         for r in runners:
             r.gate = gate
         try:
-            self.drafted = gate.drive([functools.partial(self._guard, m, m.generation.propose) for m in live])
+            self.drafted = gate.drive(tasks)
         finally:
             for r in runners:
                 r.gate = None
@@ -309,11 +383,15 @@ class Batch:
         for g, tree in zip(gens, trees):
             g.tree = tree
 
-    def _verify(self, live: list[Member]) -> None:
-        """One target forward (or a few, MAX_ROWS rows each) over every member's tree; accept."""
+    def _verify(self, live: list[Member], filling: list[Member]) -> None:
+        """One target forward (or a few, MAX_ROWS rows each) over every live member's tree and the
+        prefilling members' chunks; accept, or commit the chunk."""
         calls = [(m, m.generation.call()) for m in live]
+        rows = sum(len(c.tokens) for _, c in calls)
+        chunks = self._chunks(live, filling, rows)
+        calls += [(m, m.generation.target.chain_call(m.generation.owed()[:n])) for m, n in chunks]
         for group in _groups(calls, lambda item: len(item[1].tokens)):
-            width = group[0][0].generation.tree.verify_width if len(group) == 1 else 0
+            width = group[0][0].generation.tree.verify_width if len(group) == 1 and group[0][0].prefilled else 0
             t = time.perf_counter()
             try:
                 outs = forward_many([c for _, c in group], width)
@@ -322,13 +400,19 @@ class Batch:
                     m.error = e
                 continue
             spent = time.perf_counter() - t
-            record = self.load.setdefault(len(group), [0, 0])
-            record[0] += 1
-            record[1] += sum(len(c.tokens) for _, c in group)
-            for m, _ in group:
-                m.steps_batched.append(len(group))
+            verified = [(m, c) for m, c in group if m.prefilled]
+            if verified:
+                record = self.load.setdefault(len(verified), [0, 0])
+                record[0] += 1
+                record[1] += sum(len(c.tokens) for _, c in verified)
+            for m, _ in verified:
+                m.steps_batched.append(len(verified))
                 m.nodes.append(len(m.generation.tree))
-            for (m, _), logits in zip(group, outs):
+            for (m, c), logits in zip(group, outs):
+                if not m.prefilled:  # a chunk of its prompt: keep its rows
+                    self._guard(m, m.generation.target.commit, c.offsets)
+                    self._end_prefill(m)
+                    continue
                 new = self._guard(m, m.generation.accept, logits, spent)
                 if new is not None and m.on_tokens is not None:
                     self._guard(m, m.on_tokens, new)

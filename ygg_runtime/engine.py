@@ -63,17 +63,34 @@ class Generation:
         self.done = False
         self.proposed: TokenTree | None = None  # the tree the proposer built this step
         self.tree: TokenTree | None = None  # the tree the step verifies: the proposed one, or part of it
-        self._t1 = self._ts = self._td = 0.0
+        self._t0 = self._t1 = self._ts = self._td = 0.0
 
     def prefill(self) -> None:
         """Run the prompt (all but its last token, the first root) through both models."""
-        t0 = time.perf_counter()
+        self.begin_prefill()
+        self.target.prefill(self.owed())
+        self.end_prefill()
+
+    # A batch prefills in chunks that share its forwards (`ygg_runtime.batch`): begin, run what is
+    # owed a chunk at a time (committing each), end. `prefill` is the same three alone.
+
+    def begin_prefill(self) -> None:
+        """Start the prompt: forget the last sequence, take the prefix cache's rows, start the
+        proposer (a lazy drafter then owes the prompt; an eager one reads it now)."""
+        self._t0 = time.perf_counter()
         self.target.reset()
-        self.target.prefill(self.prompt[:-1])
+        self.target.take_prefix(self.prompt[:-1])
         self.proposer.start(self.prompt[:-1])
+
+    def owed(self) -> list[int]:
+        """The prompt tokens the target has yet to commit."""
+        return self.prompt[self.target.committed : len(self.prompt) - 1]
+
+    def end_prefill(self) -> None:
+        """The prompt is in: the first step may draft."""
         self.hidden = self.target.hidden[-1] if self.target.hidden is not None else None
         self._t1 = time.perf_counter()
-        self.metrics.prefill_s = self._t1 - t0
+        self.metrics.prefill_s = self._t1 - self._t0
 
     def propose(self) -> TokenTree:
         """Draft this step's tree (the proposer's drafter forwards run here)."""

@@ -186,6 +186,19 @@ class Drafter:
         if not self.lazy:
             self.runner.prefill(self.known(tokens))
 
+    def owes(self, upto: int) -> bool:
+        """Whether a lazy drafter has prompt tokens before `upto` left to feed."""
+        return self.runner.committed < min(upto, self.prompt)
+
+    def feed_prompt(self, prompt: list[int], upto: int) -> None:
+        """Feed a lazy drafter the prompt's tokens as far as `upto` (a batch prefills its target in
+        chunks, and the drafter follows a chunk behind, in the drafting forwards of the next step,
+        so no step carries a whole prompt). The prefix cache's rows come first, as alone."""
+        tokens = self.known(prompt[: self.prompt])
+        self.runner.take_prefix(tokens)
+        if self.runner.committed < min(upto, self.prompt):
+            self.runner.prefill(tokens[self.runner.committed : upto])
+
     def begin(self, seq: list[int]) -> Tensor:
         """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0.
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in

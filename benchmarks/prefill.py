@@ -1,0 +1,102 @@
+"""Prompt processing: our target's prefill against llama.cpp's on the same GGUF, same threads, and
+both against the machine's roofline.
+
+    .venv/bin/python benchmarks/prefill.py [ARTIFACT] [--lengths 64,128,256,512] [--repeats 5] [--out FILE.json]
+
+For each prompt length: the same prompt tokens (the start of the Spec-Bench summarization prompts
+under the chat template, cut to the length) are prefilled by our runner (`ModelRunner.prefill`:
+what a generation runs before its first token) and by llama.cpp (`Llama.eval` after a reset, with
+the binding's n_batch of 512), alternating, the order flipped every repeat; medians of ms per
+prompt token and their paired ratio. The compute floor is rows x multiply-adds per row over the
+measured int8 peak; the memory floor the weight bytes over the measured read bandwidth. Run it
+alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import ygg_runtime
+from ygg_runtime.integrity import cpu_info
+from ygg_compile.prompts import read_jsonl
+from ygg_compile.roofline import floor_ms, measure_roofs, model_costs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("artifact", nargs="?", default="artifacts/default")
+    ap.add_argument("--lengths", default="64,128,256,512")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--no-llama", action="store_true", help="ours only")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    dec = ygg_runtime.load(args.artifact)
+    runner = dec.target
+    runner.prefix = None  # every token computed, as llama.cpp does
+    text = " ".join(p.text for p in read_jsonl(Path(args.prompts), ["summarization"], 4))
+    ids = dec.encode(text)
+    lengths = [int(n) for n in args.lengths.split(",")]
+    if len(ids) < max(lengths):
+        raise SystemExit(f"the prompts give {len(ids)} tokens, fewer than {max(lengths)}")
+    llm = None
+    if not args.no_llama:
+        from llama_cpp import Llama
+
+        llm = Llama(model_path=str(dec.plan.models["target"].gguf), n_ctx=2048, n_threads=torch.get_num_threads(),
+                    n_threads_batch=torch.get_num_threads(), n_batch=512, verbose=False)
+
+    def ours(tokens: list[int]) -> float:
+        runner.reset()
+        start = time.perf_counter()
+        runner.prefill(tokens)
+        return time.perf_counter() - start
+
+    def theirs(tokens: list[int]) -> float:
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(tokens)
+        return time.perf_counter() - start
+
+    roofs = measure_roofs(512 << 20, repeats=3)
+    costs = model_costs(runner.model)
+    rows = []
+    for n in lengths:
+        tokens = ids[:n]
+        times = {"ours": [], "llama.cpp": []}
+        ratios = []
+        contestants = {"ours": ours} | ({"llama.cpp": theirs} if llm is not None else {})
+        for r in range(args.repeats + 1):
+            order = list(contestants) if r % 2 else list(contestants)[::-1]
+            got = {name: contestants[name](tokens) for name in order}
+            if r:  # the first round warms up
+                for name, s in got.items():
+                    times[name].append(1000 * s / n)
+                if llm is not None:
+                    ratios.append(got["ours"] / got["llama.cpp"])
+        floor = floor_ms(costs, roofs, n, 0)
+        row = {"tokens": n, "ours_ms_per_token": round(statistics.median(times["ours"]), 3),
+               "compute_floor_ms_per_token": round(floor["compute_ms"] / n, 3),
+               "memory_floor_ms_per_token": round(floor["memory_ms"] / n, 3)}
+        row["of_compute_floor"] = round(row["ours_ms_per_token"] / row["compute_floor_ms_per_token"], 2)
+        if llm is not None:
+            row["llama_cpp_ms_per_token"] = round(statistics.median(times["llama.cpp"]), 3)
+            row["ours_over_llama_cpp"] = round(statistics.median(ratios), 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    out = {"machine": cpu_info().model, "threads": torch.get_num_threads(), "roofs": roofs.as_dict(),
+           "macs_per_row": costs.macs_per_row, "rows": rows}
+    print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
