@@ -3,6 +3,7 @@ says, every method's greedy output equal to the same artifact's plain decoding (
 eager), and a real GGUF file's own blocks kept, checked and decoded as the file holds them."""
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -251,6 +252,10 @@ def test_bench_times_llama_cpp_on_the_targets_own_gguf_file(smollm2_artifact, tm
         assert runs[name]["generated"] >= 1 and runs[name]["tpot_ms"] > 0
     assert runs["llama.cpp"]["mean_accepted_length"] == 1.0  # one token per forward: plain decoding
     assert runs["llama.cpp-pld"]["mean_accepted_length"] > 1.0  # the prompt repeats itself: lookups hit
+    # prompt processing, timed alike for every contestant: to the first token, over the prompt's tokens
+    summary = json.loads((out / "results.json").read_text())["summary"]
+    assert {r["contestant"] for r in summary if r["prefill_ms_per_token"] > 0} == set(runs)
+    assert "prefill ms/token" in (out / "summary.md").read_text()
 
 
 def test_llama_cpp_peer_needs_a_gguf_target(artifact, tmp_path):
@@ -268,3 +273,38 @@ def test_a_profile_measured_with_other_weight_codes_is_not_reused():
     six = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15})  # the same file, other codes
     assert eight != six and "qlinear" in eight
     assert "qlinear" not in profile.fingerprint("cpu", "aot")  # float weights: the kernel's source does not count
+
+
+@pytest.mark.real
+def test_bench_serve_drives_llama_cpp_server_with_the_same_load_and_stops_it(smollm2_artifact, tmp_path):
+    """`--peers llama.cpp-server`: llama-cpp-python's server on the target's GGUF, on loopback, gets
+    the same prompts at every level; its rows stand beside ours, each of ours is set against it,
+    its text is compared with ar's, and no server outlives the benchmark."""
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [t]}) + "\n"
+                               for i, t in enumerate(["The capital of France is", "def add(a, b):"])))
+    out = tmp_path / "serve"
+    proc = ygg("bench-serve", "--artifact", smollm2_artifact, "--prompts", prompts, "--concurrency", "1,2",
+               "--methods", "ar", "--peers", "llama.cpp-server", "-n", 16, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "results.json").read_text())
+    rows = {(r["method"], r["concurrency"]): r for r in report["summary"]}
+    assert set(rows) == {(m, c) for m in ("ar", "llama.cpp-server") for c in (1, 2)}
+    for c in (1, 2):
+        peer = rows[("llama.cpp-server", c)]
+        assert peer["peer"] and peer["requests"] == 2 and peer["tokens"] > 0 and peer["ttft_ms_p50"] > 0
+        assert peer["outputs_equal_ar"].endswith("/2")
+        assert rows[("ar", c)]["vs_peers"]["llama.cpp-server"]["tokens_per_s"] > 0
+    texts = [r["text"] for r in report["runs"] if r["method"] == "llama.cpp-server"]
+    assert len(texts) == 4 and all(texts)
+    assert "## Against the serving peers" in (out / "summary.md").read_text()
+    gguf = yaml.safe_load((smollm2_artifact / "plan.yaml").read_text())["models"]["target"]["gguf"]
+    left = subprocess.run(["pgrep", "-f", f"llama_cpp.server --model {gguf}"], capture_output=True, text=True)
+    assert not [p for p in left.stdout.split() if p], "llama.cpp-server outlived the benchmark"
+
+
+def test_the_llama_cpp_server_peer_needs_a_gguf_target_and_a_known_name(artifact, tmp_path):
+    proc = ygg("bench-serve", "--artifact", artifact, "--peers", "llama.cpp-server", "-o", tmp_path / "res")
+    assert_one_line_error(proc, "peer llama.cpp-server reads GGUF files", "checkpoint directory")
+    assert not (tmp_path / "res").exists()
+    assert_one_line_error(ygg("bench-serve", "--artifact", artifact, "--peers", "vllm"), "unknown serving peer 'vllm'")

@@ -9,6 +9,12 @@ from level to level. Prompts go as token ids (the artifact's chat template appli
 bench` does), so every method decodes the same tokens; greedy outputs are compared with `ar`'s.
 /metrics is read around every (level, method): the tree nodes verified per sequence at each batch
 size show how CAST shrinks the trees as the load grows.
+
+Peers (`--peers llama.cpp-server`): llama-cpp-python's OpenAI server on the target's own GGUF, with
+our threads, started on loopback beside ours (each idles while the other is loaded), driven by the
+same clients with the same prompts (the same templated text; it tokenizes it itself) in the same
+rotation. Its greedy text is compared with our `ar`'s and the agreement reported: not required, as
+its batch shapes change its numerics.
 """
 
 from __future__ import annotations
@@ -78,6 +84,126 @@ class Client:
         return {"tokens": tokens, "generated": n, "finish_reason": reason, "latency_s": end - start,
                 "ttft_s": (first or end) - start, "tpot_ms": tpot_ms(start, first, end, n) if first and n > 1 else None,
                 "start": start, "end": end}
+
+
+LLAMA_SERVER_MISSING = ("peer llama.cpp-server needs llama-cpp-python's server: pip install -e '.[llama]' "
+                        "(it builds llama.cpp from source, a few minutes)")
+
+
+class LlamaServer:
+    """llama-cpp-python's OpenAI server (`python -m llama_cpp.server`) on the target's GGUF, on
+    loopback, started and stopped here. One model, one request at a time (its own lock): later
+    requests wait, as its users see it. Not interrupted by a waiting request (its default would
+    cut a stream short whenever another arrives), greedy with no repetition penalty."""
+
+    name = "llama.cpp-server"
+
+    def __init__(self, gguf: Path, threads: int, n_ctx: int, codec: TextCodec):
+        self.gguf, self.threads, self.n_ctx, self.codec = gguf, threads, n_ctx, codec
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    @staticmethod
+    def check(plan) -> Path:
+        """The GGUF file it serves; YggError in one line when it cannot run here."""
+        import importlib.util
+
+        target = plan.models["target"]
+        if not target.gguf or not Path(target.gguf).is_file():
+            raise YggError(f"peer llama.cpp-server reads GGUF files, and this artifact's target ({target.spec}) "
+                           + ("came from a checkpoint directory" if not target.gguf
+                              else f"was compiled from {target.gguf}, which is gone"))
+        if plan.device != "cpu":
+            raise YggError("peer llama.cpp-server is measured on CPUs only here (llama-cpp-python's CPU build)")
+        if any(importlib.util.find_spec(m) is None for m in ("llama_cpp", "sse_starlette", "starlette_context",
+                                                             "pydantic_settings")):
+            raise YggError(LLAMA_SERVER_MISSING)
+        return Path(target.gguf)
+
+    def start(self) -> None:
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--host", "127.0.0.1",
+               "--port", str(self.port), "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads),
+               "--n_ctx", str(self.n_ctx), "--n_batch", "512", "--interrupt_requests", "False", "--verbose", "False"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_ready(self.proc, lambda: _get(self.port, "/v1/models"), "llama.cpp-server")
+
+    def stop(self) -> None:
+        stop(self.proc)
+
+    def complete(self, ids: list[int], method: str, max_tokens: int) -> dict:
+        """The same prompt as text (its chat template included, as our ids hold it), streamed."""
+        body = {"prompt": self.codec.tokenizer.decode(ids, skip_special_tokens=False), "max_tokens": max_tokens,
+                "temperature": 0, "top_k": 0, "min_p": 0, "top_p": 1, "repeat_penalty": 1.0, "stream": True}
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_S)
+        start = time.perf_counter()
+        first, text, chunks, reason = None, "", 0, None
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise YggError(f"llama.cpp-server answered {resp.status}: {resp.read()[:200].decode(errors='replace')}")
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choice = json.loads(line[6:])["choices"][0]
+                if choice.get("text"):
+                    first = first or time.perf_counter()
+                    text += choice["text"]
+                    chunks += 1
+                reason = choice.get("finish_reason") or reason
+        finally:
+            conn.close()
+        end = time.perf_counter()
+        # Its stream carries text, not ids: the tokens are its text as our tokenizer reads it (the
+        # same vocabulary; a greedy output tokenizes back to itself but for rare merges).
+        n = max(chunks, len(self.codec.encode(text, raw=True))) if text else 0
+        return {"tokens": [], "text": text, "generated": n, "finish_reason": reason, "latency_s": end - start,
+                "ttft_s": (first or end) - start, "tpot_ms": tpot_ms(start, first, end, n) if first and n > 1 else None,
+                "start": start, "end": end}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+def wait_ready(proc: subprocess.Popen, probe, name: str) -> None:
+    """Until `probe` answers (its OSError: not yet); YggError if the process dies or takes too long."""
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise YggError(f"{name} did not start: {proc.stderr.read().strip().splitlines()[-1:]}")
+        try:
+            probe()
+            return
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise YggError(f"{name} did not become ready")
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -169,25 +295,14 @@ def load_level(client: Client, prompts: list[tuple[str, list[int]]], method: str
 
 
 def start_server(opts: ServeBenchOptions, max_batch: int) -> tuple[subprocess.Popen, int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "ygg_compile", "serve", "--artifact", str(opts.artifact), "--port", str(port),
            "--max-batch", str(max_batch), "--max-queue", str(max(64, 4 * max_batch)), "--model-name", "bench"]
     if not opts.cost_aware:
         cmd.append("--no-cost-aware")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + READY_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise YggError(f"ygg serve did not start: {proc.stderr.read().strip().splitlines()[-1:]}")
-        try:
-            scrape(port)
-            return proc, port
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise YggError("ygg serve did not become ready")
+    wait_ready(proc, lambda: scrape(port), "ygg serve")
+    return proc, port
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -248,6 +363,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     unknown = [m for m in opts.methods if m not in plan.methods]
     if unknown:
         raise YggError(f"method '{unknown[0]}' is not in this artifact (it has: {', '.join(plan.methods)})")
+    gguf = LlamaServer.check(plan) if opts.peers else None  # refused before anything is written or started
     out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")
     prompts = read_jsonl(opts.prompts, opts.categories, opts.limit)
     with ui.step("loading the tokenizer"):
@@ -258,41 +374,56 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     if not encoded:
         raise YggError("every prompt is longer than the artifact's context: compile with a larger --max-context")
     levels = sorted(set(opts.concurrency))
-    with ui.step(f"starting ygg serve (batch ≤ {levels[-1]})"):
-        proc, port = start_server(opts, levels[-1])
-    client = Client(port, "bench")
+    peers: dict[str, LlamaServer] = {}
+    if gguf is not None:
+        import torch
+
+        peers["llama.cpp-server"] = LlamaServer(gguf, torch.get_num_threads(), plan.max_context, codec)
+    contestants = [*opts.methods, *peers]
+    proc = None
     results: list[dict] = []
     runs: list[dict] = []
     try:
+        with ui.step(f"starting ygg serve (batch ≤ {levels[-1]})"):
+            proc, port = start_server(opts, levels[-1])
+        client = Client(port, "bench")
+        for name, peer in peers.items():
+            with ui.step(f"starting {name} on {Path(peer.gguf).name}"):
+                peer.start()
         with ui.step("warming up"):
-            for m in opts.methods:
-                client.complete(encoded[0][1], m, 8)
-        total = len(levels) * len(opts.methods) * len(encoded)
-        label = f"{len(encoded)} prompts × {len(opts.methods)} methods at concurrency {','.join(map(str, levels))}"
+            for m in contestants:
+                peers.get(m, client).complete(encoded[0][1], m, 8)
+        total = len(levels) * len(contestants) * len(encoded)
+        label = f"{len(encoded)} prompts × {len(contestants)} contestants at concurrency {','.join(map(str, levels))}"
         done = 0
         with ui.step(label):
             for i, c in enumerate(levels):
-                order = opts.methods if i % 2 == 0 else opts.methods[::-1]
+                order = contestants if i % 2 == 0 else contestants[::-1]
                 for m in order:
-                    before = scrape(port)
-                    with Scraper(port) as scraper:
-                        rows, wall = load_level(client, encoded, m, c, opts.max_new_tokens)
-                    after = scrape(port)
-                    results.append({"method": m, "concurrency": c,
-                                    **level_summary(rows, wall, before, after, scraper.samples)})
+                    if m in peers:  # no /metrics of ours to read
+                        rows, wall = load_level(peers[m], encoded, m, c, opts.max_new_tokens)
+                        summary = {**level_summary(rows, wall, {}, {}, None), "metrics": None}
+                    else:
+                        before = scrape(port)
+                        with Scraper(port) as scraper:
+                            rows, wall = load_level(client, encoded, m, c, opts.max_new_tokens)
+                        summary = level_summary(rows, wall, before, scrape(port), scraper.samples)
+                    results.append({"method": m, "concurrency": c, "peer": m in peers, **summary})
                     runs += [{"method": m, "concurrency": c, **r} for r in rows]
                     done += len(rows)
                     ui.progress(label, done, total, unit="requests")
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
+        for peer in peers.values():
+            peer.stop()
     reference = {(r["concurrency"], r["prompt"]): r["tokens"] for r in runs if r["method"] == "ar"}
     for res in results:
         mine = [r for r in runs if r["method"] == res["method"] and r["concurrency"] == res["concurrency"]]
-        same = [reference.get((r["concurrency"], r["prompt"])) == r["tokens"] for r in mine if reference]
+        if res["peer"]:  # its text against ar's (not required to agree: its numerics are its own)
+            same = [codec.decode(reference[k]) == r["text"] for r in mine
+                    if (k := (r["concurrency"], r["prompt"])) in reference]
+        else:
+            same = [reference.get((r["concurrency"], r["prompt"])) == r["tokens"] for r in mine if reference]
         res["outputs_equal_ar"] = f"{sum(same)}/{len(same)}" if same else None
     single = {r["method"]: r["tokens_per_s"] for r in results if r["concurrency"] == levels[0]}
     for res in results:
@@ -300,8 +431,13 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     ar = {r["concurrency"]: r["tokens_per_s"] for r in results if r["method"] == "ar"}
     for res in results:
         res["tokens_per_s_vs_ar"] = res["tokens_per_s"] / ar[res["concurrency"]] if res["concurrency"] in ar else None
+    by_peer = {(r["method"], r["concurrency"]): r for r in results if r["peer"]}
+    for res in results:  # each of ours against each peer at the same level
+        res["vs_peers"] = {p: {"tokens_per_s": res["tokens_per_s"] / other["tokens_per_s"],
+                               "ttft_ms_p50": res["ttft_ms_p50"] / other["ttft_ms_p50"]}
+                           for (p, c), other in by_peer.items() if c == res["concurrency"] and not res["peer"]}
     report = {"config": {"command": opts.command, "artifact": str(opts.artifact), "concurrency": levels,
-                         "methods": opts.methods, "max_new_tokens": opts.max_new_tokens, "prompts": len(encoded),
+                         "methods": opts.methods, "peers": list(peers), "max_new_tokens": opts.max_new_tokens, "prompts": len(encoded),
                          "cost_aware": opts.cost_aware, "date": time.strftime("%Y-%m-%d %H:%M:%S")},
               "machine": machine_info(plan), "summary": results,
               "runs": [{k: v for k, v in r.items() if k not in ("start", "end")} for r in runs]}
@@ -349,4 +485,15 @@ def summary_markdown(report: dict) -> str:
                      f"{r['tokens']} | {m['requests_finished']:.0f} / {r['requests']} | {m['drafts']:.0f} | "
                      f"{m['draft_tokens']:.0f} | {m['accepted_tokens']:.0f} | "
                      f"{'yes' if r['metrics_agree'] else 'NO'} |")
+    peers = [p for p in cfg.get("peers", [])]
+    if peers:
+        lines += ["", "## Against the serving peers", "",
+                  "Ours over theirs at the same concurrency, on the same prompts (tokens/s: higher is better for us; "
+                  "TTFT p50: lower). The peer's 'outputs = ar' column above is its text against our ar's: not "
+                  "required to agree, its batch shapes change its numerics.", "",
+                  "| method | concurrency | peer | tokens/s × | TTFT p50 × |", "|---|---|---|---|---|"]
+        for r in sorted(report["summary"], key=lambda r: (r["method"], r["concurrency"])):
+            for p, v in (r.get("vs_peers") or {}).items():
+                lines.append(f"| {r['method']} | {r['concurrency']} | {p} | {v['tokens_per_s']:.2f} "
+                             f"| {v['ttft_ms_p50']:.2f} |")
     return "\n".join(lines + [""])

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from ygg_compile.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, BenchOptions, CompileOptions, ServeBenchOptions
+from ygg_compile.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, SERVE_PEERS, BenchOptions, CompileOptions, ServeBenchOptions
 from ygg_runtime.cli import METHODS, SAMPLING_HELP, TOOLCHAIN, app, main, read_prompt, require
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR, check_max_new_tokens
@@ -144,6 +144,7 @@ def bench_serve_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
     max_new_tokens: int = typer.Option(ServeBenchOptions.max_new_tokens, "--max-new-tokens", "-n", help="tokens to generate per request at most"),
     no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="serve without CAST allocation (ablation)"),
+    peers: Optional[list[str]] = typer.Option(None, "--peers", help=f"other servers to drive with the same load ({', '.join(SERVE_PEERS)}; needs the llama extra)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>-serve)"),
 ) -> None:
     """Load `ygg serve` on loopback at several concurrency levels: aggregate tokens/s and per-request TPOT."""
@@ -153,7 +154,7 @@ def bench_serve_cmd(
         raise YggError(f"--concurrency takes integers, e.g. 1,2,4,8 (not {concurrency})") from None
     opts = ServeBenchOptions(artifact, prompts, _split(categories, "--categories"), limit, levels,
                              [m.strip() for m in methods.split(",") if m.strip()], max_new_tokens, output,
-                             not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]))
+                             not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]), _split(peers, "--peers") or [])
     commands("bench-serve").bench_serve(opts)
 
 

@@ -20,6 +20,8 @@ LLAMA_PEERS = ("llama.cpp", "llama.cpp-pld")  # an optional extra: pip install -
 PEERS = HF_PEERS + LLAMA_PEERS
 SERVE_CONCURRENCY = (1, 2, 4, 8)  # `ygg bench-serve`'s load levels
 SERVE_METHODS = ("egt", "ar")  # and the methods it loads the server with
+# Servers `ygg bench-serve` drives beside ours (opt-in: llama-cpp-python's server, the llama extra)
+SERVE_PEERS = ("llama.cpp-server",)
 WEIGHTS = ("bf16", "int8", "int4", "int3", "int2")  # what --weights takes besides "auto" (bf16: the artifact's dtype)
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # what --dtype takes (ygg_compile.hardware)
 
@@ -119,9 +121,12 @@ class ServeBenchOptions:
     output: Path | None = None
     cost_aware: bool = True
     command: str = ""
+    peers: list[str] = field(default_factory=list)  # SERVE_PEERS driven with the same load
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 64:
             raise YggError("--concurrency takes levels in 1..64, e.g. 1,2,4,8")
+        if unknown := [p for p in self.peers if p not in SERVE_PEERS]:
+            raise YggError(f"unknown serving peer '{unknown[0]}' (choose from {', '.join(SERVE_PEERS)})")
         check_max_new_tokens(self.max_new_tokens)
         check_limit(self.limit)

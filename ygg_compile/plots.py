@@ -84,7 +84,8 @@ def serve_curves(summary: list[dict]) -> bytes:
         axes[0].plot(c, [r["tokens_per_s"] for r in rows], "o-", color=color, label=m)
         axes[1].plot(c, [r["tpot_ms_p50"] for r in rows], "o-", color=color, label=f"{m} p50")
         axes[1].plot(c, [r["tpot_ms_p95"] for r in rows], "o--", color=color, alpha=0.6, label=f"{m} p95")
-        axes[2].plot(c, [r["nodes_per_sequence"] for r in rows], "o-", color=color, label=m)
+        if all(r["nodes_per_sequence"] is not None for r in rows):  # a peer's server has no trees to count
+            axes[2].plot(c, [r["nodes_per_sequence"] for r in rows], "o-", color=color, label=m)
     for ax, title in zip(axes, ("aggregate tokens/s", "TPOT per request (ms)", "tree nodes verified per sequence")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")

@@ -57,6 +57,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
         per.setdefault((r["contestant"], r["prompt"]), []).append(r)
         cats[r["prompt"]] = r["category"]
     tpot = {k: statistics.median(x["tpot_ms"] for x in v) for k, v in per.items()}
+    prefill = {k: statistics.median(prefill_ms_per_token(x) for x in v) for k, v in per.items()}
     out = []
     for cat in sorted(set(cats.values())) + ["all"]:
         keys = [p for p, c in cats.items() if cat in ("all", c)]
@@ -78,6 +79,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "tpot_ms": statistics.median(values),
                 "tpot_p25_ms": _quantile(values, 0.25),
                 "tpot_p75_ms": _quantile(values, 0.75),
+                "prefill_ms_per_token": statistics.median(prefill[(name, p)] for p in mine),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
                 # over llama.cpp's plain decoding of the same GGUF file, when the run has it
@@ -108,6 +110,16 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 row["first_divergence"] = [d for d in divergences if d is not None]
             out.append(row)
     return out
+
+
+def prefill_ms_per_token(run: dict) -> float:
+    """Prompt processing as every contestant can be timed alike: from the call to the first output
+    token, over the prompt's tokens. Ours: the prefill (both models: a drafting method's drafter
+    reads the prompt too) and the first step; a peer's first token comes out of its prompt's
+    forward. A prompt prefix cached across calls (our chat template's system turn; llama.cpp's
+    longest common prefix) counts as processed for both."""
+    first = run["prefill_s"] + (run.get("first_token_s") or 0.0)
+    return 1000.0 * first / max(1, run["prompt_tokens"])
 
 
 def reference(name: str, runs: list[dict], per: dict) -> str:
@@ -145,7 +157,8 @@ def winners(summary: list[dict]) -> dict[str, str]:
     return {cat: row["contestant"] for cat, row in best.items()}
 
 
-CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "speedup_vs_ar",
+CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "prefill_ms_per_token",
+              "speedup_vs_ar",
               "speedup_vs_hf_assisted", "speedup_vs_llama_cpp", "egt_speedup_over", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
               "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens",
               "retrieval_ms_per_step", "retrieval_steps_share"]
@@ -196,13 +209,14 @@ def summary_markdown(results: dict) -> str:
         "TPOT is the time per output token after the first (vLLM's: from the first token out to the last, over the "
         "tokens after the first; prompt processing excluded), the median over the prompts "
         "(p25–p75 in brackets). Speed-ups are paired: per prompt, the ratio of TPOTs measured back to back, "
-        "median over the prompts. Mean accepted = tokens per target forward, bonus included."
+        "median over the prompts. Mean accepted = tokens per target forward, bonus included. Prefill = prompt "
+        "processing: from the call to the first output token, over the prompt's tokens (median over the prompts)."
         + (" `vs llama.cpp`: over llama.cpp's plain decoding of the same GGUF file, same threads and prompt ids."
            if llama else ""),
         "",
-        "| category | contestant | prompts | TPOT ms | vs ar | vs hf-assisted | " + ("vs llama.cpp | " if llama else "")
-        + "mean accepted | accept rate | draft/verify/other | " + ("= ar |" if greedy else ""),
-        "|---|---|---|---|---|---|---|---|---|" + ("---|" if llama else "") + ("---|" if greedy else ""),
+        "| category | contestant | prompts | TPOT ms | prefill ms/token | vs ar | vs hf-assisted | "
+        + ("vs llama.cpp | " if llama else "") + "mean accepted | accept rate | draft/verify/other | " + ("= ar |" if greedy else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if llama else "") + ("---|" if greedy else ""),
     ]
     for r in results["summary"]:
         split = "/".join(f"{r[k] * 100:.0f}%" for k in ("draft_share", "verify_share", "other_share")) if "draft_share" in r else "–"
@@ -210,7 +224,7 @@ def summary_markdown(results: dict) -> str:
         same = f"{r['same_as_ar']}/{r['prompts']}{versus} |" if greedy and "same_as_ar" in r else ("– |" if greedy else "")
         lines.append(
             f"| {r['category']} | {r['contestant']} | {r['prompts']} | {r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f}) | "
-            f"{fmt(r['speedup_vs_ar'], '.2f', '×')} | {fmt(r['speedup_vs_hf_assisted'], '.2f', '×')} | "
+            f"{fmt(r.get('prefill_ms_per_token'), '.2f')} | {fmt(r['speedup_vs_ar'], '.2f', '×')} | {fmt(r['speedup_vs_hf_assisted'], '.2f', '×')} | "
             + (f"{fmt(r.get('speedup_vs_llama_cpp'), '.2f', '×')} | " if llama else "")
             + f"{r['mean_accepted_length']:.2f} | {fmt(r['acceptance_rate'], '.0%')} | {split} | {same}"
         )
@@ -294,7 +308,7 @@ def render_table(results: dict):
     t = Table(title=f"{results['artifact']['path']} · {results['machine']['dtype']} · {cfg['max_new_tokens']} new tokens · "
                     f"{len(cfg['prompt_keys'])} prompts")
     llama = any(r.get("speedup_vs_llama_cpp") is not None for r in results["summary"])
-    cols = ["category", "contestant", "n", "TPOT ms (p25–p75)", "×ar", "×hf-assisted", *(["×llama.cpp"] if llama else []),
+    cols = ["category", "contestant", "n", "TPOT ms (p25–p75)", "prefill ms/tok", "×ar", "×hf-assisted", *(["×llama.cpp"] if llama else []),
             "acc. len", "accept", "d/v/o %"]
     cols += ["= ar"] if greedy else []
     for c in cols:
@@ -308,7 +322,7 @@ def render_table(results: dict):
         name = f"[bold green]{r['contestant']}[/]" if wins.get(r["category"]) == r["contestant"] else r["contestant"]
         split = "/".join(f"{r[k] * 100:.0f}" for k in ("draft_share", "verify_share", "other_share")) if "draft_share" in r else "–"
         row = [r["category"], name, str(r["prompts"]), f"{r['tpot_ms']:.1f} ({r['tpot_p25_ms']:.0f}–{r['tpot_p75_ms']:.0f})",
-               fmt(r["speedup_vs_ar"], ".2f"), fmt(r["speedup_vs_hf_assisted"], ".2f"),
+               fmt(r.get("prefill_ms_per_token"), ".2f"), fmt(r["speedup_vs_ar"], ".2f"), fmt(r["speedup_vs_hf_assisted"], ".2f"),
                *([fmt(r.get("speedup_vs_llama_cpp"), ".2f")] if llama else []),
                f"{r['mean_accepted_length']:.2f}", fmt(r["acceptance_rate"], ".0%"), split]
         if greedy:
