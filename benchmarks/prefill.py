@@ -8,8 +8,9 @@ under the chat template, cut to the length) are prefilled by our runner (`ModelR
 what a generation runs before its first token) and by llama.cpp (`Llama.eval` after a reset, with
 the binding's n_batch of 512), alternating, the order flipped every repeat; medians of ms per
 prompt token and their paired ratio. The compute floor is rows x multiply-adds per row over the
-measured int8 peak; the memory floor the weight bytes over the measured read bandwidth. Run it
-alone on the machine.
+measured int8 peak, a prompt row's multiply-adds being the linear layers' without the output head
+(prefill computes no logits); the memory floor the weight bytes over the measured read bandwidth.
+Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main() -> None:
 
     roofs = measure_roofs(512 << 20, repeats=3)
     costs = model_costs(runner.model)
+    head = runner.model.output
+    prompt_macs = costs.macs_per_row - head.in_features * head.out_features
     rows = []
     for n in lengths:
         tokens = ids[:n]
@@ -81,8 +84,9 @@ def main() -> None:
                 if llm is not None:
                     ratios.append(got["ours"] / got["llama.cpp"])
         floor = floor_ms(costs, roofs, n, 0)
+        compute = 1000.0 * prompt_macs / roofs.int8_peak  # per token
         row = {"tokens": n, "ours_ms_per_token": round(statistics.median(times["ours"]), 3),
-               "compute_floor_ms_per_token": round(floor["compute_ms"] / n, 3),
+               "compute_floor_ms_per_token": round(compute, 3),
                "memory_floor_ms_per_token": round(floor["memory_ms"] / n, 3)}
         row["of_compute_floor"] = round(row["ours_ms_per_token"] / row["compute_floor_ms_per_token"], 2)
         if llm is not None:
@@ -91,7 +95,7 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     out = {"machine": cpu_info().model, "threads": torch.get_num_threads(), "roofs": roofs.as_dict(),
-           "macs_per_row": costs.macs_per_row, "rows": rows}
+           "macs_per_prompt_row": prompt_macs, "rows": rows}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

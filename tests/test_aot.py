@@ -48,8 +48,11 @@ def test_compiled_forward_matches_eager_and_writes_the_same_cache_rows(compiled,
         cache.k[:, :, prefix:] = 0
         cache.v[:, :, prefix:] = 0
     assert fwd.holds(width, mask.shape[1])
-    logits, hidden = fwd(tokens, positions, slots, mask)
+    logits, hidden = fwd(tokens, positions, slots, mask, torch.arange(width))
     assert (logits - want_logits).abs().max() < 1e-4 and (hidden - want_hidden).abs().max() < 1e-4
+    some = torch.arange(width - 1, -1, -2)  # a few rows' logits only (a prompt's rows need none)
+    part, _ = fwd(tokens, positions, slots, mask, some)
+    assert torch.allclose(part[0], logits[0, some], atol=1e-5)  # a float head at another row count: close
     for cache, (k, v) in zip(model.caches(), want_cache):
         assert torch.allclose(cache.k[:, :, : prefix + width], k, atol=1e-5)
         assert torch.allclose(cache.v[:, :, : prefix + width], v, atol=1e-5)

@@ -416,3 +416,40 @@ def test_a_chunk_is_as_large_as_the_step_budget_allows_and_fills_an_idle_forward
     assert curves.t_batch("target", 2, 1 + n) - plain <= (PREFILL_STRETCH - 1) * plain
     assert curves.t_batch("target", 2, 2 + n) - plain > (PREFILL_STRETCH - 1) * plain
     assert batch._chunks([], [filling], 0) == [(filling, MAX_ROWS)]
+
+
+def test_a_prompts_rows_skip_the_output_head_and_write_the_same_cache_rows(int8_pair):
+    """Prefill asks for no logits (the head is a sixth of a 1.5B model's work per row): the rows it
+    commits are the bits a forward that computes every row's logits writes."""
+    target, _, _ = int8_pair
+    tokens = list(range(3, 150))
+    target.reset()
+    target.prefill(tokens)
+    assert target.logits is None
+    skipped = [(c.k[:, :, : len(tokens)].clone(), c.v[:, :, : len(tokens)].clone()) for c in target.model.caches()]
+    target.reset()
+    for i in range(0, len(tokens), MAX_ROWS):
+        part = tokens[i : i + MAX_ROWS]
+        assert target.forward_chain(part).shape[0] == len(part)
+        target.commit(list(range(len(part))))
+    for c, (k, v) in zip(target.model.caches(), skipped):
+        assert torch.equal(c.k[:, :, : len(tokens)], k) and torch.equal(c.v[:, :, : len(tokens)], v)
+
+
+def test_a_mixed_forward_computes_logits_on_a_checked_number_of_rows():
+    """Beside a prompt chunk, the head runs on the wanted rows filled up to a compiled width of at
+    least the exactness floor (a float head's rows are invariant only from there), padding rows
+    and the chunk's last rows filling it."""
+    from types import SimpleNamespace
+
+    from ygg_runtime.runner import head_rows
+
+    first = SimpleNamespace(min_width=4, widths=(1, 2, 4, 8, 16))
+    verify = Call(None, [1], [0], [0], torch.ones(1, 1, dtype=torch.bool))
+    chunk = Call(None, list(range(10)), list(range(10)), list(range(10)), torch.ones(10, 10, dtype=torch.bool), False)
+    heads, at = head_rows([verify, chunk], 16, first)
+    assert heads[:1] == [0] and len(heads) == 4 and at == [0, None]
+    assert heads[1:] == [11, 12, 13, 14, 15][:3]  # the padding rows first
+    heads, at = head_rows([chunk, verify, verify], 12, first)
+    assert heads[:2] == [10, 11] and len(heads) == 4 and at == [None, 0, 1]
+    assert head_rows([verify, verify], 2, first) == ([0, 1], [0, 1])  # all wanted: every row, as before

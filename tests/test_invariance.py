@@ -28,8 +28,8 @@ def perturb(r, when, where="logits"):
     model = r.model
     forward = model.forward
 
-    def wrapped(tokens, positions, slots, mask):
-        logits, hidden = forward(tokens, positions, slots, mask)
+    def wrapped(tokens, positions, slots, mask, heads=None):
+        logits, hidden = forward(tokens, positions, slots, mask, heads)
         if when(tokens.shape[1], mask):
             if where == "logits":
                 logits = logits + 1e-3

@@ -30,12 +30,14 @@ PACKAGE = "model.pt2"  # per model, beside its weights
 
 
 def example_args(width: int, span: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Inputs of a forward: tokens [1, W], positions [W], slots [W], mask [W, span]. Every input
-    is its own tensor: export treats one tensor passed twice as one input, and the graph would then
-    read the slots as the positions."""
+    """Inputs of a forward: tokens [1, W], positions [W], slots [W], mask [W, span], heads [H]
+    (the rows whose logits are wanted; H other than W, so that export keeps the two sizes apart).
+    Every input is its own tensor: export treats one tensor passed twice as one input, and the
+    graph would then read the slots as the positions."""
     positions = torch.arange(width, device=device)
     mask = torch.ones(width, span, dtype=torch.bool, device=device).tril()
-    return torch.zeros(1, width, dtype=torch.long, device=device), positions, positions.clone(), mask
+    heads = torch.arange(max(1, width - 3), device=device)
+    return torch.zeros(1, width, dtype=torch.long, device=device), positions, positions.clone(), mask, heads
 
 
 def compile_model(model: Transformer, path: Path, progress: Callable[[int, int], None] | None = None) -> float:
@@ -51,8 +53,9 @@ def compile_model(model: Transformer, path: Path, progress: Callable[[int, int],
     device = model.device
     width = Dim("width", min=1, max=min(MAX_WIDTH, model.max_len))
     span = Dim("span", min=2, max=model.max_len)
+    heads = Dim("heads", min=1, max=min(MAX_WIDTH, model.max_len))
     args = example_args(min(8, model.max_len), min(16, model.max_len), device)
-    shapes = ({1: width}, {0: width}, {0: width}, {0: width, 1: span})
+    shapes = ({1: width}, {0: width}, {0: width}, {0: width, 1: span}, {0: heads})
     with torch.no_grad(), shape_config.patch(backed_size_oblivious=True), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, printed per graph
         program = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)

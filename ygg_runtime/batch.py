@@ -389,7 +389,7 @@ class Batch:
         calls = [(m, m.generation.call()) for m in live]
         rows = sum(len(c.tokens) for _, c in calls)
         chunks = self._chunks(live, filling, rows)
-        calls += [(m, m.generation.target.chain_call(m.generation.owed()[:n])) for m, n in chunks]
+        calls += [(m, m.generation.target.chain_call(m.generation.owed()[:n], logits=False)) for m, n in chunks]
         for group in _groups(calls, lambda item: len(item[1].tokens)):
             width = group[0][0].generation.tree.verify_width if len(group) == 1 and group[0][0].prefilled else 0
             t = time.perf_counter()

@@ -17,9 +17,11 @@ from torch import Tensor
 from ygg_runtime import kernels
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.model import Transformer
-from ygg_runtime.runner import PREFILL_CHUNK as MAX_WIDTH  # the widest dynamic forward
 
 GRAPH = "forward"  # its name inside the package
+# The widest forward the graph takes (its width is dynamic up to it): the widest tree a plan may
+# verify alone (`ygg_compile.build` refuses wider ones). Prompts run in narrower chunks (runner.PREFILL_CHUNK).
+MAX_WIDTH = 512
 
 
 def constants(model: Transformer) -> dict[str, Tensor]:
@@ -60,6 +62,7 @@ class CompiledForward:
         """Whether a forward of this width over this many cache slots is within the graph's range."""
         return 1 <= width <= self.max_width and 2 <= span <= self.max_len
 
-    def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        logits, hidden = self.graph(tokens, positions, slots, mask)
+    def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
+                 heads: Tensor) -> tuple[Tensor, Tensor]:
+        logits, hidden = self.graph(tokens, positions, slots, mask, heads)
         return logits, hidden

@@ -63,6 +63,7 @@ class Call:
     offsets: list[int]
     depths: list[int]
     tree_mask: Tensor
+    logits: bool = True  # False: a prompt's rows, which only write the cache (no output head)
 
 
 class ModelRunner:
@@ -140,27 +141,29 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
 
     def forward(
-        self, tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor, width: int = 0
-    ) -> Tensor:
+        self, tokens: list[int], offsets: list[int], depths: list[int], tree_mask: Tensor, width: int = 0,
+        logits: bool = True,
+    ) -> Tensor | None:
         """Run W new tokens. offsets[i]: tree slot of token i (cache slot committed + offsets[i]);
         depths[i]: its depth below the committed prefix (position committed + depths[i]);
-        tree_mask [W, T] bool: which of the T tree slots token i sees. Returns logits [W, vocab].
+        tree_mask [W, T] bool: which of the T tree slots token i sees. Returns logits [W, vocab]
+        (None with logits=False: the rows only write the cache, as a prompt's do).
         width > W pads the forward to that many tokens (a compiled width) with masked slots placed
         after the tree, which see only themselves and whose outputs are dropped."""
-        call = Call(self, tokens, offsets, depths, tree_mask)
+        call = Call(self, tokens, offsets, depths, tree_mask, logits)
         if self.gate is not None:
             return self.gate.run(call, width)
         return forward_many([call], width)[0]
 
-    def chain_call(self, tokens: list[int]) -> Call:
+    def chain_call(self, tokens: list[int], logits: bool = True) -> Call:
         """The forward of tokens as a plain causal continuation of the committed prefix."""
         n = len(tokens)
-        return Call(self, tokens, list(range(n)), list(range(n)), torch.ones(n, n, dtype=torch.bool).tril_())
+        return Call(self, tokens, list(range(n)), list(range(n)), torch.ones(n, n, dtype=torch.bool).tril_(), logits)
 
-    def forward_chain(self, tokens: list[int]) -> Tensor:
+    def forward_chain(self, tokens: list[int], logits: bool = True) -> Tensor | None:
         """Run tokens as a plain causal continuation of the committed prefix (not committed)."""
-        c = self.chain_call(tokens)
-        return self.forward(c.tokens, c.offsets, c.depths, c.tree_mask)
+        c = self.chain_call(tokens, logits)
+        return self.forward(c.tokens, c.offsets, c.depths, c.tree_mask, logits=logits)
 
     def commit(self, offsets: list[int]) -> None:
         """Keep the tree slots `offsets` (a root path, in order) as the next committed tokens."""
@@ -181,7 +184,7 @@ class ModelRunner:
             self.committed = n
             p.hits += 1
         else:
-            self.forward_chain(p.tokens)
+            self.forward_chain(p.tokens, logits=False)
             self.commit(list(range(n)))
             p.rows[kind] = snapshot(self.model.caches(), self.base, n)
         return n
@@ -192,7 +195,7 @@ class ModelRunner:
         start = self.take_prefix(tokens)
         for i in range(start, len(tokens), chunk):
             part = tokens[i : i + chunk]
-            self.forward_chain(part)
+            self.forward_chain(part, logits=False)
             self.commit(list(range(len(part))))
 
 
@@ -255,17 +258,43 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     x = torch.tensor([tokens], device=dev)
     positions_t = torch.tensor(positions + [0] * extra, device=dev)
     slots_t = torch.tensor(slots + pad_slots, device=dev)
+    heads, at = head_rows(calls, width, first)
     compiled = first.compiled is not None and first.compiled.holds(width, span)
-    logits, hidden = (first.compiled if compiled else first.model)(x, positions_t, slots_t, mask.to(dev))
+    logits, hidden = (first.compiled if compiled else first.model)(x, positions_t, slots_t, mask.to(dev),
+                                                                   torch.tensor(heads, device=dev))
     out, row = [], 0
-    for c in calls:
+    for c, j in zip(calls, at):
         w = len(c.tokens)
         r = c.runner
         r.forwards += 1
         r.compiled_forwards += compiled
         if r._recorded is not None:
             r._recorded.append(width)
-        r.hidden, r.logits = hidden[0, row : row + w], logits[0, row : row + w]
+        r.hidden, r.logits = hidden[0, row : row + w], (logits[0, j : j + w] if j is not None else None)
         out.append(r.logits)
         row += w
     return out
+
+
+def head_rows(calls: list[Call], width: int, first: "ModelRunner") -> tuple[list[int], list[int | None]]:
+    """The rows of a forward whose logits are computed, and where each call's logits start among
+    them (None: a prompt's rows, which need none). Every row when every call wants logits, as
+    before; otherwise the wanted rows, filled with others up to a compiled width of at least the
+    exactness floor: the output head then runs on as many rows as a whole forward of that width
+    did when the row check measured it (the quantized head's rows are invariant at any count)."""
+    if all(c.logits for c in calls):
+        at, row = [], 0
+        for c in calls:
+            at.append(row)
+            row += len(c.tokens)
+        return list(range(width)), at
+    heads, at, spare, row = [], [], [], 0
+    for c in calls:
+        rows = list(range(row, row + len(c.tokens)))
+        at.append(len(heads) if c.logits else None)
+        (heads if c.logits else spare).extend(rows)
+        row += len(c.tokens)
+    spare = list(range(row, width)) + spare[::-1]  # padding rows first, then the prompt's last rows
+    need = max(len(heads), first.min_width, 1)
+    want = min(width, fit_width(need, first.widths) if first.widths else need)
+    return heads + spare[: want - len(heads)], at
