@@ -101,8 +101,10 @@ def test_the_compiled_forward_of_a_quantized_model_matches_its_eager_one(tmp_pat
         positions = slots = torch.arange(width) + 5
         mask = torch.ones(width, 5 + width, dtype=torch.bool).tril(5)
         want, _ = model(tokens, positions, slots.clone(), mask)
-        got, _ = fwd(tokens, positions, slots.clone(), mask)
+        got, _ = fwd(tokens, positions, slots.clone(), mask, torch.arange(width))
         assert (got - want).abs().max() < 1e-4, width
+        last, _ = fwd(tokens, positions, slots.clone(), mask, torch.tensor([width - 1]))
+        assert torch.equal(last[0, 0], got[0, -1])  # the quantized head: a row's logits whatever else it computes
 
 
 def test_inspect_says_the_weights_are_quantized_and_lossy(int4_artifact, tmp_path):
