@@ -394,8 +394,8 @@ def test_a_long_prompt_prefills_in_chunks_beside_the_decoding_members_and_every_
 
 def test_a_chunk_is_as_large_as_the_step_budget_allows_and_fills_an_idle_forward(int8_pair):
     """The chunk size comes from the measured T(B, n): a step carrying a chunk costs at most
-    PREFILL_STRETCH times the step without it (at least MIN_CHUNK tokens); with nobody decoding,
-    the forward is filled to MAX_ROWS."""
+    PREFILL_STRETCH times the step without it (at least MIN_CHUNK tokens, then up to the compiled
+    width the forward is padded to); with nobody decoding, the forward is filled to MAX_ROWS."""
     from ygg_runtime.batch import MIN_CHUNK, PREFILL_STRETCH
     from ygg_runtime.objective import Curves
 
@@ -416,6 +416,14 @@ def test_a_chunk_is_as_large_as_the_step_budget_allows_and_fills_an_idle_forward
     assert curves.t_batch("target", 2, 1 + n) - plain <= (PREFILL_STRETCH - 1) * plain
     assert curves.t_batch("target", 2, 2 + n) - plain > (PREFILL_STRETCH - 1) * plain
     assert batch._chunks([], [filling], 0) == [(filling, MAX_ROWS)]
+    # a budget narrower than MIN_CHUNK: the chunk still goes, and fills the width the forward is padded to
+    steep = Curves({"widths": widths, "contexts": [16], "threads": 2, "target_ms": [[10, 12, 30, 50, 90, 170, 330]]})
+    batch.curves, target.widths = steep, tuple(widths)
+    try:
+        ((_, n),) = batch._chunks([decoding], [filling], 1)
+    finally:
+        target.widths = ()
+    assert n == 7  # 1 verify row + MIN_CHUNK = 5 rows run at width 8: 7 prompt rows for the price of 4
 
 
 def test_a_prompts_rows_skip_the_output_head_and_write_the_same_cache_rows(int8_pair):
