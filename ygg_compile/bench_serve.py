@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from ygg_compile import hardware, plots
@@ -48,6 +49,22 @@ def default_output(artifact: Path) -> Path:
     return Path("benchmarks/results") / (hardware.device_slug(read_plan(artifact).device) + "-serve")
 
 
+def completion_events(port: int, body: dict, who: str) -> Iterator[dict]:
+    """A streamed /v1/completions on a loopback port: each server-sent event as it arrives."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_S)
+    try:
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise YggError(f"{who} answered {resp.status}: {resp.read()[:200].decode(errors='replace')}")
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+    finally:
+        conn.close()
+
+
 class Client:
     """One loopback HTTP client of the server: a streamed completion, timed."""
 
@@ -57,28 +74,16 @@ class Client:
     def complete(self, ids: list[int], method: str, max_tokens: int) -> dict:
         body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                 "method": method, "return_token_ids": True}
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_S)
         start = time.perf_counter()
         first, tokens, reason = None, [], None
-        try:
-            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise YggError(f"the server answered {resp.status}: {resp.read()[:200].decode(errors='replace')}")
-            for raw in resp:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                event = json.loads(line[6:])
-                if "error" in event:
-                    raise YggError(f"the server failed a request: {event['error']['message']}")
-                choice = event["choices"][0]
-                if choice.get("token_ids"):
-                    first = first or time.perf_counter()
-                    tokens += choice["token_ids"]
-                reason = choice.get("finish_reason") or reason
-        finally:
-            conn.close()
+        for event in completion_events(self.port, body, "the server"):
+            if "error" in event:
+                raise YggError(f"the server failed a request: {event['error']['message']}")
+            choice = event["choices"][0]
+            if choice.get("token_ids"):
+                first = first or time.perf_counter()
+                tokens += choice["token_ids"]
+            reason = choice.get("finish_reason") or reason
         end = time.perf_counter()
         n = len(tokens)
         return {"tokens": tokens, "generated": n, "finish_reason": reason, "latency_s": end - start,
@@ -135,26 +140,15 @@ class LlamaServer:
         """The same prompt as text (its chat template included, as our ids hold it), streamed."""
         body = {"prompt": self.codec.tokenizer.decode(ids, skip_special_tokens=False), "max_tokens": max_tokens,
                 "temperature": 0, "top_k": 0, "min_p": 0, "top_p": 1, "repeat_penalty": 1.0, "stream": True}
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=REQUEST_S)
         start = time.perf_counter()
         first, text, chunks, reason = None, "", 0, None
-        try:
-            conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            if resp.status != 200:
-                raise YggError(f"llama.cpp-server answered {resp.status}: {resp.read()[:200].decode(errors='replace')}")
-            for raw in resp:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                choice = json.loads(line[6:])["choices"][0]
-                if choice.get("text"):
-                    first = first or time.perf_counter()
-                    text += choice["text"]
-                    chunks += 1
-                reason = choice.get("finish_reason") or reason
-        finally:
-            conn.close()
+        for event in completion_events(self.port, body, "llama.cpp-server"):
+            choice = event["choices"][0]
+            if choice.get("text"):
+                first = first or time.perf_counter()
+                text += choice["text"]
+                chunks += 1
+            reason = choice.get("finish_reason") or reason
         end = time.perf_counter()
         # Its stream carries text, not ids: the tokens are its text as our tokenizer reads it (the
         # same vocabulary; a greedy output tokenizes back to itself but for rare merges).
