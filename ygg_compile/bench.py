@@ -28,7 +28,7 @@ from ygg_compile.roofline import measure_roofs
 from ygg_runtime import kernels
 from ygg_runtime.ui import Reporter
 from ygg_compile.options import LLAMA_PEERS, BenchOptions
-from ygg_compile.peers import LLAMA_MISSING, HFPeers, LlamaCppPeers
+from ygg_compile.peers import LLAMA_MISSING, HFPeers, LlamaCppPeers, llama_gguf
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
@@ -240,19 +240,10 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
 
 def _load_llama(plan: Plan, check_only: bool = False) -> LlamaCppPeers | None:
     """llama.cpp on the target's own GGUF file, with as many threads as ours."""
-    target = plan.models["target"]
-    if not target.gguf or not Path(target.gguf).is_file():
-        raise YggError(f"peer llama.cpp reads GGUF files, and this artifact's target ({target.spec}) "
-                       + ("came from a checkpoint directory" if not target.gguf else f"was compiled from {target.gguf}, which is gone"))
-    if plan.device != "cpu":
-        raise YggError("peer llama.cpp is measured on CPUs only here (llama-cpp-python's CPU build)")
+    gguf = llama_gguf(plan, "llama.cpp", ("llama_cpp",) if check_only else (), LLAMA_MISSING)
     if check_only:
-        import importlib.util
-
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise YggError(LLAMA_MISSING)
         return None
-    return LlamaCppPeers(Path(target.gguf), torch.get_num_threads(), plan.max_context, plan.tokenizer.eos_token_ids)
+    return LlamaCppPeers(gguf, torch.get_num_threads(), plan.max_context, plan.tokenizer.eos_token_ids)
 
 
 def _load_peers(plan: Plan, peers: list[str]) -> HFPeers:

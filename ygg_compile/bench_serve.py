@@ -33,6 +33,7 @@ from pathlib import Path
 from ygg_compile import hardware, plots
 from ygg_compile.bench import machine_info
 from ygg_compile.options import ServeBenchOptions
+from ygg_compile.peers import llama_gguf
 from ygg_compile.prompts import read_jsonl
 from ygg_runtime.ui import Reporter
 from ygg_runtime.artifact import read_plan
@@ -111,19 +112,8 @@ class LlamaServer:
     @staticmethod
     def check(plan) -> Path:
         """The GGUF file it serves; YggError in one line when it cannot run here."""
-        import importlib.util
-
-        target = plan.models["target"]
-        if not target.gguf or not Path(target.gguf).is_file():
-            raise YggError(f"peer llama.cpp-server reads GGUF files, and this artifact's target ({target.spec}) "
-                           + ("came from a checkpoint directory" if not target.gguf
-                              else f"was compiled from {target.gguf}, which is gone"))
-        if plan.device != "cpu":
-            raise YggError("peer llama.cpp-server is measured on CPUs only here (llama-cpp-python's CPU build)")
-        if any(importlib.util.find_spec(m) is None for m in ("llama_cpp", "sse_starlette", "starlette_context",
-                                                             "pydantic_settings")):
-            raise YggError(LLAMA_SERVER_MISSING)
-        return Path(target.gguf)
+        return llama_gguf(plan, LlamaServer.name, ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"),
+                          LLAMA_SERVER_MISSING)
 
     def start(self) -> None:
         self.port = free_port()
@@ -372,7 +362,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     if gguf is not None:
         import torch
 
-        peers["llama.cpp-server"] = LlamaServer(gguf, torch.get_num_threads(), plan.max_context, codec)
+        peers[LlamaServer.name] = LlamaServer(gguf, torch.get_num_threads(), plan.max_context, codec)
     contestants = [*opts.methods, *peers]
     proc = None
     results: list[dict] = []
@@ -479,8 +469,7 @@ def summary_markdown(report: dict) -> str:
                      f"{r['tokens']} | {m['requests_finished']:.0f} / {r['requests']} | {m['drafts']:.0f} | "
                      f"{m['draft_tokens']:.0f} | {m['accepted_tokens']:.0f} | "
                      f"{'yes' if r['metrics_agree'] else 'NO'} |")
-    peers = [p for p in cfg.get("peers", [])]
-    if peers:
+    if cfg.get("peers"):
         lines += ["", "## Against the serving peers", "",
                   "Ours over theirs at the same concurrency, on the same prompts (tokens/s: higher is better for us; "
                   "TTFT p50: lower). The peer's 'outputs = ar' column above is its text against our ar's: not "

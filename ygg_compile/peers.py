@@ -28,6 +28,22 @@ LLAMA_MISSING = ("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama
 PLD_TOKENS = 10  # prompt_lookup_num_tokens, the value transformers' documentation uses
 
 
+def llama_gguf(plan, peer: str, modules: tuple[str, ...], missing: str) -> Path:
+    """The target's GGUF file, which a llama.cpp peer reads; YggError in one line when that peer
+    cannot run here (no GGUF file, not a CPU, or `modules` not installed: `missing` says how)."""
+    import importlib.util
+
+    target = plan.models["target"]
+    if not target.gguf or not Path(target.gguf).is_file():
+        raise YggError(f"peer {peer} reads GGUF files, and this artifact's target ({target.spec}) "
+                       + ("came from a checkpoint directory" if not target.gguf else f"was compiled from {target.gguf}, which is gone"))
+    if plan.device != "cpu":
+        raise YggError(f"peer {peer} is measured on CPUs only here (llama-cpp-python's CPU build)")
+    if any(importlib.util.find_spec(m) is None for m in modules):
+        raise YggError(missing)
+    return Path(target.gguf)
+
+
 @dataclass
 class PeerRun:
     tokens: list[int]

@@ -45,6 +45,11 @@ from ygg_runtime.engine import Generation, step_room
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
+from ygg_runtime.objective import Curves
+from ygg_runtime.params import fit_width
+from ygg_runtime.proposers import Drafter, Proposer
+from ygg_runtime.runner import Call, ModelRunner, forward_many
+from ygg_runtime.tree import TokenTree
 
 # Chunked prefill: a step that carries prompt chunks may cost up to this many times the step
 # without them (so a decoding request's time per token stays within 2x of an undisturbed one),
@@ -53,11 +58,6 @@ from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, 
 PREFILL_STRETCH = 2.0
 MIN_CHUNK = 4
 DEFAULT_CHUNK = 16
-from ygg_runtime.objective import Curves
-from ygg_runtime.params import fit_width
-from ygg_runtime.proposers import Drafter, Proposer
-from ygg_runtime.runner import Call, ModelRunner, forward_many
-from ygg_runtime.tree import TokenTree
 
 class Regions:
     """First-fit allocation of cache slots [start, size) to sequences, each a contiguous range."""

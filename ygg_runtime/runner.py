@@ -150,7 +150,10 @@ class ModelRunner:
         (None with logits=False: the rows only write the cache, as a prompt's do).
         width > W pads the forward to that many tokens (a compiled width) with masked slots placed
         after the tree, which see only themselves and whose outputs are dropped."""
-        call = Call(self, tokens, offsets, depths, tree_mask, logits)
+        return self.run(Call(self, tokens, offsets, depths, tree_mask, logits), width)
+
+    def run(self, call: Call, width: int = 0) -> Tensor | None:
+        """Run one call of this runner: through its batch's gate when it has one, else alone."""
         if self.gate is not None:
             return self.gate.run(call, width)
         return forward_many([call], width)[0]
@@ -162,8 +165,7 @@ class ModelRunner:
 
     def forward_chain(self, tokens: list[int], logits: bool = True) -> Tensor | None:
         """Run tokens as a plain causal continuation of the committed prefix (not committed)."""
-        c = self.chain_call(tokens, logits)
-        return self.forward(c.tokens, c.offsets, c.depths, c.tree_mask, logits=logits)
+        return self.run(self.chain_call(tokens, logits))
 
     def commit(self, offsets: list[int]) -> None:
         """Keep the tree slots `offsets` (a root path, in order) as the next committed tokens."""
@@ -282,18 +284,14 @@ def head_rows(calls: list[Call], width: int, first: "ModelRunner") -> tuple[list
     before; otherwise the wanted rows, filled with others up to a compiled width of at least the
     exactness floor: the output head then runs on as many rows as a whole forward of that width
     did when the row check measured it (the quantized head's rows are invariant at any count)."""
-    if all(c.logits for c in calls):
-        at, row = [], 0
-        for c in calls:
-            at.append(row)
-            row += len(c.tokens)
-        return list(range(width)), at
     heads, at, spare, row = [], [], [], 0
     for c in calls:
         rows = list(range(row, row + len(c.tokens)))
         at.append(len(heads) if c.logits else None)
         (heads if c.logits else spare).extend(rows)
         row += len(c.tokens)
+    if not spare:  # every call wants logits: every row, padding included
+        return list(range(width)), at
     spare = list(range(row, width)) + spare[::-1]  # padding rows first, then the prompt's last rows
     need = max(len(heads), first.min_width, 1)
     want = min(width, fit_width(need, first.widths) if first.widths else need)

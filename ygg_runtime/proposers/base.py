@@ -196,15 +196,15 @@ class Drafter:
         so no step carries a whole prompt). The prefix cache's rows come first, as alone."""
         tokens = self.known(prompt[: self.prompt])
         self.runner.take_prefix(tokens)
-        if self.runner.committed < min(upto, self.prompt):
+        if self.owes(upto):
             self.runner.prefill(tokens[self.runner.committed : upto])
 
     def begin(self, seq: list[int]) -> Tensor:
         """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0.
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in
         chunks of the widest compiled width, so every forward keeps a compiled width."""
-        if self.runner.committed < self.prompt:  # a lazy drafter's first drafting step
-            self.runner.prefill(self.known(seq[self.runner.committed : self.prompt]))
+        if self.owes(self.prompt):  # a lazy drafter's first drafting step (a batch's: what it still owes)
+            self.feed_prompt(seq, self.prompt)
         pending = self.known(seq[self.runner.committed :])
         ready, self.ready = self.ready, None
         if ready is not None and len(pending) == 1:  # the root was fed ahead, at tree slot 0
