@@ -1,5 +1,5 @@
-"""Ahead-of-time compiled forwards: one dynamic width-and-span graph per model in model.pt2,
-sharing the eager model's weights and KV cache."""
+"""Ahead-of-time compiled forwards: one graph per model in model.pt2, dynamic in width, tree window
+and cache size, sharing the eager model's weights; the cache is an input of every call."""
 
 import pytest
 import tiny
@@ -37,25 +37,33 @@ def test_compiled_forward_matches_eager_and_writes_the_same_cache_rows(compiled,
     for i in range(1, width):
         tree.add((i - 1) // 2, i, 0.5)
     positions, slots = torch.tensor(tree.depths) + prefix, torch.arange(width) + prefix
-    mask = torch.ones(width, prefix + width, dtype=torch.bool)
-    mask[:, prefix:] = tree.ancestor_mask()
-    for cache in model.caches():
-        cache.k.normal_(generator=g)
-        cache.v.normal_(generator=g)
-    want_logits, want_hidden = model(tokens, positions, slots, mask)
-    want_cache = [(c.k[:, :, : prefix + width].clone(), c.v[:, :, : prefix + width].clone()) for c in model.caches()]
-    for cache in model.caches():  # forget the rows the forward wrote: the compiled one must write them again
-        cache.k[:, :, prefix:] = 0
-        cache.v[:, :, prefix:] = 0
-    assert fwd.holds(width, mask.shape[1])
-    logits, hidden = fwd(tokens, positions, slots, mask, torch.arange(width))
+    lo, hi = torch.zeros(width, dtype=torch.long), torch.full((width,), prefix)
+    view = (slots, lo, hi, tree.ancestor_mask())
+    kv = model.kv.data
+    kv.normal_(generator=g)
+    want_logits, want_hidden = model(tokens, positions, *view, kv)
+    want_cache = kv[:, :, :, : prefix + width].clone()
+    kv[:, :, :, prefix:] = 0  # forget the rows the forward wrote: the compiled one must write them again
+    assert fwd.holds(width)
+    logits, hidden = fwd(tokens, positions, *view, kv, torch.arange(width))
     assert (logits - want_logits).abs().max() < 1e-4 and (hidden - want_hidden).abs().max() < 1e-4
     some = torch.arange(width - 1, -1, -2)  # a few rows' logits only (a prompt's rows need none)
-    part, _ = fwd(tokens, positions, slots, mask, some)
+    part, _ = fwd(tokens, positions, *view, kv, some)
     assert torch.allclose(part[0], logits[0, some], atol=1e-5)  # a float head at another row count: close
-    for cache, (k, v) in zip(model.caches(), want_cache):
-        assert torch.allclose(cache.k[:, :, : prefix + width], k, atol=1e-5)
-        assert torch.allclose(cache.v[:, :, : prefix + width], v, atol=1e-5)
+    assert torch.allclose(kv[:, :, :, : prefix + width], want_cache, atol=1e-5)
+
+
+def test_one_compiled_graph_serves_a_cache_of_any_size(compiled):
+    """The cache is an input, not a constant of the graph: the graph compiled beside an 80-slot
+    cache runs over one of 5000 (a sequence far into it), with the eager forward's results."""
+    model, _, fwd = compiled
+    big = torch.randn(*model.kv.data.shape[:3], 5000, model.kv.data.shape[4], generator=torch.Generator().manual_seed(7))
+    tokens = torch.tensor([[3, 4, 5, 6]])
+    slots, positions = torch.arange(4321, 4325), torch.arange(20, 24)
+    view = (slots, torch.full((4,), 4301), torch.full((4,), 4321), torch.ones(4, 4, dtype=torch.bool).tril())
+    want, _ = model(tokens, positions, *view, big.clone())
+    got, _ = fwd(tokens, positions, *view, big, torch.arange(4))
+    assert (got - want).abs().max() < 1e-4
 
 
 def test_a_package_refuses_another_models_weights_in_one_line(compiled):

@@ -23,14 +23,14 @@ def target():
 
 
 def perturb(r, when, where="logits"):
-    """Make the runner's eager forward disagree with itself whenever when(width, mask) holds:
-    its logits, or the KV rows it writes, moved by a little."""
+    """Make the runner's eager forward disagree with itself whenever when(width, seen) holds (seen:
+    how many slots each row sees): its logits, or the KV rows it writes, moved by a little."""
     model = r.model
     forward = model.forward
 
-    def wrapped(tokens, positions, slots, mask, heads=None):
-        logits, hidden = forward(tokens, positions, slots, mask, heads)
-        if when(tokens.shape[1], mask):
+    def wrapped(tokens, positions, slots, lo, hi, tree, cache, heads=None):
+        logits, hidden = forward(tokens, positions, slots, lo, hi, tree, cache, heads)
+        if when(tokens.shape[1], hi - lo + tree.sum(1)):
             if where == "logits":
                 logits = logits + 1e-3
             else:
@@ -52,10 +52,9 @@ def test_the_check_finds_every_width_agreeing_on_a_row_invariant_forward(target)
     assert exact and "identical" in why
 
 
-def seen_lengths(mask) -> int:
+def seen_lengths(seen) -> int:
     """How many different numbers of slots the forward's real rows see: padding rows see only
     themselves (one slot), so a padded plain-decoding forward has one such number, a tree several."""
-    seen = mask.sum(1)
     return seen[seen > 1].unique().numel()
 
 

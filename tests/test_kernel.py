@@ -17,6 +17,17 @@ def reference(q, k, v, mask):
     return torch.softmax(s, -1) @ v[:, :, : mask.shape[1]]
 
 
+def attend(q, k, v, mask):
+    """The kernel over k, v [1, KV, S, D] with a mask [W, <= S]: every row's view given as its tree
+    window from slot 0 (lo = hi = 0). The call's own new rows are written past S, where no row looks."""
+    (_, kv, s, d), w = k.shape, q.shape[2]
+    cache = torch.zeros(1, 2, kv, s + w, d, dtype=k.dtype)
+    cache[0, 0, :, :s], cache[0, 1, :, :s] = k[0], v[0]
+    zeros = torch.zeros(w, dtype=torch.long)
+    new = torch.randn(1, kv, w, d).to(k.dtype)
+    return kernels.attention(q, new, new.clone(), cache, 0, torch.arange(s, s + w), zeros, zeros.clone(), mask)
+
+
 def inputs(heads=12, kv=2, dim=128, width=8, slots=300, span=270, dtype=torch.bfloat16, seed=0):
     g = torch.Generator().manual_seed(seed)
     q = (torch.randn(1, width, heads, dim, generator=g) * 2).to(dtype).transpose(1, 2)  # strided, as the model's
@@ -35,7 +46,7 @@ def test_kernel_matches_a_float64_reference(dtype, tol, heads, kv, dim):
     q, k, v, mask = inputs(heads, kv, dim, dtype=dtype)
     mask[0] = False
     mask[0, 5] = True  # one row sees a single slot
-    out = kernels.attention(q, k, v, mask)
+    out = attend(q, k, v, mask)
     assert out.dtype == dtype and out.shape == q.shape
     assert (out.double() - reference(q, k, v, mask)).abs().max() < tol
 
@@ -44,13 +55,13 @@ def test_a_rows_bits_depend_only_on_its_query_and_the_keys_it_sees_in_order():
     """The same row computed alone, among other rows, with its keys spread over a wider span
     with masked slots (holes) between them, and on one thread: bitwise the same."""
     q, k, v, mask = inputs(width=16)
-    base = kernels.attention(q, k, v, mask)
+    base = attend(q, k, v, mask)
     row = 5
     visible = mask[row].nonzero().flatten()
     # alone, and at every width
     for w in (1, 2, 3, 7):
         rows = [row] + [r for r in range(16) if r != row][: w - 1]
-        out = kernels.attention(q[:, :, rows].contiguous(), k, v, mask[rows])
+        out = attend(q[:, :, rows].contiguous(), k, v, mask[rows])
         assert torch.equal(out[:, :, 0], base[:, :, row])
     # the same keys, in the same order, moved to other slots with masked slots between them
     slots = torch.sort(torch.randperm(700, generator=torch.Generator().manual_seed(1))[: len(visible)]).values
@@ -59,13 +70,13 @@ def test_a_rows_bits_depend_only_on_its_query_and_the_keys_it_sees_in_order():
     k2[:, :, slots], v2[:, :, slots] = k[:, :, visible], v[:, :, visible]
     m2 = torch.zeros(1, 700, dtype=torch.bool)
     m2[0, slots] = True
-    assert torch.equal(kernels.attention(q[:, :, [row]].contiguous(), k2, v2, m2)[:, :, 0], base[:, :, row])
+    assert torch.equal(attend(q[:, :, [row]].contiguous(), k2, v2, m2)[:, :, 0], base[:, :, row])
     threads = torch.get_num_threads()
     try:  # one thread and two (the test workers may run with one)
         torch.set_num_threads(1)
-        assert torch.equal(kernels.attention(q, k, v, mask), base)
+        assert torch.equal(attend(q, k, v, mask), base)
         torch.set_num_threads(2)
-        assert torch.equal(kernels.attention(q, k, v, mask), base)
+        assert torch.equal(attend(q, k, v, mask), base)
     finally:
         torch.set_num_threads(threads)
 
@@ -82,12 +93,49 @@ def test_rows_of_sequences_in_other_regions_are_scored_as_alone():
         mask[rows, base : base + committed] = True
         for j, r in enumerate(rows):  # a chain of four tree rows after the prefix
             mask[r, base + committed : base + committed + j + 1] = True
-    batched = kernels.attention(q, k, v, mask)
+    batched = attend(q, k, v, mask)
     assert (batched.double() - reference(q, k, v, mask)).abs().max() < 2e-2
     for i in range(4):
         rows = list(range(4 * i, 4 * i + 4))
-        alone = kernels.attention(q[:, :, rows].contiguous(), k, v, mask[rows])
+        alone = attend(q[:, :, rows].contiguous(), k, v, mask[rows])
         assert torch.equal(alone, batched[:, :, rows])
+
+
+def test_a_prefix_range_and_tree_window_give_the_bits_of_the_same_view_as_a_mask():
+    """What the model passes (a sequence's prefix [lo, hi), its tree window from hi) and the same
+    view spelled as a mask: bitwise the same rows, whatever the region's place and the cache's size;
+    and the call's new keys are written before any row reads them (a tree row sees itself)."""
+    g = torch.Generator().manual_seed(3)
+    heads, kv, d, w = 12, 2, 128, 6
+    q = (torch.randn(1, w, heads, d, generator=g) * 2).to(torch.bfloat16).transpose(1, 2)
+    new_k = torch.randn(1, kv, w, d, generator=g).to(torch.bfloat16)
+    new_v = torch.randn(1, kv, w, d, generator=g).to(torch.bfloat16)
+    prefix = torch.randn(2, kv, 333, d, generator=g).to(torch.bfloat16)
+    tree = torch.tensor([[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 0, 1, 0, 0, 0],
+                         [1, 1, 0, 1, 0, 0], [1, 0, 1, 0, 1, 0], [1, 1, 0, 1, 0, 1]], dtype=torch.bool)
+    outs = []
+    for base, size in ((0, 400), (17, 400), (1000, 5000)):  # unaligned, and a much larger cache
+        cache = torch.zeros(3, 2, kv, size, d, dtype=torch.bfloat16)
+        cache[1, :, :, base : base + 333] = prefix
+        start = base + 333
+        lo, hi = torch.full((w,), base), torch.full((w,), start)
+        outs.append(kernels.attention(q, new_k, new_v, cache, 1, torch.arange(start, start + w), lo, hi, tree))
+        assert torch.equal(cache[1, 0, :, start : start + w], new_k[0])
+    assert all(torch.equal(o, outs[0]) for o in outs[1:])
+    mask = torch.zeros(w, 333 + w, dtype=torch.bool)
+    mask[:, :333], mask[:, 333:] = True, tree
+    k = torch.cat([prefix[0], new_k[0]], 1)[None]
+    v = torch.cat([prefix[1], new_v[0]], 1)[None]
+    assert torch.equal(attend(q, k, v, mask), outs[0])
+    assert (outs[0].double() - reference(q, k, v, mask)).abs().max() < 2e-2
+
+
+def test_a_row_outside_the_cache_is_refused():
+    cache = torch.zeros(1, 2, 2, 100, 16)
+    q, new = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
+    one = torch.ones(1, 1, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        kernels.attention(q, new, new, cache, 0, torch.tensor([99]), torch.tensor([0]), torch.tensor([100]), one)
 
 
 def test_kernel_is_cached_and_refuses_a_missing_compiler(monkeypatch, tmp_path):

@@ -99,11 +99,12 @@ def test_the_compiled_forward_of_a_quantized_model_matches_its_eager_one(tmp_pat
     for width in (1, 3, 16):
         tokens = torch.arange(width)[None] + 40
         positions = slots = torch.arange(width) + 5
-        mask = torch.ones(width, 5 + width, dtype=torch.bool).tril(5)
-        want, _ = model(tokens, positions, slots.clone(), mask)
-        got, _ = fwd(tokens, positions, slots.clone(), mask, torch.arange(width))
+        view = (slots.clone(), torch.zeros(width, dtype=torch.long), torch.full((width,), 5),
+                torch.ones(width, width, dtype=torch.bool).tril(), model.kv.data)
+        want, _ = model(tokens, positions, *view)
+        got, _ = fwd(tokens, positions, *view, torch.arange(width))
         assert (got - want).abs().max() < 1e-4, width
-        last, _ = fwd(tokens, positions, slots.clone(), mask, torch.tensor([width - 1]))
+        last, _ = fwd(tokens, positions, *view, torch.tensor([width - 1]))
         assert torch.equal(last[0, 0], got[0, -1])  # the quantized head: a row's logits whatever else it computes
 
 

@@ -1,17 +1,18 @@
 """Compile a model's forward ahead of time (the recipe measured on these machines): `torch.export` (strict=False) of
 the slot-cache forward, then AOTInductor with the weights left out of the shared object
 (`package_constants_in_so=False`), packaged as the model's `model.pt2`. The runtime
-(`ygg_runtime.compiled`) loads the eager model's weights and KV cache into it as user-managed
-constants.
+(`ygg_runtime.compiled`) loads the eager model's weights into it as user-managed constants; the
+KV cache is an input of every call, of any size.
 
-One graph per model, whose width (1..MAX_WIDTH) and attention span are both dynamic, decided by
+One graph per model, whose width (1..MAX_WIDTH), tree window and cache size are dynamic, decided by
 measurement (1.5B target, bf16, 2 threads, interleaved medians over 6 repeats, alone): it ran as fast
 as one static graph per width (W = 4: 197 vs 204 ms, W = 16: 312 vs 322, W = 64: 770 vs 730 at
 context 64; within 2 % at context 1000), compiles once (≈50 s) instead of once per width (≈35 s
 each), and covers the prompt's prefill chunks too. Width 1 joins the dynamic range because export
 is told not to specialise sizes of 1 (`backed_size_oblivious`); it measured 187 vs 225 ms eager.
-The span is dynamic because a mask over the whole cache made every forward attend to every slot
-(slower than eager at a 2 k-slot cache).
+What a row sees is given as its prefix range and tree window (`ygg_runtime.kernels.attention`), not
+as a mask over the cache: a mask over the whole cache made every forward attend to every slot (slower
+than eager at a 2 k-slot cache), and the cache `ygg serve` sizes by memory holds tens of thousands.
 """
 
 from __future__ import annotations
@@ -29,15 +30,18 @@ from ygg_runtime.model import Transformer
 PACKAGE = "model.pt2"  # per model, beside its weights
 
 
-def example_args(width: int, span: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Inputs of a forward: tokens [1, W], positions [W], slots [W], mask [W, span], heads [H]
-    (the rows whose logits are wanted; H other than W, so that export keeps the two sizes apart).
-    Every input is its own tensor: export treats one tensor passed twice as one input, and the
-    graph would then read the slots as the positions."""
+def example_args(model: Transformer, width: int, window: int) -> tuple[torch.Tensor, ...]:
+    """Inputs of a forward: tokens [1, W], positions [W], slots [W], lo and hi [W], tree [W, T],
+    the cache, heads [H] (the rows whose logits are wanted; H, T other than W, so that export keeps
+    the sizes apart). Every input is its own tensor: export treats one tensor passed twice as one
+    input, and the graph would then read the slots as the positions."""
+    device = model.device
     positions = torch.arange(width, device=device)
-    mask = torch.ones(width, span, dtype=torch.bool, device=device).tril()
+    tree = torch.ones(width, window, dtype=torch.bool, device=device).tril()
+    zeros = torch.zeros(width, dtype=torch.long, device=device)
     heads = torch.arange(max(1, width - 3), device=device)
-    return torch.zeros(1, width, dtype=torch.long, device=device), positions, positions.clone(), mask, heads
+    return (torch.zeros(1, width, dtype=torch.long, device=device), positions, positions.clone(), zeros,
+            zeros.clone(), tree, model.kv.data, heads)
 
 
 def compile_model(model: Transformer, path: Path, progress: Callable[[int, int], None] | None = None) -> float:
@@ -50,12 +54,14 @@ def compile_model(model: Transformer, path: Path, progress: Callable[[int, int],
     if not model.max_len:
         raise ValueError("set up the model's KV cache (setup_cache) before compiling it")
     start = time.time()
-    device = model.device
-    width = Dim("width", min=1, max=min(MAX_WIDTH, model.max_len))
-    span = Dim("span", min=2, max=model.max_len)
-    heads = Dim("heads", min=1, max=min(MAX_WIDTH, model.max_len))
-    args = example_args(min(8, model.max_len), min(16, model.max_len), device)
-    shapes = ({1: width}, {0: width}, {0: width}, {0: width, 1: span}, {0: heads})
+    if model.max_len < 32:
+        raise ValueError("compile with a cache of at least 32 slots (the example forward's)")
+    width = Dim("width", min=1, max=MAX_WIDTH)
+    window = Dim("window", min=1, max=1 << 20)
+    slots = Dim("slots", min=2, max=1 << 30)
+    heads = Dim("heads", min=1, max=MAX_WIDTH)
+    args = example_args(model, 8, 12)
+    shapes = ({1: width}, {0: width}, {0: width}, {0: width}, {0: width}, {0: width, 1: window}, {3: slots}, {0: heads})
     with torch.no_grad(), shape_config.patch(backed_size_oblivious=True), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, printed per graph
         program = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)

@@ -67,7 +67,7 @@ def _mask(parents: list[int]) -> tuple[Tensor, list[int]]:
 
 def _kv(runner: ModelRunner, slot: int) -> Tensor:
     """The K and V rows at `slot` in every layer, as one tensor."""
-    return torch.cat([torch.cat([c.k[0, :, slot], c.v[0, :, slot]]).flatten() for c in runner.model.caches()])
+    return runner.model.kv.data[:, :, :, slot].flatten()
 
 
 def check(runner: ModelRunner, widths: list[int], contexts: tuple[int, ...] = CONTEXTS, seed: int = 0) -> ExactnessRecord:

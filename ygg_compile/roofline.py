@@ -34,9 +34,6 @@ def model_costs(model: Transformer) -> Costs:
     """What one forward of `model` reads and computes per row."""
     skip = {id(t) for t in model.tok_embeddings.buffers()} | {id(t) for t in model.tok_embeddings.parameters()}
     skip.add(id(model.inv_freq))
-    caches = [layer.attention.kv_cache for layer in model.layers if layer.attention.kv_cache is not None]
-    for c in caches:
-        skip |= {id(c.k), id(c.v)}
     seen, nbytes = set(), 0
     for t in [*model.parameters(), *model.buffers()]:
         if id(t) in skip or id(t) in seen or t.device.type == "meta":

@@ -2,9 +2,10 @@
 `model.pt2` per model: one graph whose width (1..MAX_WIDTH) and attention span are dynamic (why
 not one per width: see ygg_compile.aot).
 
-The graph holds no weights: it loads the eager model's own parameters and KV-cache buffers as
-user-managed constants, so it shares one copy of the weights and one cache, and the eager path
-(`Transformer.forward`) stays usable beside them.
+The graph holds no weights: it loads the eager model's own parameters as user-managed constants,
+so it shares one copy of the weights, and the eager path (`Transformer.forward`) stays usable
+beside it. The KV cache is an input of every call (`kv.KVCache.data`): one graph fits a cache of
+any size, set up anew at any time.
 """
 
 from __future__ import annotations
@@ -31,17 +32,14 @@ def constants(model: Transformer) -> dict[str, Tensor]:
 
 
 class CompiledForward:
-    """Runs a forward through the compiled graph for its width; same arguments and results as the
-    model. The graphs hold the cache buffers they were given: build this after `setup_cache`, and
-    again if the cache is ever set up anew."""
+    """Runs a forward through the compiled graph; same arguments and results as the model."""
 
     def __init__(self, path: Path, model: Transformer):
         from torch._inductor.package import load_package
 
         if model.device.type == "cpu":
             kernels.load()  # the graph calls ygg::attention: it must be registered before loading
-        self.max_len = model.max_len
-        self.max_width = min(MAX_WIDTH, model.max_len)
+        self.max_width = MAX_WIDTH
         shared = constants(model)
         try:
             with warnings.catch_warnings():
@@ -55,14 +53,14 @@ class CompiledForward:
             raise YggError(f"{path} was compiled for another model (it expects {missing[0]}): recompile")
         try:
             self.graph.load_constants({n: shared[n] for n in names}, check_full_update=True, user_managed=True)
-        except Exception as e:  # same names, other shapes (another cache size or model size)
+        except Exception as e:  # same names, other shapes (another model size)
             raise YggError(f"{path} does not fit this model or cache: {first_line(e)}: recompile") from None
 
-    def holds(self, width: int, span: int) -> bool:
-        """Whether a forward of this width over this many cache slots is within the graph's range."""
-        return 1 <= width <= self.max_width and 2 <= span <= self.max_len
+    def holds(self, width: int) -> bool:
+        """Whether a forward of this width is within the graph's range."""
+        return 1 <= width <= self.max_width
 
-    def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-                 heads: Tensor) -> tuple[Tensor, Tensor]:
-        logits, hidden = self.graph(tokens, positions, slots, mask, heads)
+    def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, lo: Tensor, hi: Tensor, tree: Tensor,
+                 cache: Tensor, heads: Tensor) -> tuple[Tensor, Tensor]:
+        logits, hidden = self.graph(tokens, positions, slots, lo, hi, tree, cache, heads)
         return logits, hidden

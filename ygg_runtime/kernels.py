@@ -2,7 +2,10 @@
 every row of a forward independently of the rows beside it.
 
 `ygg::attention`: attention in which a row's result depends only on its query and on the keys and
-values it may see, in cache-slot order.
+values it may see, in cache-slot order; it writes the forward's new keys and values to the cache
+first (the cache is an input of the forward, not a constant of its graph, so one compiled graph fits
+a cache of any size), and takes what each row sees as its sequence's prefix range and tree window,
+so a call costs what its rows see, not what the cache holds.
 
 Why not PyTorch's: measured on the 2-core AVX-512 CPU (torch 2.13, Qwen2.5-Coder-1.5B in bfloat16),
 the forward of a token gave bitwise-different logits depending on the verify around it, and every
@@ -144,7 +147,8 @@ def load(path: Path | None = None) -> Path:
     return _loaded
 
 
-def _shape(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+def _shape(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots: Tensor, lo: Tensor, hi: Tensor,
+           tree: Tensor) -> Tensor:
     """What the kernel returns, for tracing (torch.export, AOTInductor): a tensor laid out like q,
     exactly as the kernel allocates it (compiled code reads the result with these strides)."""
     return torch.empty_like(q)
@@ -204,11 +208,30 @@ def huge_copy(t: Tensor) -> Tensor:
     return torch.ops.ygg.huge_copy(t)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """q [1, H, W, D], k and v [1, KV, S, D], mask [W, S] bool -> [1, H, W, D]: the row-invariant
-    kernel on CPU (built and loaded on first use), PyTorch's attention elsewhere."""
+def attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots: Tensor, lo: Tensor, hi: Tensor,
+              tree: Tensor) -> Tensor:
+    """q [1, H, W, D] and the W new rows' k, v [1, KV, W, D], written first to `slots` of the
+    cache's layer `layer` (cache [layers, 2, KV, S, D]); row i then attends to slots [lo_i, hi_i)
+    and hi_i + j where tree[i, j] ([W, T] bool) -> [1, H, W, D]. The row-invariant kernel on CPU
+    (built and loaded on first use), PyTorch's attention elsewhere."""
     if q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[None, None], enable_gqa=q.shape[1] != k.shape[1])
+        return _sdpa(q, k, v, cache, layer, slots, lo, hi, tree)
     if _loaded is None:
         load()
-    return torch.ops.ygg.attention(q, k, v, mask)
+    return torch.ops.ygg.attention(q, k, v, cache, layer, slots, lo, hi, tree)
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots: Tensor, lo: Tensor, hi: Tensor,
+          tree: Tensor) -> Tensor:
+    """The same with PyTorch's ops, for CUDA (untested here: no GPU; eager only, its rows are not
+    row-invariant, and every row reads the whole cache)."""
+    keys, values = cache[layer, 0], cache[layer, 1]
+    keys.index_copy_(1, slots, k[0])
+    values.index_copy_(1, slots, v[0])
+    j = torch.arange(cache.shape[3], device=q.device)[None]
+    rel = j - hi[:, None]
+    mask = (j >= lo[:, None]) & (j < hi[:, None])
+    if tree.shape[1]:
+        mask |= (rel >= 0) & (rel < tree.shape[1]) & tree.gather(1, rel.clamp(0, tree.shape[1] - 1))
+    return F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask[None, None],
+                                          enable_gqa=q.shape[1] != k.shape[1])

@@ -1,55 +1,74 @@
-"""The static, slot-addressed KV cache and its compaction: the one place where cache rows move.
+"""The static, slot-addressed KV cache and the one place where its rows move: compaction after a
+step, a sequence's region moving to another place in the cache, and the prefix cache's copies.
 
-A step writes the tree's nodes to the slots right after the committed prefix. After acceptance the
-accepted path's rows are gathered into contiguous slots (compaction) and the rest are simply left
-to be overwritten: nothing is recomputed.
+Every layer's keys and values live in one tensor [layers, 2, kv_heads, slots, head_dim], which
+the forward takes as an input (so a compiled graph fits a cache of any size: `ygg serve` sizes
+it by memory). A step writes the tree's nodes to the slots right after the committed prefix.
+After acceptance the accepted path's rows are gathered into contiguous slots (compaction) and the
+rest are simply left to be overwritten: nothing is recomputed.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 
-class KVCache(nn.Module):
-    def __init__(self, max_len: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype, device):
-        super().__init__()
-        shape = (1, n_kv_heads, max_len, head_dim)
-        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+class LayerKV(NamedTuple):
+    """One layer's keys and values, views [1, kv_heads, slots, head_dim] of the cache."""
 
-    def write(self, slots: Tensor, k: Tensor, v: Tensor, length: int) -> tuple[Tensor, Tensor]:
-        """Store k, v [1, kv_heads, W, head_dim] at `slots`; return the first `length` slots."""
-        self.k.index_copy_(2, slots, k)
-        self.v.index_copy_(2, slots, v)
-        return self.k[:, :, :length], self.v[:, :, :length]
-
-    def compact(self, src: Tensor, dst: Tensor) -> None:
-        # Advanced indexing on the right copies first, so overlapping src/dst ranges are safe.
-        self.k[:, :, dst] = self.k[:, :, src]
-        self.v[:, :, dst] = self.v[:, :, src]
+    k: Tensor
+    v: Tensor
 
 
-def compact(caches: list[KVCache], src_slots: list[int], dst_start: int) -> None:
-    """Move the rows at `src_slots` to dst_start, dst_start+1, ... in every layer's cache."""
+class KVCache:
+    def __init__(self, n_layers: int, slots: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype, device):
+        self.data = torch.zeros(n_layers, 2, n_kv_heads, slots, head_dim, dtype=dtype, device=device)
+
+    @property
+    def slots(self) -> int:
+        return self.data.shape[3]
+
+    @property
+    def bytes_per_slot(self) -> int:
+        """What one token costs the cache (every layer's key and value)."""
+        n_layers, two, heads, _, dim = self.data.shape
+        return n_layers * two * heads * dim * self.data.element_size()
+
+    def layers(self) -> list[LayerKV]:
+        return [LayerKV(self.data[i, 0][None], self.data[i, 1][None]) for i in range(self.data.shape[0])]
+
+
+def bytes_per_slot(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """What one token costs a model's cache, before any cache exists (sizing a pool)."""
+    return n_layers * 2 * n_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def compact(cache: KVCache, src_slots: list[int], dst_start: int) -> None:
+    """Move the rows at `src_slots` to dst_start, dst_start+1, ... in every layer."""
     n = len(src_slots)
     if n == 0 or src_slots == list(range(dst_start, dst_start + n)):
         return
-    device = caches[0].k.device
+    device = cache.data.device
     src = torch.tensor(src_slots, device=device)
     dst = torch.arange(dst_start, dst_start + n, device=device)
-    for cache in caches:
-        cache.compact(src, dst)
+    # Advanced indexing on the right copies first, so overlapping src/dst ranges are safe.
+    cache.data[:, :, :, dst] = cache.data[:, :, :, src]
 
 
-def snapshot(caches: list[KVCache], start: int, n: int) -> list[tuple[Tensor, Tensor]]:
+def move(cache: KVCache, src_start: int, n: int, dst_start: int) -> None:
+    """Move slots [src_start, src_start + n) to [dst_start, dst_start + n) (a region moving)."""
+    if n and src_start != dst_start:
+        cache.data[:, :, :, dst_start : dst_start + n] = cache.data[:, :, :, src_start : src_start + n].clone()
+
+
+def snapshot(cache: KVCache, start: int, n: int) -> Tensor:
     """A copy of every layer's K and V rows at slots [start, start + n)."""
-    return [(c.k[:, :, start : start + n].clone(), c.v[:, :, start : start + n].clone()) for c in caches]
+    return cache.data[:, :, :, start : start + n].clone()
 
 
-def restore(caches: list[KVCache], rows: list[tuple[Tensor, Tensor]], start: int) -> None:
-    """Write rows taken by `snapshot` back at slots [start, start + n) of every layer's cache."""
-    for c, (k, v) in zip(caches, rows):
-        n = k.shape[2]
-        c.k[:, :, start : start + n] = k
-        c.v[:, :, start : start + n] = v
+def restore(cache: KVCache, rows: Tensor, start: int) -> None:
+    """Write rows taken by `snapshot` back at slots [start, start + n)."""
+    cache.data[:, :, :, start : start + rows.shape[3]] = rows

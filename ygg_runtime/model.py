@@ -1,8 +1,9 @@
 """One decoder for the Llama family (Llama 1/2/3, Mistral, Qwen2/2.5, SmolLM), gpt-fast style.
 
-Every forward takes explicit token positions, the cache slots to write and a boolean attention mask
-over the cache, so the same code runs plain decoding, a prefill, a draft level of a token tree or a
-whole tree verification. RoPE frequencies come precomputed from the checkpoint converter, so every
+Every forward takes explicit token positions, the cache slots to write and what each row sees (its
+sequence's prefix and its tree window: `ygg_runtime.kernels.attention`), and the cache itself as
+an input, so the same code runs plain decoding, a prefill, a draft level of a token tree or a
+whole tree verification of several sequences, over a cache of any size. RoPE frequencies come precomputed from the checkpoint converter, so every
 static RoPE variant (default, linear, llama3, yarn) is the same code here.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +21,7 @@ from torch import Tensor, nn
 
 from ygg_runtime import kernels
 from ygg_runtime.kernels import attention
-from ygg_runtime.kv import KVCache
+from ygg_runtime.kv import KVCache, LayerKV
 from ygg_runtime.quant import QEmbedding, QLinear
 
 
@@ -69,15 +71,14 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelArgs, layer: int):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim, self.layer = a.n_heads, a.n_kv_heads, a.head_dim, layer
         qkv_out = (a.n_heads + 2 * a.n_kv_heads) * a.head_dim
         self.wqkv = nn.Linear(a.dim, qkv_out, bias=a.qkv_bias)
         self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
-        self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, view: "View") -> Tensor:
         b, w, _ = x.shape
         hd = self.head_dim
         q, k, v = self.wqkv(x).split(
@@ -88,9 +89,8 @@ class Attention(nn.Module):
         v = v.view(b, w, self.n_kv_heads, hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        assert self.kv_cache is not None, "call Transformer.setup_cache first"
-        keys, values = self.kv_cache.write(slots, k, v, mask.shape[-1])
-        y = attention(q, keys, values, mask)  # row-invariant: see ygg_runtime.kernels
+        # writes k, v to the cache's slots, then attends (row-invariant: see ygg_runtime.kernels)
+        y = attention(q, k, v, view.cache, self.layer, view.slots, view.lo, view.hi, view.tree)
         return self.wo(y.transpose(1, 2).reshape(b, w, self.n_heads * hd))
 
 
@@ -105,16 +105,26 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(gate) * up)
 
 
+class View(NamedTuple):
+    """Where a forward's rows go in the cache and what each sees (`kernels.attention`)."""
+
+    cache: Tensor  # [layers, 2, kv_heads, slots, head_dim]
+    slots: Tensor  # [W] the cache slot each row's key and value are written to
+    lo: Tensor  # [W] a row sees slots [lo, hi): its sequence's committed prefix
+    hi: Tensor  # [W]
+    tree: Tensor  # [W, T] bool: and slot hi + j where set (its tree window)
+
+
 class Block(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelArgs, layer: int):
         super().__init__()
         self.attention_norm = RMSNorm(a.dim, a.norm_eps)
-        self.attention = Attention(a)
+        self.attention = Attention(a, layer)
         self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
         self.feed_forward = FeedForward(a)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, slots: Tensor, mask: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, slots, mask)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, view: View) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, view)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -123,7 +133,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = a
         self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
-        self.layers = nn.ModuleList(Block(a) for _ in range(a.n_layers))
+        self.layers = nn.ModuleList(Block(a, i) for i in range(a.n_layers))
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.output = nn.Linear(a.dim, a.head_rows or a.vocab_size, bias=False)
         if a.tie_embeddings and not a.head_rows:
@@ -135,6 +145,7 @@ class Transformer(nn.Module):
         else:
             self.head_ids: Tensor | None = None
         self.max_len = 0
+        self.kv: KVCache | None = None  # not a buffer: the forward takes its tensor as an input
 
     @property
     def dtype(self) -> torch.dtype:
@@ -146,16 +157,16 @@ class Transformer(nn.Module):
         return self.norm.weight.device
 
     def setup_cache(self, max_len: int) -> None:
-        """Preallocate the static, slot-addressed KV cache of every layer. It holds one spare row
-        past max_len that is never written: an attention span of exactly max_len is then a proper
-        slice, which an exported graph can treat as one more value of a dynamic size (a slice of
-        the whole tensor is specialised by torch.export)."""
+        """Allocate the static, slot-addressed KV cache of every layer: `max_len` slots (its
+        pages are only touched as rows are written)."""
         self.max_len = max_len
-        for layer in self.layers:
-            layer.attention.kv_cache = KVCache(max_len + 1, self.args.n_kv_heads, self.args.head_dim, self.dtype, self.device)
+        a = self.args
+        self.kv = KVCache(a.n_layers, max_len, a.n_kv_heads, a.head_dim, self.dtype, self.device)
 
-    def caches(self) -> list[KVCache]:
-        return [layer.attention.kv_cache for layer in self.layers]
+    def caches(self) -> list[LayerKV]:
+        """Every layer's keys and values (views of the cache)."""
+        assert self.kv is not None, "call Transformer.setup_cache first"
+        return self.kv.layers()
 
     def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         freqs = positions[:, None].float() * self.inv_freq[None, :].float()
@@ -163,18 +174,20 @@ class Transformer(nn.Module):
         s = self.args.rope_attention_scaling
         return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
 
-    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, mask: Tensor,
-                heads: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """tokens [1, W], positions [W], slots [W] (cache rows to write), mask [W, L] bool over the
-        first L cache slots (True = may attend), heads [H] (optional): the rows whose logits are
+    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, lo: Tensor, hi: Tensor, tree: Tensor,
+                cache: Tensor, heads: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """tokens [1, W], positions [W], slots [W] (cache rows to write), lo and hi [W], tree [W, T]
+        (row i sees slots [lo_i, hi_i) and hi_i + j where tree[i, j]), cache (the KV cache's
+        tensor, `kv.KVCache.data`, written in place), heads [H] (optional): the rows whose logits are
         wanted. Returns float32 logits [1, H, head rows] (every row's when heads is None; the
         vocabulary, or the tokens of `head_ids`) and the final (normed) hidden states [1, W, dim],
         which the depth predictor reads. A prompt's rows need no logits: the output head is about
         a sixth of a 1.5B model's multiply-adds per row."""
         x = self.tok_embeddings(tokens)
         cos, sin = self.rope(positions, x.dtype)
+        view = View(cache, slots, lo, hi, tree)
         for layer in self.layers:
-            x = layer(x, cos, sin, slots, mask)
+            x = layer(x, cos, sin, view)
         h = self.norm(x)
         return self.output(h if heads is None else h[:, heads]).float(), h
 

@@ -30,8 +30,9 @@ from ygg_runtime.typed import RECOMPILE, build, plain
 # the seeded adjacency table); 7: quantized weights (`ModelInfo.weights`, ygg::qlinear), one native
 # library for every kernel; 8: qlinear's segmented tile records (each part of a fused layer in its
 # own format, float16 factors, activations per super-block), the roofline in the profile; 9: the
-# compiled forward takes the rows whose logits are wanted (a prompt's rows skip the output head)
-FORMAT_VERSION = 9
+# compiled forward takes the rows whose logits are wanted (a prompt's rows skip the output head);
+# 10: the KV cache is an input of the compiled forward, and rows see a prefix range and a tree window
+FORMAT_VERSION = 10
 PLAN_FILE = "plan.yaml"  # in the artifact's directory
 
 

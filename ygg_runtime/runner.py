@@ -8,7 +8,8 @@ tree slots its mask row allows. A runner made by `region()` shares its model and
 it came from: several sequences, each in its own region, decode together, and `forward_many` runs
 their trees in one forward whose mask keeps every row inside its own sequence (`ygg_runtime.batch`).
 Regions need no alignment: the attention kernel reads a row's visible slots in slot order, so a
-row's result does not depend on where its region starts (`ygg_runtime.kernels`).
+row's result does not depend on where its region starts (`ygg_runtime.kernels`), and a region can
+move (`move_to`): its rows are copied, never recomputed.
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ygg_runtime.kv import compact, restore, snapshot
+from ygg_runtime.kv import compact, move, restore, snapshot
 from ygg_runtime.model import Transformer
 from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.params import fit_width
 
-# The attention span is rounded up to a multiple of this, so that most steps reuse one shape.
-SPAN_BUCKET = 256
 # A prompt is run in forwards of at most this many tokens: the widest the compile-time row check
 # covers, so a prompt's rows come out the same bits alone and in a batch, where its chunks share
 # forwards with other sequences' rows (`ygg_runtime.batch`). Wider forwards are no faster per token:
@@ -46,7 +45,7 @@ class PrefixCache:
 
     def __init__(self, tokens: list[int]):
         self.tokens = list(tokens)
-        self.rows: dict[bool, list[tuple[Tensor, Tensor]]] = {}  # compiled? -> every layer's (K, V)
+        self.rows: dict[bool, Tensor] = {}  # compiled? -> every layer's K and V (`kv.snapshot`)
         self.hits = 0  # prompts that reused the rows (tests and stats read it)
 
     def covers(self, tokens: list[int]) -> bool:
@@ -113,6 +112,15 @@ class ModelRunner:
         r.widths, r.min_width, r.compiled, r.prefix = self.widths, self.min_width, self.compiled, self.prefix
         return r
 
+    def move_to(self, base: int, length: int, rows: int | None = None) -> None:
+        """Take slots [base, base + length) of the cache instead of its region (which a batch
+        frees): its first `rows` rows (default: the committed ones) are copied there, and the
+        sequence goes on as before."""
+        if base + length > self.model.max_len:
+            raise ValueError(f"region [{base}, {base + length}) is outside the cache of {self.model.max_len}")
+        move(self.model.kv, self.base, self.committed if rows is None else rows, base)
+        self.base, self.max_len = base, length
+
     @contextlib.contextmanager
     def recording(self) -> Iterator[list[int]]:
         """The width of every forward run inside the block, in order: what tests and compile-time
@@ -170,7 +178,7 @@ class ModelRunner:
     def commit(self, offsets: list[int]) -> None:
         """Keep the tree slots `offsets` (a root path, in order) as the next committed tokens."""
         start = self.base + self.committed
-        compact(self.model.caches(), [start + o for o in offsets], start)
+        compact(self.model.kv, [start + o for o in offsets], start)
         self.committed += len(offsets)
 
     def take_prefix(self, tokens: list[int]) -> int:
@@ -182,13 +190,13 @@ class ModelRunner:
             return 0
         n, kind = len(p.tokens), self.compiled is not None
         if kind in p.rows:
-            restore(self.model.caches(), p.rows[kind], self.base)
+            restore(self.model.kv, p.rows[kind], self.base)
             self.committed = n
             p.hits += 1
         else:
             self.forward_chain(p.tokens, logits=False)
             self.commit(list(range(n)))
-            p.rows[kind] = snapshot(self.model.caches(), self.base, n)
+            p.rows[kind] = snapshot(self.model.kv, self.base, n)
         return n
 
     def prefill(self, tokens: list[int], chunk: int = PREFILL_CHUNK) -> None:
@@ -243,27 +251,29 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
         if len(scratch) < extra:
             raise ValueError(f"no region has room for {extra} padding rows past its tree")
         pad_slots = list(scratch[:extra])
-    top = max([start + m.shape[1] for _, start, m in spans] + [s + 1 for s in pad_slots])
-    cache = first.model.max_len
-    span = min(cache, -(-top // SPAN_BUCKET) * SPAN_BUCKET)
-    mask = torch.zeros(width, span, dtype=torch.bool)
-    row = 0
+    window = max([m.shape[1] for _, _, m in spans] + [1 if pad_slots else 0])
+    tree = torch.zeros(width, window, dtype=torch.bool)
+    lo, hi, row = [], [], 0
     for base, start, tree_mask in spans:
         w, t = tree_mask.shape
-        mask[row : row + w, base:start] = True
-        mask[row : row + w, start : start + t] = tree_mask
+        tree[row : row + w, :t] = tree_mask
+        lo += [base] * w
+        hi += [start] * w
         row += w
-    for i, s in enumerate(pad_slots):
-        mask[n + i, s] = True
+    for i, s in enumerate(pad_slots):  # a padding row sees only itself
+        tree[n + i, 0] = True
+        lo.append(s)
+        hi.append(s)
     dev = first.device
     tokens = [t for c in calls for t in c.tokens] + [0] * extra
     x = torch.tensor([tokens], device=dev)
     positions_t = torch.tensor(positions + [0] * extra, device=dev)
     slots_t = torch.tensor(slots + pad_slots, device=dev)
     heads, at = head_rows(calls, width, first)
-    compiled = first.compiled is not None and first.compiled.holds(width, span)
-    logits, hidden = (first.compiled if compiled else first.model)(x, positions_t, slots_t, mask.to(dev),
-                                                                   torch.tensor(heads, device=dev))
+    compiled = first.compiled is not None and first.compiled.holds(width)
+    logits, hidden = (first.compiled if compiled else first.model)(
+        x, positions_t, slots_t, torch.tensor(lo, device=dev), torch.tensor(hi, device=dev), tree.to(dev),
+        first.model.kv.data, torch.tensor(heads, device=dev))
     out, row = [], 0
     for c, j in zip(calls, at):
         w = len(c.tokens)
