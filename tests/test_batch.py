@@ -175,15 +175,55 @@ def test_a_full_batch_admits_a_request_when_a_member_leaves(int8_pair):
     assert len(batch.members) == 1 and batch.regions.used == batch.members[0].length
 
 
-def test_a_request_larger_than_the_cache_is_refused_and_one_that_must_wait_is_not(int8_pair):
+def test_a_request_larger_than_the_cache_is_refused_and_requests_hold_what_they_wrote_not_their_max_tokens(int8_pair):
+    """The cache on demand: four requests whose max_tokens add up to three times the cache all
+    join, each holding its prompt and a step's room (and some to grow), and grow as they decode."""
+    from ygg_runtime.batch import GROW
     from ygg_runtime.errors import YggError
 
     target, draft, tok = int8_pair
     batch = Batch(target, draft, lambda name, d: proposers.build(name, {}, d), max_batch=4)
     with pytest.raises(YggError, match="does not fit the context"):
         batch.join(list(range(1, 100)), "ar", max_new_tokens=target.max_len)
-    big = batch.join(list(range(1, 100)), "ar", max_new_tokens=target.max_len - 300)
-    assert big is not None and batch.join(list(range(1, 100)), "ar", max_new_tokens=400) is None
+    members = [batch.join(list(range(1 + i, 100)), "ar", max_new_tokens=1500) for i in range(4)]
+    assert all(m is not None for m in members)
+    assert [m.length for m in members] == [len(m.generation.prompt) + m.room + GROW for m in members]
+    for _ in range(3):
+        batch.step()
+    held, written, upfront = batch.held()
+    assert held == sum(m.length for m in members) and written == sum(len(m.generation.seq) for m in members)
+    assert upfront == sum(len(m.generation.prompt) + 1500 + m.room for m in members) > 3 * batch.regions.capacity
+    for m in members:
+        batch.cancel(m)
+    assert batch.regions.used == 0
+
+
+def small_cache(int8_pair, slots: int):
+    """The pair's models (copies) over a cache of `slots` slots."""
+    import copy
+
+    target, draft, _ = int8_pair
+    t, d = runner(copy.deepcopy(target.model), slots), runner(copy.deepcopy(draft.model), slots)
+    t.min_width, t.widths = target.min_width, target.widths
+    return t, d
+
+
+@pytest.mark.parametrize("method,params", [("chain", {"k": 3}), ("ar", {})])
+def test_a_full_cache_preempts_the_newest_and_every_output_is_still_its_own(int8_pair, method, params):
+    """Four requests in a cache that holds about a third of what they write: regions move to grow,
+    the newest is preempted when no room is left and recomputed later, and every output (greedy,
+    and coupled sampling with a seed) is what the request gets alone."""
+    target, draft, tok = int8_pair
+    t, d = small_cache(int8_pair, MAX_ROWS + 600)
+    prompts = [tok(p).input_ids for p in PROMPTS[:4]]
+    kws = [{"max_new_tokens": 400}, {"max_new_tokens": 400, "temperature": 0.8, "seed": 7},
+           {"max_new_tokens": 400}, {"max_new_tokens": 400}]
+    alone = [decode(target, draft, "ar", {}, p, kw.pop("max_new_tokens"), **kw)[0] for p, kw in
+             zip(prompts, [dict(k) for k in kws])]
+    batch = Batch(t, d, lambda name, dr: proposers.build(name, params, dr), max_batch=4, cost_aware=False)
+    outs = run_batch(batch, [(p, method, kw) for p, kw in zip(prompts, kws)], max_steps=3000)
+    assert outs == alone
+    assert batch.preemptions > 0 and batch.moves > 0 and batch.regions.used == 0
 
 
 def test_a_member_that_fails_leaves_and_the_others_finish(int8_pair):

@@ -271,6 +271,72 @@ def test_metrics_move_with_the_load_and_agree_with_the_responses(server):
     assert batched > 0  # some steps verified several requests together
 
 
+def chat_without_max_tokens(server: Served, prompt: str):
+    """A chat request as the openai client sends it by default: no max_tokens (the rest of the context)."""
+    return server.client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": prompt}],
+                                                 temperature=0, extra_body={"return_token_ids": True})
+
+
+def chat_load(server: Served, prompts: list[str]) -> tuple[list[list[int]], float]:
+    """The prompts' chat requests at once; (each answer's token ids, the most requests /metrics saw running)."""
+    peak, done = [0.0], threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], server.metrics().get("vllm:num_requests_running", 0.0))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = [f.result(timeout=TIMEOUT) for f in [pool.submit(chat_without_max_tokens, server, p) for p in prompts]]
+    finally:
+        done.set()
+        watcher.join()
+    return [a.choices[0].model_extra["token_ids"] for a in answers], peak[0]
+
+
+def chat_alone(decoder, prompt: str) -> list[int]:
+    """The request's `ar` output alone: up to the artifact's context, as the server's default."""
+    ids = decoder.encode(prompt)
+    return decoder.generate(ids, max_new_tokens=decoder.max_context - len(ids), method="ar").token_ids
+
+
+CHATS = PROMPTS + ["Write a haiku about", "for i in range(10):"]
+
+
+def test_chat_requests_without_max_tokens_all_run_together_and_each_gets_its_own_output(artifact, decoder):
+    """Eight chat requests at once as the openai client sends them (no max_tokens: the rest of the
+    context each): the cache is taken as tokens are written, not reserved for that context, so all
+    eight run together, and each answer is the request's `ar` output alone."""
+    s = Served(artifact, "--max-batch", "8")
+    try:
+        got, peak = chat_load(s, CHATS)
+        assert got == [chat_alone(decoder, p) for p in CHATS]
+        assert peak == 8
+        assert s.metrics()["vllm:num_preemptions_total"] == 0
+    finally:
+        s.stop()
+
+
+def test_a_cache_too_small_for_the_load_preempts_and_every_answer_is_still_its_own(artifact, decoder):
+    """A KV cache of 400 tokens (--kv-cache-gb) under four chat requests that write about 250
+    each: the newest is preempted when the cache is full and recomputed when room returns; none
+    fails, every answer is the request's `ar` output alone, and /metrics counts the preemptions."""
+    gb = (MAX_ROWS + 400) * decoder.kv_bytes_per_token() / 2**30
+    s = Served(artifact, "--max-batch", "4", "--kv-cache-gb", f"{gb:.12f}")
+    try:
+        got, _ = chat_load(s, CHATS[:4])
+        assert got == [chat_alone(decoder, p) for p in CHATS[:4]]
+        m = s.metrics()
+        assert m["vllm:num_preemptions_total"] > 0 and m["ygg:kv_cache_tokens{kind=capacity}"] == 400
+        assert m["vllm:request_success_total{finished_reason=length}"] + m.get(
+            "vllm:request_success_total{finished_reason=stop}", 0) == 4
+    finally:
+        log = s.stop()
+    assert "KV cache: " in log and "400 tokens for both models" in log
+
+
 def test_a_full_queue_answers_429_and_the_admitted_requests_complete(artifact):
     s = Served(artifact, "--max-batch", "1", "--max-queue", "1")
     try:
@@ -322,6 +388,8 @@ def test_serve_refuses_a_taken_port_in_one_line(artifact):
 def test_serve_refuses_bad_settings_in_one_line(artifact):
     assert_one_line_error(ygg("serve", "--artifact", artifact, "--max-batch", 0), "--max-batch must be in 1..64")
     assert_one_line_error(ygg("serve", "--artifact", artifact, "--max-queue", -1), "--max-queue must be at least 0")
+    assert_one_line_error(ygg("serve", "--artifact", artifact, "--kv-cache-gb", 0), "--kv-cache-gb must be a positive")
+    assert_one_line_error(ygg("serve", "--artifact", artifact, "--kv-cache-gb", "0.00000001"), "give it at least")
 
 
 def test_bench_serve_loads_the_server_at_each_level_and_writes_its_results(artifact, tmp_path):
@@ -343,6 +411,25 @@ def test_bench_serve_loads_the_server_at_each_level_and_writes_its_results(artif
     assert all(r["nodes_per_sequence"] == 1 for r in ar)  # plain decoding verifies only the root
     assert (out / "serve.png").stat().st_size > 0 and (out / "metrics.png").stat().st_size > 0
     assert "| egt | 2 |" in (out / "summary.md").read_text()
+
+
+def test_bench_serve_runs_a_chat_load_without_max_tokens_and_reports_the_cache(artifact, tmp_path):
+    """--chat: chat requests without max_tokens, as the openai client sends them; every output is
+    still ar's, and the report says what the cache held against reserving max_tokens up front."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [p]}) + "\n"
+                               for i, p in enumerate(PROMPTS[:3])))
+    out = tmp_path / "serve"
+    proc = ygg("bench-serve", "--artifact", artifact, "--prompts", prompts, "--concurrency", "3", "--methods",
+               "chain,ar", "--chat", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "results.json").read_text())
+    assert report["config"]["chat"] and report["config"]["max_new_tokens"] is None
+    for r in report["summary"]:
+        assert r["outputs_equal_ar"] == "3/3" and r["metrics_agree"] and r["preemptions"] == 0
+        assert r["tokens"] > 3 * 100  # answers run on: nobody asked for fewer tokens
+        assert r["kv_tokens_per_gb"] > r["kv_tokens_per_gb_upfront"] > 0  # (the tiny context of 256 leaves little to gain)
+    assert "chat requests without max_tokens" in (out / "summary.md").read_text()
 
 
 def test_bench_serve_refuses_a_bad_concurrency_in_one_line(artifact):

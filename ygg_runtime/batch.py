@@ -1,7 +1,7 @@
 """Several sequences decoding together: continuous batching of tree speculative decoding.
 
 Each sequence (a `Member`) owns a region of the target's and the drafter's slot-addressed caches
-(`ModelRunner.region`) and its own proposer, so its trees, acceptance and compaction are exactly
+(`ModelRunner.region`, the same slots in both) and its own proposer, so its trees, acceptance and compaction are exactly
 those of `engine.Generation` alone. A step drafts every member's tree, each in its own greenlet, and
 runs their drafter forwards together (`Gate`: when every member still drafting is waiting on a
 forward, one forward serves them all); then one target forward verifies every tree (one mask whose
@@ -24,6 +24,18 @@ batch keeps for them when no region has room), so only at widths the check measu
 quantized or its forwards run at the same widths; where they are not, a batch can draft another
 tree than alone, which changes the speed, never the text (the target verifies every token).
 
+The cache on demand (vLLM's idea, PagedAttention's allocation without its pages): a region holds
+what its sequence has written plus the room its next step needs, and grows as the sequence does —
+in place when the slots after it are free, else by moving (its rows copied to a free range, never
+recomputed: `ModelRunner.move_to`), after packing the regions together when the free slots are
+scattered. Contiguous regions rather than pages keep the attention kernel's view of a sequence one
+range, the exactness argument unchanged (a row's keys in slot order are its positions' order), and
+measured cheap: moving costs a copy of the sequence's rows (`Batch.moved_slots` counts them). When
+the cache is full, the newest running sequence is preempted: its slots are freed, and it is
+recomputed from its tokens (prompt and output so far, prefilled like a prompt) when room returns,
+before any new request joins. Its output is unchanged: the recomputed rows are the bits the steps
+wrote (rows are computed as alone, whatever the forward: above), and its sampling state is its own.
+
 Cost-aware trees (CAST): with several members, the verify's nodes are allocated across the batch
 by `prune.allocate` — one knapsack over every member's drafted nodes, by expected accepted tokens
 per modelled millisecond of the whole step — so trees shrink as the batch grows.
@@ -43,6 +55,7 @@ from ygg_runtime import engine, prune
 from ygg_runtime.accept import Verdict
 from ygg_runtime.engine import Generation, step_room
 from ygg_runtime.errors import YggError
+from ygg_runtime.kv import restore, snapshot
 from ygg_runtime.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
 from ygg_runtime.objective import Curves
@@ -58,6 +71,12 @@ from ygg_runtime.tree import TokenTree
 PREFILL_STRETCH = 2.0
 MIN_CHUNK = 4
 DEFAULT_CHUNK = 16
+# A region grows by at least this many slots (or an eighth of itself) at a time, so that a long
+# generation moves a handful of times, not every step.
+GROW = 128
+# A request joins (or a preempted one comes back) only while this share of the cache stays free
+# beside it (vLLM's watermark), so that a join does not force a preemption at the next step.
+WATERMARK = 0.01
 
 class Regions:
     """First-fit allocation of cache slots [start, size) to sequences, each a contiguous range."""
@@ -83,6 +102,14 @@ class Regions:
         self.taken[start] = length
         return start
 
+    def grow(self, base: int, length: int) -> bool:
+        """Make the range at `base` `length` slots long in place, when the slots past it are free."""
+        after = min((b for b in self.taken if b > base), default=self.size)
+        if base + length > after:
+            return False
+        self.taken[base] = length
+        return True
+
     def free(self, base: int) -> None:
         del self.taken[base]
 
@@ -90,17 +117,25 @@ class Regions:
     def used(self) -> int:
         return sum(self.taken.values())
 
+    @property
+    def free_slots(self) -> int:
+        return self.capacity - self.used
+
 
 @dataclass(eq=False)
 class Member:
     """One sequence of a batch: its generation, its cache regions and who hears its tokens."""
 
     generation: Generation
-    base: int
-    length: int  # its cache slots, from base
+    base: int | None  # its region's first slot (None: preempted, it holds none)
+    length: int  # its region's slots, from base: what it has written and its next step's room
+    cap: int  # the most it can ever need: prompt + max_new_tokens + room
+    room: int  # the slots a step needs past the sequence (`engine.step_room`)
+    order: int  # when it joined: the newest running member is preempted first
     on_tokens: Callable[[list[int]], None] | None = None
     started: bool = False  # its prompt has begun (`Generation.begin_prefill`)
     prefilled: bool = False  # its whole prompt is in the target's cache: it decodes
+    preempted: bool = False  # its slots were taken back: it waits to be recomputed
     error: BaseException | None = None  # why it stopped early (the batch goes on without it)
     steps_batched: list[int] = field(default_factory=list)  # members verified with it, per step
     nodes: list[int] = field(default_factory=list)  # its verified tree's size per step (root included)
@@ -108,6 +143,11 @@ class Member:
     @property
     def done(self) -> bool:
         return self.generation.done or self.error is not None
+
+    def runners(self) -> list[ModelRunner]:
+        """Its regions: the target's, and the drafter's when its method drafts."""
+        proposer = self.generation.proposer
+        return [self.generation.target] + ([proposer.drafter.runner] if hasattr(proposer, "drafter") else [])
 
 
 class Gate:
@@ -176,6 +216,7 @@ class Batch:
     def __init__(self, target: ModelRunner, drafter: ModelRunner | None,
                  make_proposer: Callable[[str, Drafter | None], Proposer], curves: Curves | None = None,
                  max_batch: int = MAX_BATCH, cost_aware: bool = True, sampling: str = SAMPLING):
+        """The batch's cache is its models' whole caches (`Decoder.batch` sizes them by memory)."""
         self.target, self.drafter = target, drafter
         self.sampling = check_sampling(sampling)  # the rule of a sampled member that names none
         self.make_proposer = make_proposer
@@ -184,24 +225,45 @@ class Batch:
         # The first MAX_ROWS slots of both caches are no sequence's: a batched forward's padding
         # rows write there when no member's region has room past its tree, so every target forward
         # runs at a compiled width at least the exactness floor, the widths the row check measured.
-        # (At the front, so that an attention span reaches no further than the sequences do.)
         self.scratch = range(MAX_ROWS)
-        self.regions = Regions(target.max_len if drafter is None else min(target.max_len, drafter.max_len), MAX_ROWS)
+        size = target.model.max_len if drafter is None else min(target.model.max_len, drafter.model.max_len)
+        self.regions = Regions(size, MAX_ROWS)
         self.members: list[Member] = []
+        self.joined = 0
         self.steps = 0
         self.drafted: list[tuple[int, int]] = []  # this step's drafter forwards: (members served, rows)
         # Per number of sequences verified together: [steps, tree nodes verified in them] — how
         # the trees' size follows the load (`ygg serve`'s /metrics shows it).
         self.load: dict[int, list[int]] = {}
+        self.preemptions = 0  # members preempted (their slots taken back, recomputed later)
+        self.moves = 0  # regions moved to grow
+        self.moved_slots = 0  # the rows those moves copied
+
+    @property
+    def running(self) -> list[Member]:
+        """The members holding cache slots (the others are preempted, waiting for room)."""
+        return [m for m in self.members if not m.preempted]
 
     @property
     def free_rows(self) -> int:
-        return self.max_batch - len(self.members)
+        return self.max_batch - len(self.running)
+
+    def held(self) -> tuple[int, int, int]:
+        """(slots the running members' regions hold, tokens of their sequences, slots reserving
+        each one's max_new_tokens up front would hold): what the cache holds, what of it is
+        written, and what it would hold for the same requests without the cache on demand."""
+        running = self.running
+        return self.regions.used, sum(len(m.generation.seq) for m in running), sum(m.cap for m in running)
+
+    def longest(self, method: str) -> int:
+        """The longest sequence (prompt and output) a request of `method` can have in this cache."""
+        probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
+        return self.regions.capacity - step_room(self.target, self.make_proposer(method, probe))
 
     def admissible(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
-                   top_p: float = 1.0, seed: int | None = None) -> int:
-        """The cache slots the request needs; YggError, in one line, when it can never be served
-        (bad settings, an unknown method, or more than the cache holds)."""
+                   top_p: float = 1.0, seed: int | None = None) -> tuple[int, int]:
+        """(the most cache slots the request can need, its step room); YggError, in one line, when
+        it can never be served (bad settings, an unknown method, or more than the cache holds)."""
         # A proposer over a one-slot drafter region sizes the request before a region is taken.
         probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
         proposer = self.make_proposer(method, probe)
@@ -211,7 +273,7 @@ class Batch:
             raise YggError(f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
                            f"{self.regions.capacity - room} tokens a batched request has; shorten the prompt or "
                            "lower max_tokens")
-        return len(prompt) + max_new_tokens + room
+        return len(prompt) + max_new_tokens + room, room
 
     def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, seed: int | None = None, sampling: str | None = None,
@@ -219,16 +281,18 @@ class Batch:
              on_tokens: Callable[[list[int]], None] | None = None,
              on_step: Callable[[TokenTree, Verdict], None] | None = None,
              on_event: Callable[[Step], None] | None = None) -> Member | None:
-        """A new member, prefilled at the next step; None when the batch or the cache is full now
-        (try again after a step). A request that can never fit is refused (YggError). on_tokens
-        hears each step's new tokens, on_step each verified tree and its verdict, on_event each
-        step's metrics event (`ygg_runtime.metrics.Step`). sampling: the rule at temperature > 0
-        (None: the batch's, which a decoder takes from its plan)."""
-        if len(self.members) >= self.max_batch:
+        """A new member, prefilled at the next step; None when the batch or the cache is full now,
+        or a preempted member still waits for room (try again after a step). A request that can
+        never fit is refused (YggError). It takes the slots of its prompt and a step's room; more
+        as it grows (`_reserve`). on_tokens hears each step's new tokens, on_step each verified
+        tree and its verdict, on_event each step's metrics event (`ygg_runtime.metrics.Step`).
+        sampling: the rule at temperature > 0 (None: the batch's, which a decoder takes from its plan)."""
+        if len(self.running) >= self.max_batch or any(m.preempted for m in self.members):
             return None
-        length = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                 seed=seed)
-        base = self.regions.alloc(length)
+        cap, room = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature,
+                                    top_p=top_p, seed=seed)
+        length = min(cap, len(prompt) + room + GROW)
+        base = self._take(length)
         if base is None:
             return None
         try:
@@ -241,12 +305,12 @@ class Batch:
                 drafter = Drafter(region, self.target.vocab_size, lazy=True)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, seed=seed, sampling=sampling or self.sampling,
-                             eos_ids=eos_ids, on_step=on_step,
-                             on_event=on_event)
+                             eos_ids=eos_ids, on_step=on_step, on_event=on_event, context=cap)
         except BaseException:
             self.regions.free(base)
             raise
-        member = Member(gen, base, length, on_tokens)
+        member = Member(gen, base, length, cap, room, self.joined, on_tokens)
+        self.joined += 1
         self.members.append(member)
         return member
 
@@ -258,7 +322,9 @@ class Batch:
         """Drop a member now (a client went away); its slots are free for the next join."""
         if member in self.members:
             self.members.remove(member)
-            self.regions.free(member.base)
+            if member.base is not None:
+                self.regions.free(member.base)
+                member.base = None
             if not member.generation.done:
                 member.generation.finish()
 
@@ -266,13 +332,15 @@ class Batch:
         """One step of every member: a decoding member drafts and verifies a tree, a prefilling
         one puts the next chunk of its prompt into the same target forward (chunked prefill);
         returns the members that finished in it (done or failed), which have left the batch."""
-        for m in self.members:
+        self._resume()
+        for m in self.running:
             if not m.started:
                 m.started = True
                 self._guard(m, m.generation.begin_prefill)
                 self._end_prefill(m)  # a prompt the prefix cache held whole
-        live = [m for m in self.members if m.prefilled and not m.done]
-        filling = [m for m in self.members if not m.prefilled and not m.done]
+        self._reserve([m for m in self.running if m.prefilled and not m.done])
+        live = [m for m in self.running if m.prefilled and not m.done]
+        filling = [m for m in self.running if not m.prefilled and not m.done]
         if self.curves is not None:  # CAST: each tree is weighed as its share of this step
             for m in live:
                 m.generation.sequences = len(live)
@@ -287,6 +355,108 @@ class Batch:
             self.cancel(m)
         self.steps += 1
         return finished
+
+    # -------------------------------------------------------------- the cache on demand
+
+    def _take(self, length: int) -> int | None:
+        """A free range of `length` slots, now taken (packing the regions together when the free
+        slots are scattered), leaving the watermark free beside it; None when there is no room."""
+        spare = int(WATERMARK * self.regions.capacity) if self.running else 0
+        if self.regions.free_slots < length + spare:
+            return None
+        base = self.regions.alloc(length)
+        if base is None:
+            self._pack()
+            base = self.regions.alloc(length)
+        return base
+
+    def _pack(self, last: Member | None = None) -> None:
+        """Move every region down against the one before it (`last`'s after all the others, its
+        rows held aside meanwhile): the free slots become one range, at the end."""
+        held = []
+        if last is not None:
+            held = [(r, snapshot(r.model.kv, r.base, self._keep(last, r))) for r in last.runners()]
+            self.regions.free(last.base)
+            last.base = None
+        at = self.regions.start
+        for m in sorted((m for m in self.members if m.base is not None), key=lambda m: m.base):
+            if m.base != at:
+                self._relocate(m, at, m.length)
+            at += m.length
+        if last is not None:
+            last.base = self.regions.alloc(last.length)
+            for r, rows in held:
+                restore(r.model.kv, rows, last.base)
+                r.base = last.base
+                self.moved_slots += rows.shape[3]
+            self.moves += 1
+
+    @staticmethod
+    def _keep(m: Member, r: ModelRunner) -> int:
+        """The rows of a region worth moving: the committed ones, and any fed ahead of them."""
+        return min(r.max_len, r.committed + m.room)
+
+    def _relocate(self, m: Member, base: int, length: int) -> None:
+        """Move a member's rows to [base, base + length) (both models'), which the regions then hold."""
+        for r in m.runners():
+            keep = self._keep(m, r)
+            r.move_to(base, length, keep)
+            self.moved_slots += keep
+        self.moves += 1
+        self.regions.free(m.base)
+        self.regions.taken[base] = length
+        m.base, m.length = base, length
+
+    def _reserve(self, live: list[Member]) -> None:
+        """Before a step: every decoding member's region holds its sequence and the step's room,
+        grown when not: in place, or moved to a free range, or after packing; and when the cache
+        has no room left, the newest running member is preempted (maybe the one growing)."""
+        for m in sorted(live, key=lambda m: m.order):  # the oldest first: they keep their slots
+            need = len(m.generation.seq) + m.room
+            while not m.preempted and need > m.length:
+                want = min(m.cap, max(need, m.length + max(GROW, m.length // 8)))
+                if not self._grow(m, need, want):
+                    self._preempt(max((x for x in self.members if x.base is not None), key=lambda x: x.order))
+
+    def _grow(self, m: Member, need: int, want: int) -> bool:
+        """Make m's region `want` slots long, or at least `need`: in place, else moved to a free
+        range, else after packing the regions with m's last (the free slots then follow it)."""
+        for length in (want, need):
+            if self.regions.free_slots < length - m.length:
+                continue
+            if not self.regions.grow(m.base, length):
+                base = self.regions.alloc(length)
+                if base is not None:
+                    self.regions.free(base)  # _relocate takes it, with the rows moved there
+                    self._relocate(m, base, length)
+                    return True
+                self._pack(last=m)
+                self.regions.grow(m.base, length)
+            for r in m.runners():
+                r.max_len = length
+            m.length = length
+            return True
+        return False
+
+    def _preempt(self, m: Member) -> None:
+        """Take a member's slots back: it waits, and is recomputed from its tokens when there is room."""
+        self.regions.free(m.base)
+        m.base, m.preempted, m.started, m.prefilled = None, True, False, False
+        for r in m.runners():
+            r.reset()
+        self.preemptions += 1
+
+    def _resume(self) -> None:
+        """Preempted members come back, the oldest first, when their tokens and some room fit: their
+        prompt is now everything they have, prefilled in chunks like any prompt."""
+        for m in sorted((m for m in self.members if m.preempted), key=lambda m: m.order):
+            length = min(m.cap, len(m.generation.seq) + m.room + GROW)
+            base = self._take(length)
+            if base is None:
+                return
+            for r in m.runners():
+                r.move_to(base, length, 0)
+            m.base, m.length, m.preempted = base, length, False
 
     def _end_prefill(self, m: Member) -> None:
         if not m.done and not m.generation.owed():
@@ -356,7 +526,7 @@ class Batch:
             d = getattr(m.generation.proposer, "drafter", None)
             upto = m.generation.target.committed
             if d is not None and d.owes(upto):
-                tasks.append(functools.partial(self._guard, m, d.feed_prompt, m.generation.prompt, upto))
+                tasks.append(functools.partial(self._guard, m, d.feed_prompt, m.generation.seq, upto))
                 runners.append(d.runner)
         if len(tasks) == 1:
             tasks[0]()

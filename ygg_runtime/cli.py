@@ -98,11 +98,12 @@ def serve_cmd(
     max_queue: int = typer.Option(ServeOptions.max_queue, "--max-queue", help="requests waiting for a batch row at most (more: 429)"),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="the model name clients send (default: the target's)"),
     no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="keep every request's own tree under load (no CAST allocation)"),
+    kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", metavar="GiB", help="the KV cache both models share (default: half the free memory, at most what --max-batch sequences of the artifact's context use)"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
-    opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware)
+    opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware, kv_cache_gb=kv_cache_gb)
     opts.check_address()
     plan_bytes(artifact, expect_plan)
     require("serve")

@@ -141,9 +141,19 @@ class Decoder:
         profile = self.plan.profile if self.plan else None
         return Curves(profile) if profile else None
 
-    def batch(self, max_batch: int = MAX_BATCH, cost_aware: bool = True) -> Batch:
+    def kv_bytes_per_token(self) -> int:
+        """What a token costs the KV caches of both models."""
+        return sum(r.model.kv.bytes_per_slot for r in self.runners.values())
+
+    def batch(self, max_batch: int = MAX_BATCH, cost_aware: bool = True, kv_slots: int | None = None) -> Batch:
         """Several sequences decoding together (`ygg_runtime.batch`), each in its own region of
-        this decoder's caches, every method as compiled (egt with its depth predictor)."""
+        this decoder's caches, every method as compiled (egt with its depth predictor). kv_slots:
+        set both models' caches up anew with that many slots (`ygg serve` sizes them by memory:
+        the compiled forwards take the cache as an input, so any size runs them); None keeps them."""
+        if kv_slots is not None:
+            for r in self.runners.values():
+                r.model.setup_cache(kv_slots)
+                r.max_len = min(r.max_len, kv_slots)
         def make(method: str, drafter: proposers.Drafter | None) -> proposers.Proposer:
             if method not in self.methods:
                 raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")

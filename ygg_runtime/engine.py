@@ -39,8 +39,10 @@ class Generation:
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  sampling: str = SAMPLING, eos_ids: frozenset[int] = frozenset(),
                  on_step: Callable[[TokenTree, Verdict], None] | None = None,
-                 on_event: Callable[[Step], None] | None = None):
-        check(target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
+                 on_event: Callable[[Step], None] | None = None, context: int | None = None):
+        """context: the slots the sequence may come to hold (a batch's member, whose region grows
+        as it goes: what the batch checked); None: the target runner's."""
+        check(target, proposer, prompt, max_new_tokens, temperature, top_p, seed, context)
         check_sampling(sampling)
         self.target, self.proposer, self.prompt = target, proposer, prompt
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
@@ -72,25 +74,29 @@ class Generation:
         self.end_prefill()
 
     # A batch prefills in chunks that share its forwards (`ygg_runtime.batch`): begin, run what is
-    # owed a chunk at a time (committing each), end. `prefill` is the same three alone.
+    # owed a chunk at a time (committing each), end. `prefill` is the same three alone. A batch
+    # that preempted the generation (its cache rows taken back) prefills it again the same way:
+    # its "prompt" is then all it has, prompt and output so far, and it goes on as before.
 
     def begin_prefill(self) -> None:
         """Start the prompt: forget the last sequence, take the prefix cache's rows, start the
         proposer (a lazy drafter then owes the prompt; an eager one reads it now)."""
         self._t0 = time.perf_counter()
         self.target.reset()
-        self.target.take_prefix(self.prompt[:-1])
-        self.proposer.start(self.prompt[:-1])
+        self.target.take_prefix(self.seq[:-1])
+        self.proposer.start(self.seq[:-1])
 
     def owed(self) -> list[int]:
         """The prompt tokens the target has yet to commit."""
-        return self.prompt[self.target.committed : len(self.prompt) - 1]
+        return self.seq[self.target.committed : len(self.seq) - 1]
 
     def end_prefill(self) -> None:
         """The prompt is in: the first step may draft."""
         self.hidden = self.target.hidden[-1] if self.target.hidden is not None else None
-        self._t1 = time.perf_counter()
-        self.metrics.prefill_s = self._t1 - self._t0
+        now = time.perf_counter()
+        self.metrics.prefill_s += now - self._t0  # a recomputation after a preemption counts as prefill
+        if not self.out:
+            self._t1 = now
 
     def propose(self) -> TokenTree:
         """Draft this step's tree (the proposer's drafter forwards run here)."""
@@ -158,9 +164,9 @@ class Generation:
 
 
 def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_tokens: int, temperature: float,
-          top_p: float, seed: int | None = None) -> None:
+          top_p: float, seed: int | None = None, context: int | None = None) -> None:
     """Refuse a request in one line before any work: empty prompt, no budget, bad sampling
-    settings, or more tokens than the runner's cache holds."""
+    settings, or more tokens than the runner's cache (or `context` slots) holds."""
     if not prompt:
         raise YggError("the prompt is empty")
     if (past := next((t for t in prompt if not 0 <= t < target.vocab_size), None)) is not None:
@@ -168,10 +174,11 @@ def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_to
                        f"{target.vocab_size}; a tokenizer token the model never learned): remove it from the prompt")
     check_settings(max_new_tokens, temperature, top_p, seed)
     room = step_room(target, proposer)
-    if len(prompt) + max_new_tokens + room > target.max_len:
+    context = target.max_len if context is None else context
+    if len(prompt) + max_new_tokens + room > context:
         raise YggError(
             f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
-            f"{target.max_len - room} tokens; shorten the prompt or lower --max-new-tokens"
+            f"{context - room} tokens; shorten the prompt or lower --max-new-tokens"
         )
 
 

@@ -30,6 +30,10 @@ MAX_BATCH = 8
 # same distribution, text that depends on the tree). Both sample the target's distribution exactly.
 SAMPLINGS = ("coupled", "rejection")
 SAMPLING = "coupled"  # the default: chosen from the acceptance measured against rejection (docs/measured.md)
+# `ygg serve`'s KV cache (both models'), unless --kv-cache-gb says: this share of the memory free
+# once the models are loaded, and no more than max_batch sequences of the artifact's longest
+# context hold (more could never be used). Half, so that the process and the machine keep room.
+KV_CACHE_SHARE = 0.5
 
 
 def check_max_batch(max_batch: int) -> int:
@@ -71,9 +75,12 @@ class ServeOptions:
     max_batch: int = MAX_BATCH  # requests decoded together at most
     max_queue: int = 64  # requests waiting for a batch row at most (more: 429)
     cost_aware: bool = True  # CAST: trees sized to the batch's load
+    kv_cache_gb: float | None = None  # the KV cache's size (None: KV_CACHE_SHARE of free memory)
 
     def __post_init__(self) -> None:
         check_max_batch(self.max_batch)
+        if self.kv_cache_gb is not None and not 0 < self.kv_cache_gb < math.inf:
+            raise YggError(f"--kv-cache-gb must be a positive number of GiB, not {self.kv_cache_gb}")
         if self.max_queue < 0:
             raise YggError(f"--max-queue must be at least 0, not {self.max_queue}")
         if not 0 <= self.port < 65536:

@@ -4,6 +4,9 @@ The HTTP side is FastAPI on uvicorn; the decoding side is one scheduler thread t
 and steps a `ygg_runtime.batch.Batch`: requests wait in a bounded queue (full: 429), join the batch
 when it has a free row and cache room, stream their tokens back as they are accepted, and leave
 when done, stopped, or when their client goes away (the scheduler drops them before its next step).
+The KV cache is sized by memory (`--kv-cache-gb`, `kv_slots`) and taken on demand: a request holds
+what it has written, not its max_tokens, so requests without max_tokens batch like any other; when
+the cache is full the newest is preempted and recomputed later (`ygg_runtime.batch`).
 Every request's greedy output is what it gets alone (`ygg_runtime.batch`).
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming as server-sent events, or
@@ -36,7 +39,8 @@ from ygg_runtime.batch import Member
 from ygg_runtime.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Step
-from ygg_runtime.options import MAX_BATCH, SAMPLINGS, ServeOptions
+from ygg_runtime.integrity import available_memory
+from ygg_runtime.options import KV_CACHE_SHARE, MAX_BATCH, MAX_ROWS, SAMPLINGS, ServeOptions
 from ygg_runtime.text import StreamDecoder
 from ygg_runtime.ui import err
 
@@ -141,6 +145,21 @@ class ServerMetrics:
         self.nodes = Counter("ygg:batch_verified_nodes", "Tree nodes (roots included) verified, by sequences "
                              "verified together: divided by ygg:batch_steps and sequences, the tree size per sequence",
                              ["sequences"], registry=r)
+        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted: their cache slots taken back, "
+                                   "recomputed when room returns", registry=r)
+        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Share of the KV cache's slots the running requests hold "
+                              "(1 = full)", registry=r)
+        self.kv_tokens = Gauge("ygg:kv_cache_tokens", "KV cache slots: the cache's (capacity), the running requests' "
+                               "regions' (held), their sequences' tokens (written), and what reserving each one's "
+                               "max_tokens up front would hold for them (upfront: how Yggdrasil 0.2 took the cache)",
+                               ["kind"], registry=r)
+        self.kv_token_steps = Counter("ygg:kv_cache_token_steps", "ygg:kv_cache_tokens (held, written, upfront) "
+                                      "summed over the batch's steps: their ratios over an interval are the cache's "
+                                      "use in it, whatever the scrape interval", ["kind"], registry=r)
+        self.kv_token_bytes = Gauge("ygg:kv_cache_token_bytes", "Bytes a token takes in the KV cache (both models)",
+                                    registry=r)
+        self.kv_moves = Counter("ygg:kv_region_moves", "Regions moved to grow (their rows copied)", registry=r)
+        self.kv_moved = Counter("ygg:kv_moved_tokens", "Rows those moves copied", registry=r)
 
     def record(self, step: Step) -> None:
         if step.drafted:
@@ -186,14 +205,18 @@ class Scheduler:
     loader's, measured 1.5x slower per forward on 2 cores (the 1.5B target: 61 -> 96 ms)."""
 
     def __init__(self, decoder: Decoder, max_batch: int, max_queue: int, metrics: ServerMetrics,
-                 cost_aware: bool = True):
+                 cost_aware: bool = True, kv_slots: int | None = None):
         self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
-        self.batch = decoder.batch(max_batch, cost_aware)
+        self.batch = decoder.batch(max_batch, cost_aware, kv_slots)
+        self._counted = [0, 0, 0]  # the batch's preemptions, moves and moved rows already counted
         self.queue: deque[Job] = deque()
         self.jobs: list[Job] = []  # admitted and not finished
         self.cond = threading.Condition()
         self.stopping = False
         self._load_seen: dict[int, list[int]] = {}
+        metrics.kv_tokens.labels("capacity").set(self.batch.regions.capacity)
+        metrics.kv_token_bytes.set(decoder.kv_bytes_per_token())
+        self._gauge()
 
     def stop(self) -> None:
         """Stop `run` (from another thread): queued and running jobs are answered 503."""
@@ -208,7 +231,7 @@ class Scheduler:
                 raise ApiError(429, f"the server is busy: {len(self.queue)} requests are waiting (--max-queue "
                                     f"{self.max_queue}); retry later", "server_busy", code="queue_full")
             self.queue.append(job)
-            self.metrics.waiting.set(len(self.queue))
+            self.metrics.waiting.set(len(self.queue) + sum(j.member.preempted for j in list(self.jobs)))
             self.cond.notify_all()
 
     def wake(self) -> None:
@@ -260,8 +283,18 @@ class Scheduler:
             job.member = member
             self.jobs.append(job)
             self.metrics.prompt_tokens.inc(len(job.prompt))
-        self.metrics.waiting.set(len(self.queue))
-        self.metrics.running.set(len(self.jobs))
+        self._gauge()
+
+    def _gauge(self) -> None:
+        """Running and waiting as vLLM counts them (a preempted request waits), and the cache."""
+        preempted = sum(j.member.preempted for j in self.jobs)
+        self.metrics.waiting.set(len(self.queue) + preempted)
+        self.metrics.running.set(len(self.jobs) - preempted)
+        held, written, upfront = self.batch.held()
+        self.metrics.kv_tokens.labels("held").set(held)
+        self.metrics.kv_tokens.labels("written").set(written)
+        self.metrics.kv_tokens.labels("upfront").set(upfront)
+        self.metrics.kv_usage.set(held / self.batch.regions.capacity)
 
     def _emit(self, job: Job, new: list[int]) -> None:
         """A step's accepted tokens: counted as they are made (a scrape mid-request sees them), then sent."""
@@ -287,6 +320,13 @@ class Scheduler:
             self.metrics.steps.labels(str(b)).inc(steps - seen[0])
             self.metrics.nodes.labels(str(b)).inc(nodes - seen[1])
             seen[:] = [steps, nodes]
+        for kind, n in zip(("held", "written", "upfront"), self.batch.held()):
+            self.metrics.kv_token_steps.labels(kind).inc(n)
+        now = [self.batch.preemptions, self.batch.moves, self.batch.moved_slots]
+        for counter, n, seen in zip((self.metrics.preemptions, self.metrics.kv_moves, self.metrics.kv_moved), now,
+                                    self._counted):
+            counter.inc(n - seen)
+        self._counted = now
         for member in finished:
             job = next(j for j in self.jobs if j.member is member)
             if member.error is not None:
@@ -296,11 +336,11 @@ class Scheduler:
             gen = member.generation
             eos = bool(gen.out) and gen.out[-1] in gen.eos_ids
             self._finish(job, "stop" if eos else "length")
-        self.metrics.running.set(len(self.jobs))
+        self._gauge()
 
     def _finish(self, job: Job, reason: str) -> None:
         self.jobs.remove(job)
-        self.metrics.running.set(len(self.jobs))
+        self._gauge()
         m = job.member.generation.metrics
         self.metrics.success.labels(reason).inc()
         self.metrics.latency.observe(time.perf_counter() - job.arrived)
@@ -347,12 +387,12 @@ class StopText:
 
 class Server:
     def __init__(self, decoder: Decoder, model_name: str, max_batch: int = MAX_BATCH, max_queue: int = 64,
-                 cost_aware: bool = True):
+                 cost_aware: bool = True, kv_slots: int | None = None):
         if decoder.codec is None:
             raise YggError("this artifact has no tokenizer to serve text with")
         self.decoder, self.model_name = decoder, model_name
         self.metrics = ServerMetrics()
-        self.scheduler = Scheduler(decoder, max_batch, max_queue, self.metrics, cost_aware)
+        self.scheduler = Scheduler(decoder, max_batch, max_queue, self.metrics, cost_aware, kv_slots)
         self.created = int(time.time())
         self.context = decoder.max_context or decoder.target.max_len
 
@@ -370,8 +410,14 @@ class Server:
         max_tokens = req.max_tokens
         if chat and isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
             max_tokens = req.max_completion_tokens
-        if max_tokens is None:  # OpenAI's defaults: 16 for a completion, the rest of the context for chat
-            max_tokens = self.context - len(prompt) if chat else 16
+        method = req.method or self.decoder.default_method
+        if max_tokens is None and chat:  # OpenAI's defaults: the rest of the context for chat, 16 for a completion
+            try:
+                max_tokens = min(self.context, self.scheduler.batch.longest(method)) - len(prompt)
+            except YggError as e:  # an unknown method
+                raise ApiError(400, str(e)) from None
+        elif max_tokens is None:
+            max_tokens = 16
         if max_tokens < 1:
             raise ApiError(400, f"max_tokens must be at least 1, not {max_tokens}", param="max_tokens")
         if not req.temperature >= 0 or req.temperature > 2:
@@ -386,7 +432,6 @@ class Server:
             raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) is more than the context "
                                 f"of {self.context} tokens; shorten the prompt or lower max_tokens", param="max_tokens",
                            code="context_length_exceeded")
-        method = req.method or self.decoder.default_method
         try:
             self.scheduler.batch.admissible(prompt, method, max_new_tokens=max_tokens, temperature=req.temperature,
                                          top_p=req.top_p)
@@ -576,15 +621,41 @@ def create_app(server: Server) -> "FastAPI":
     return app
 
 
-def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()) -> None:
+def kv_slots(decoder: Decoder, gb: float | None, max_batch: int) -> tuple[int, str]:
+    """The KV cache's slots for `ygg serve` (both models' caches have that many), and the line that
+    says so: `gb` GiB, or KV_CACHE_SHARE of the memory free now, at most what max_batch sequences of
+    the artifact's longest use (and never less than one such sequence: the artifact's own cache)."""
+    per = decoder.kv_bytes_per_token()
+    longest = decoder.target.max_len  # the artifact's context and a step's room
+    useful = MAX_ROWS + max_batch * longest
+    if gb is not None:
+        slots = int(gb * 2**30) // per
+        if slots < MAX_ROWS + 256:
+            raise YggError(f"--kv-cache-gb {gb:g} holds {max(0, slots - MAX_ROWS)} tokens of this artifact "
+                           f"({per / 1024:.1f} KiB each); give it at least {(MAX_ROWS + 256) * per / 2**30:.3g}")
+        how = f"--kv-cache-gb {gb:g}"
+    else:
+        free = available_memory()
+        slots = useful if free is None else max(MAX_ROWS + longest, min(useful, int(free * KV_CACHE_SHARE) // per))
+        how = (f"{KV_CACHE_SHARE:.0%} of the {free / 2**30:.1f} GiB free" if free is not None and slots < useful else
+               f"{max_batch} sequences of {longest} tokens (--max-batch)") + "; --kv-cache-gb sets it"
+    return slots, (f"KV cache: {slots * per / 2**30:.2f} GiB, {slots - MAX_ROWS:,} tokens for both models "
+                   f"({per / 1024:.0f} KiB a token; {how})")
+
+
+def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions(), slots: int | None = None) -> None:
     """Run the server until SIGINT or SIGTERM, which stop new connections, let running requests
     finish, then stop the scheduler. Call from the main thread (the one that loaded the decoder):
-    the scheduler steps there, uvicorn serves HTTP from a thread of its own."""
+    the scheduler steps there, uvicorn serves HTTP from a thread of its own. slots: the KV cache's
+    (None: `kv_slots` of the options)."""
     import uvicorn
 
     opts.check_address()
     host, port = opts.host, opts.port
-    server = Server(decoder, model_name, opts.max_batch, opts.max_queue, opts.cost_aware)
+    if slots is None:
+        slots, why = kv_slots(decoder, opts.kv_cache_gb, opts.max_batch)
+        err.print(why)
+    server = Server(decoder, model_name, opts.max_batch, opts.max_queue, opts.cost_aware, slots)
     config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=600)
     http = uvicorn.Server(config)
@@ -607,6 +678,7 @@ def serve_artifact(opts: ServeOptions, artifact: Path, model_name: Optional[str]
                    expect_plan: Optional[str]) -> None:
     """What `ygg serve` does once `ygg_runtime.cli` has checked its arguments."""
     decoder = load(artifact, eager=eager, expect_plan=expect_plan)
+    slots, cache = kv_slots(decoder, opts.kv_cache_gb, opts.max_batch)
     target = decoder.plan.models["target"].spec if decoder.plan else "model"
     name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
     err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{opts.host}:{opts.port}/v1 · batch "
@@ -614,5 +686,6 @@ def serve_artifact(opts: ServeOptions, artifact: Path, model_name: Optional[str]
     err.print(f"exactness: {decoder.verdict()[1]} · sampling at temperature > 0: {decoder.sampling} (a request's seed gives "
               + ("the text plain decoding gives it, whatever else is running)" if decoder.sampling == "coupled"
                  else "a sample that depends on the batch it runs in)"))
-    serve(decoder, name, opts)
+    err.print(cache)
+    serve(decoder, name, opts, slots)
     err.print("ygg serve: stopped")
