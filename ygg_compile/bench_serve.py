@@ -7,6 +7,10 @@ loop), streaming, so each request's time to first token and time per output toke
 as a client sees them. At every level the methods run back to back, in an order that alternates
 from level to level. Prompts go as token ids (the artifact's chat template applied here, as `ygg
 bench` does), so every method decodes the same tokens; greedy outputs are compared with `ar`'s.
+With `--chat`, the load is chat requests without max_tokens, as the openai client sends them by
+default: each answer runs to its end of turn or the context, and the server's cache holds what the
+requests have written (/metrics' ygg:kv_cache_tokens, sampled during the run: tokens held per GB
+against what reserving each request's max_tokens up front held for the same requests).
 /metrics is read around every (level, method): the tree nodes verified per sequence at each batch
 size show how CAST shrinks the trees as the load grows.
 
@@ -51,10 +55,12 @@ def default_output(artifact: Path) -> Path:
 
 
 def completion_events(port: int, body: dict, who: str) -> Iterator[dict]:
-    """A streamed /v1/completions on a loopback port: each server-sent event as it arrives."""
+    """A streamed /v1/completions (or /v1/chat/completions, when the body has messages) on a
+    loopback port: each server-sent event as it arrives."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_S)
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     try:
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
             raise YggError(f"{who} answered {resp.status}: {resp.read()[:200].decode(errors='replace')}")
@@ -66,14 +72,21 @@ def completion_events(port: int, body: dict, who: str) -> Iterator[dict]:
         conn.close()
 
 
+def request(prompt: "Prompt", max_tokens: int | None, chat: bool) -> dict:
+    """The body's prompt part: a chat turn of the prompt's text (max_tokens left out when None, as
+    the openai client sends it by default), or its token ids (the chat template applied here)."""
+    body = {"messages": [{"role": "user", "content": prompt[2]}]} if chat else {"prompt": prompt[1]}
+    return body | ({"max_tokens": max_tokens} if max_tokens is not None else {})
+
+
 class Client:
     """One loopback HTTP client of the server: a streamed completion, timed."""
 
-    def __init__(self, port: int, model: str):
-        self.port, self.model = port, model
+    def __init__(self, port: int, model: str, chat: bool = False):
+        self.port, self.model, self.chat = port, model, chat
 
-    def complete(self, ids: list[int], method: str, max_tokens: int) -> dict:
-        body = {"model": self.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+    def complete(self, prompt: "Prompt", method: str, max_tokens: int | None) -> dict:
+        body = {"model": self.model, **request(prompt, max_tokens, self.chat), "temperature": 0, "stream": True,
                 "method": method, "return_token_ids": True}
         start = time.perf_counter()
         first, tokens, reason = None, [], None
@@ -104,8 +117,8 @@ class LlamaServer:
 
     name = "llama.cpp-server"
 
-    def __init__(self, gguf: Path, threads: int, n_ctx: int, codec: TextCodec):
-        self.gguf, self.threads, self.n_ctx, self.codec = gguf, threads, n_ctx, codec
+    def __init__(self, gguf: Path, threads: int, n_ctx: int, codec: TextCodec, chat: bool = False):
+        self.gguf, self.threads, self.n_ctx, self.codec, self.chat = gguf, threads, n_ctx, codec, chat
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -126,17 +139,20 @@ class LlamaServer:
     def stop(self) -> None:
         stop(self.proc)
 
-    def complete(self, ids: list[int], method: str, max_tokens: int) -> dict:
-        """The same prompt as text (its chat template included, as our ids hold it), streamed."""
-        body = {"prompt": self.codec.tokenizer.decode(ids, skip_special_tokens=False), "max_tokens": max_tokens,
-                "temperature": 0, "top_k": 0, "min_p": 0, "top_p": 1, "repeat_penalty": 1.0, "stream": True}
+    def complete(self, prompt: "Prompt", method: str, max_tokens: int | None) -> dict:
+        """The same prompt as text (its chat template included, as our ids hold it), streamed; or,
+        for a chat load, the same chat turn (its own template, the GGUF's, applied)."""
+        text = prompt[1] and self.codec.tokenizer.decode(prompt[1], skip_special_tokens=False)
+        body = {**request((prompt[0], text, prompt[2]), max_tokens, self.chat), "temperature": 0, "top_k": 0,
+                "min_p": 0, "top_p": 1, "repeat_penalty": 1.0, "stream": True}
         start = time.perf_counter()
         first, text, chunks, reason = None, "", 0, None
         for event in completion_events(self.port, body, "llama.cpp-server"):
             choice = event["choices"][0]
-            if choice.get("text"):
+            delta = choice.get("text") or (choice.get("delta") or {}).get("content")
+            if delta:
                 first = first or time.perf_counter()
-                text += choice["text"]
+                text += delta
                 chunks += 1
             reason = choice.get("finish_reason") or reason
         end = time.perf_counter()
@@ -212,7 +228,9 @@ def scrape(port: int) -> dict[str, float]:
 TIMELINE = {"generation_tokens": "vllm:generation_tokens_total", "drafts": "vllm:spec_decode_num_drafts_total",
             "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
             "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
-            "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting"}
+            "running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
+            "preemptions": "vllm:num_preemptions_total", "kv_held": "ygg:kv_cache_tokens{kind=held}",
+            "kv_written": "ygg:kv_cache_tokens{kind=written}"}
 SCRAPE_S = 2.0
 
 
@@ -243,8 +261,12 @@ class Scraper:
                                  **{k: now.get(name, 0.0) for k, name in TIMELINE.items()}})
 
 
-def load_level(client: Client, prompts: list[tuple[str, list[int]]], method: str, concurrency: int,
-               max_tokens: int) -> tuple[list[dict], float]:
+# A prompt of the load: (its key, its token ids with the chat template, its text)
+Prompt = tuple[str, list[int], str]
+
+
+def load_level(client: "Client | LlamaServer", prompts: list[Prompt], method: str, concurrency: int,
+               max_tokens: int | None) -> tuple[list[dict], float]:
     """Every prompt once, `concurrency` clients in a closed loop; (rows, wall seconds)."""
     work: queue.Queue = queue.Queue()
     for item in prompts:
@@ -256,16 +278,16 @@ def load_level(client: Client, prompts: list[tuple[str, list[int]]], method: str
     def worker() -> None:
         while not errors:
             try:
-                key, ids = work.get_nowait()
+                prompt = work.get_nowait()
             except queue.Empty:
                 return
             try:
-                row = client.complete(ids, method, max_tokens)
+                row = client.complete(prompt, method, max_tokens)
             except BaseException as e:
                 errors.append(e)
                 return
             with lock:
-                rows.append({"prompt": key, **row})
+                rows.append({"prompt": prompt[0], **row})
 
     start = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
@@ -284,6 +306,8 @@ def start_server(opts: ServeBenchOptions, max_batch: int) -> tuple[subprocess.Po
            "--max-batch", str(max_batch), "--max-queue", str(max(64, 4 * max_batch)), "--model-name", "bench"]
     if not opts.cost_aware:
         cmd.append("--no-cost-aware")
+    if opts.kv_cache_gb is not None:
+        cmd += ["--kv-cache-gb", str(opts.kv_cache_gb)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_ready(proc, lambda: scrape(port), "ygg serve")
     return proc, port
@@ -321,6 +345,12 @@ def level_summary(rows: list[dict], wall: float, before: dict, after: dict, time
                               "nodes_per_sequence": delta(f"ygg:batch_verified_nodes_total{{sequences={b}}}") / (steps * b)}
     steps = sum(v["steps"] for v in by_size.values())
     drafted, accepted = delta("vllm:spec_decode_num_draft_tokens_total"), delta("vllm:spec_decode_num_accepted_tokens_total")
+    per_token = after.get("ygg:kv_cache_token_bytes")
+
+    def per_gb(kind: str) -> float | None:
+        """Written tokens per GiB of cache held (`kind`), over the level's steps."""
+        slots = delta(f"ygg:kv_cache_token_steps_total{{kind={kind}}}")
+        return delta("ygg:kv_cache_token_steps_total{kind=written}") / (slots * per_token / 2**30) if slots else None
     return {
         "requests": len(rows), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
         "tpot_ms_p50": percentile([r["tpot_ms"] for r in rows], 0.5),
@@ -332,6 +362,11 @@ def level_summary(rows: list[dict], wall: float, before: dict, after: dict, time
                                / sum(v["steps"] * b for b, v in by_size.items())) if steps else None,
         "by_batch_size": {str(b): v for b, v in sorted(by_size.items())},
         "acceptance_rate": accepted / drafted if drafted else None,
+        "running_peak": max((t["running"] for t in timeline or []), default=None),
+        "preemptions": delta("vllm:num_preemptions_total") if after else None,
+        # the cache: tokens of the running requests' sequences per GiB their regions hold, and per
+        # GiB reserving each one's max_tokens up front (Yggdrasil 0.2) held for the same requests
+        "kv_tokens_per_gb": per_gb("held"), "kv_tokens_per_gb_upfront": per_gb("upfront"),
         "metrics": {"generation_tokens": delta("vllm:generation_tokens_total"), "requests_finished": finished,
                     "drafts": delta("vllm:spec_decode_num_drafts_total"), "draft_tokens": drafted,
                     "accepted_tokens": accepted, "accepted_per_position_sum": per_pos,
@@ -353,8 +388,9 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     with ui.step("loading the tokenizer"):
         tok = plan.tokenizer
         codec = TextCodec(Path(opts.artifact) / tok.file, tok.chat_prefix, tok.chat_suffix)
-    room = plan.max_context - opts.max_new_tokens - 128
-    encoded = [(p.key, ids) for p in prompts if len(ids := codec.encode(p.text)) <= room]
+    room = plan.max_context - 128 - (0 if opts.chat else opts.max_new_tokens)  # a chat answer: the rest
+    encoded = [(p.key, ids, p.text) for p in prompts if len(ids := codec.encode(p.text)) <= room]
+    budget = None if opts.chat else opts.max_new_tokens  # a chat load sends no max_tokens
     if not encoded:
         raise YggError("every prompt is longer than the artifact's context: compile with a larger --max-context")
     levels = sorted(set(opts.concurrency))
@@ -362,7 +398,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     if gguf is not None:
         import torch
 
-        peers[LlamaServer.name] = LlamaServer(gguf, torch.get_num_threads(), plan.max_context, codec)
+        peers[LlamaServer.name] = LlamaServer(gguf, torch.get_num_threads(), plan.max_context, codec, opts.chat)
     contestants = [*opts.methods, *peers]
     proc = None
     results: list[dict] = []
@@ -370,13 +406,13 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     try:
         with ui.step(f"starting ygg serve (batch ≤ {levels[-1]})"):
             proc, port = start_server(opts, levels[-1])
-        client = Client(port, "bench")
+        client = Client(port, "bench", opts.chat)
         for name, peer in peers.items():
             with ui.step(f"starting {name} on {Path(peer.gguf).name}"):
                 peer.start()
         with ui.step("warming up"):
             for m in contestants:
-                peers.get(m, client).complete(encoded[0][1], m, 8)
+                peers.get(m, client).complete(encoded[0], m, 8)
         total = len(levels) * len(contestants) * len(encoded)
         label = f"{len(encoded)} prompts × {len(contestants)} contestants at concurrency {','.join(map(str, levels))}"
         done = 0
@@ -385,12 +421,12 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                 order = contestants if i % 2 == 0 else contestants[::-1]
                 for m in order:
                     if m in peers:  # no /metrics of ours to read
-                        rows, wall = load_level(peers[m], encoded, m, c, opts.max_new_tokens)
+                        rows, wall = load_level(peers[m], encoded, m, c, budget)
                         summary = {**level_summary(rows, wall, {}, {}, None), "metrics": None}
                     else:
                         before = scrape(port)
                         with Scraper(port) as scraper:
-                            rows, wall = load_level(client, encoded, m, c, opts.max_new_tokens)
+                            rows, wall = load_level(client, encoded, m, c, budget)
                         summary = level_summary(rows, wall, before, scrape(port), scraper.samples)
                     results.append({"method": m, "concurrency": c, "peer": m in peers, **summary})
                     runs += [{"method": m, "concurrency": c, **r} for r in rows]
@@ -421,7 +457,8 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                                "ttft_ms_p50": res["ttft_ms_p50"] / other["ttft_ms_p50"]}
                            for (p, c), other in by_peer.items() if c == res["concurrency"] and not res["peer"]}
     report = {"config": {"command": opts.command, "artifact": str(opts.artifact), "concurrency": levels,
-                         "methods": opts.methods, "peers": list(peers), "max_new_tokens": opts.max_new_tokens, "prompts": len(encoded),
+                         "methods": opts.methods, "peers": list(peers), "max_new_tokens": budget, "chat": opts.chat,
+                         "kv_cache_gb": opts.kv_cache_gb, "prompts": len(encoded),
                          "cost_aware": opts.cost_aware, "date": time.strftime("%Y-%m-%d %H:%M:%S")},
               "machine": machine_info(plan), "summary": results,
               "runs": [{k: v for k, v in r.items() if k not in ("start", "end")} for r in runs]}
@@ -437,8 +474,11 @@ def summary_markdown(report: dict) -> str:
     lines = ["# Yggdrasil serving benchmark", "",
              f"- **Command**: `{cfg['command']}`",
              f"- **Machine**: {mach['cpu']}, {mach['threads']} torch threads; {mach['dtype']} on {mach['device']}",
-             f"- **Load**: {cfg['prompts']} prompts per (method, concurrency), {cfg['max_new_tokens']} new tokens at "
-             f"most, greedy, closed loop; CAST allocation {'on' if cfg['cost_aware'] else 'off'}",
+             f"- **Load**: {cfg['prompts']} prompts per (method, concurrency), "
+             + ("chat requests without max_tokens (each answer runs to its end of turn or the context)"
+                if cfg.get("chat") else f"{cfg['max_new_tokens']} new tokens at most")
+             + f", greedy, closed loop; CAST allocation {'on' if cfg['cost_aware'] else 'off'}; KV cache "
+             + (f"{cfg['kv_cache_gb']:g} GiB" if cfg.get("kv_cache_gb") else "the server's default"),
              "",
              "| method | concurrency | tokens/s | × own c=1 | × ar | TPOT p50 ms | TPOT p95 ms | TTFT p50 ms | "
              "sequences/step | nodes/sequence | acceptance | outputs = ar |",
@@ -455,6 +495,20 @@ def summary_markdown(report: dict) -> str:
                      f"| {r['outputs_equal_ar'] or '–'} |")
     lines += ["", "nodes/sequence: tree nodes verified per sequence per step (root included; 1 = plain decoding), "
               "from the server's ygg:batch_verified_nodes and ygg:batch_steps counters.", "",
+              "## The KV cache during the load", "",
+              "From /metrics around each level: the most requests running at once (sampled), preemptions, and "
+              "the tokens the running requests had written per GiB of cache their regions held, over its steps — against "
+              "reserving each request's max_tokens (the rest of the context, for a chat request without one) up "
+              "front, as Yggdrasil 0.2 did, for the same requests.", "",
+              "| method | concurrency | running at most | preemptions | tokens per GiB held | reserved up front | × |",
+              "|---|---|---|---|---|---|---|"]
+    for r in sorted(report["summary"], key=lambda r: (r["method"], r["concurrency"])):
+        if r.get("peer") or r.get("kv_tokens_per_gb") is None:
+            continue
+        now, before = r["kv_tokens_per_gb"], r["kv_tokens_per_gb_upfront"]
+        lines.append(f"| {r['method']} | {r['concurrency']} | {f(r['running_peak'], '.0f')} | {f(r['preemptions'], '.0f')} "
+                     f"| {now:,.0f} | {f(before, ',.0f')} | {f(now / before if before else None, '.1f')} |")
+    lines += ["",
               "## /metrics during the load", "",
               f"Scraped every {SCRAPE_S:g} s while each level ran, and before and after it: the server's own account "
               "against the clients' (generated tokens, finished requests; accepted tokens per position summing to "

@@ -146,6 +146,8 @@ def bench_serve_cmd(
     no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="serve without CAST allocation (ablation)"),
     peers: Optional[list[str]] = typer.Option(None, "--peers", help=f"other servers to drive with the same load ({', '.join(SERVE_PEERS)}; needs the llama extra)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>-serve)"),
+    chat: bool = typer.Option(False, "--chat", help="chat requests without max_tokens, as the openai client sends them by default (answers run to their end of turn)"),
+    kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", metavar="GiB", help="the server's KV cache (default: ygg serve's)"),
 ) -> None:
     """Load `ygg serve` on loopback at several concurrency levels: aggregate tokens/s and per-request TPOT."""
     try:
@@ -154,7 +156,8 @@ def bench_serve_cmd(
         raise YggError(f"--concurrency takes integers, e.g. 1,2,4,8 (not {concurrency})") from None
     opts = ServeBenchOptions(artifact, prompts, _split(categories, "--categories"), limit, levels,
                              [m.strip() for m in methods.split(",") if m.strip()], max_new_tokens, output,
-                             not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]), _split(peers, "--peers") or [])
+                             not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]), _split(peers, "--peers") or [],
+                             chat, kv_cache_gb)
     commands("bench-serve").bench_serve(opts)
 
 

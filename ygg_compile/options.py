@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.options import DEFAULT_DIR, SAMPLING, check_max_new_tokens, check_sampling, check_settings
+from ygg_runtime.options import DEFAULT_DIR, SAMPLING, ServeOptions, check_max_new_tokens, check_sampling, check_settings
 from ygg_runtime.plan import PLAN_FILE
 
 HF_PEERS = ("hf", "hf-assisted", "hf-pld")
@@ -122,10 +122,13 @@ class ServeBenchOptions:
     cost_aware: bool = True
     command: str = ""
     peers: list[str] = field(default_factory=list)  # SERVE_PEERS driven with the same load
+    chat: bool = False  # chat requests without max_tokens (the openai client's default), not completions
+    kv_cache_gb: float | None = None  # the server's KV cache (None: its default)
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 64:
             raise YggError("--concurrency takes levels in 1..64, e.g. 1,2,4,8")
+        ServeOptions(kv_cache_gb=self.kv_cache_gb)  # serve's own check of it
         if unknown := [p for p in self.peers if p not in SERVE_PEERS]:
             raise YggError(f"unknown serving peer '{unknown[0]}' (choose from {', '.join(SERVE_PEERS)})")
         check_max_new_tokens(self.max_new_tokens)
