@@ -48,3 +48,16 @@ def test_compacted_cache_equals_sequential_cache():
             assert_same_prefix(target, sequential_cache(target_model, seq[:-1]), target.committed)
             assert_same_prefix(draft, sequential_cache(draft_model, seq[: draft.committed]), draft.committed)
     assert moved > 3, "no step accepted a path that needed its rows moved"
+
+
+def test_a_region_moves_whole_whether_or_not_its_new_place_overlaps_the_old():
+    """`kv.move`, what a batch runs when a region cannot grow in place or the regions are packed:
+    every layer's rows arrive in order, into a range after, before, or overlapping the old one."""
+    from ygg_runtime.kv import KVCache, move
+
+    for src, dst in ((10, 60), (60, 10), (10, 17), (17, 10)):
+        cache = KVCache(3, 100, 2, 4, torch.float32, "cpu")
+        cache.data.copy_(torch.randn(cache.data.shape, generator=torch.Generator().manual_seed(src + dst)))
+        rows = cache.data[:, :, :, src : src + 20].clone()
+        move(cache, src, 20, dst)
+        assert torch.equal(cache.data[:, :, :, dst : dst + 20], rows), (src, dst)

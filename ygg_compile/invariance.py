@@ -4,11 +4,11 @@ token bitwise the same, whatever else the forward holds?
 Greedy speculative decoding is exact only if a tree verify gives every accepted token the very
 logits plain decoding gives it: one flipped bit can flip a near-tie. That holds when a row's
 result does not depend on the forward around it: its width, the rows beside it, where its
-ancestors sit among the tree's slots, the attention span. Our attention kernel is built that way
+ancestors sit among the tree's slots, where its sequence sits in the cache. Our attention kernel is built that way
 (`ygg_runtime.kernels`), but the matmuls and the compiled graph's fused kernels are the
 machine's: bf16 `F.linear` takes a gemv path for one row, for instance. So this module measures.
 
-For a few contexts (one whose widest forwards cross a 256-slot attention-span bucket), a probe
+For a few contexts (short, middling and long: the kernel's 16-slot blocks fall differently), a probe
 chain x → y → z is run (1) as plain decoding runs it, one token per forward padded with dummies to
 width W and committed, and (2) as one branch of a tree of width W, z's ancestors at scattered
 slots with siblings and copies of x between them. For every width a generation can use, the
@@ -28,7 +28,7 @@ from torch import Tensor
 from ygg_runtime.plan import ExactnessRecord
 from ygg_runtime.runner import ModelRunner
 
-CONTEXTS = (37, 230, 1000)  # at 230 the forwards of 32+ tokens cross into the second 256-slot span
+CONTEXTS = (37, 230, 1000)
 
 
 def _tree(width: int, x: int, y: int, z: int, fill: list[int]) -> tuple[list[int], list[int], dict[str, list[int]]]:

@@ -60,8 +60,11 @@ def compact(cache: KVCache, src_slots: list[int], dst_start: int) -> None:
 
 def move(cache: KVCache, src_start: int, n: int, dst_start: int) -> None:
     """Move slots [src_start, src_start + n) to [dst_start, dst_start + n) (a region moving)."""
-    if n and src_start != dst_start:
-        cache.data[:, :, :, dst_start : dst_start + n] = cache.data[:, :, :, src_start : src_start + n].clone()
+    if not n or src_start == dst_start:
+        return
+    src = cache.data[:, :, :, src_start : src_start + n]
+    overlap = abs(src_start - dst_start) < n  # then copy through a temporary, else straight across
+    cache.data[:, :, :, dst_start : dst_start + n] = src.clone() if overlap else src
 
 
 def snapshot(cache: KVCache, start: int, n: int) -> Tensor:
