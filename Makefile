@@ -70,15 +70,17 @@ bench: install-qwen install-llama
 # `ygg serve` under load: egt against batched plain decoding at each concurrency level, through the
 # real server on loopback (8 Spec-Bench prompts per category, 128 new tokens), beside llama.cpp's
 # server on the same GGUF (SERVE_PEERS= leaves it out); results under
-# benchmarks/results/<device>-serve/. Run it alone on the machine.
+# benchmarks/results/<device>-serve/. SERVE_FLAGS adds options: --chat (chat requests without
+# max_tokens), --kv-cache-gb N, -o DIR. Run it alone on the machine.
 SERVE_CONCURRENCY ?= 1,2,4,8
 SERVE_LIMIT ?= 8
 SERVE_PEERS ?= llama.cpp-server
+SERVE_FLAGS ?=
 bench-serve: install-qwen install-llama
 	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench-serve --artifact $(ART) --concurrency $(SERVE_CONCURRENCY) --methods egt,ar --max-new-tokens 128 \
-		$$(test -n "$(SERVE_PEERS)" && echo --peers $(SERVE_PEERS)) \
+		$$(test -n "$(SERVE_PEERS)" && echo --peers $(SERVE_PEERS)) $(SERVE_FLAGS) \
 		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(SERVE_LIMIT))
 
 # The per-device artifact of the default pair (DEVICE=cpu or cuda), as .github/workflows/artifacts.yml

@@ -1,8 +1,8 @@
 """Several sequences decoding together: continuous batching of tree speculative decoding.
 
 Each sequence (a `Member`) owns a region of the target's and the drafter's slot-addressed caches
-(`ModelRunner.region`, the same slots in both) and its own proposer, so its trees, acceptance and compaction are exactly
-those of `engine.Generation` alone. A step drafts every member's tree, each in its own greenlet, and
+(`ModelRunner.region`, the same slots in both) and its own proposer, so its trees, acceptance and
+compaction are exactly those of `engine.Generation` alone. A step drafts every member's tree, each in its own greenlet, and
 runs their drafter forwards together (`Gate`: when every member still drafting is waiting on a
 forward, one forward serves them all); then one target forward verifies every tree (one mask whose
 rows see only their own sequence). Sequences join and leave between steps. Everything runs on the

@@ -638,7 +638,7 @@ def kv_slots(decoder: Decoder, gb: float | None, max_batch: int) -> tuple[int, s
         free = available_memory()
         slots = useful if free is None else max(MAX_ROWS + longest, min(useful, int(free * KV_CACHE_SHARE) // per))
         how = (f"{KV_CACHE_SHARE:.0%} of the {free / 2**30:.1f} GiB free" if free is not None and slots < useful else
-               f"{max_batch} sequences of {longest} tokens (--max-batch)") + "; --kv-cache-gb sets it"
+               f"--max-batch {max_batch} sequences of the artifact's {longest:,} slots") + "; --kv-cache-gb sets it"
     return slots, (f"KV cache: {slots * per / 2**30:.2f} GiB, {slots - MAX_ROWS:,} tokens for both models "
                    f"({per / 1024:.0f} KiB a token; {how})")
 

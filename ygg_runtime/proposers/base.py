@@ -108,7 +108,8 @@ class Proposer:
 
     def start(self, prompt: list[int]) -> None:
         """A new generation: forget the last one and see the prompt (all but its last token, which
-        becomes the first root)."""
+        becomes the first root). A batch that preempted a generation starts it again with all it
+        has, prompt and output so far, as the prompt."""
 
     def propose(self, state: StepState) -> TokenTree:
         """This step's tree, rooted at state.seq[-1]."""
