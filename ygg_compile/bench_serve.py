@@ -9,8 +9,8 @@ from level to level. Prompts go as token ids (the artifact's chat template appli
 bench` does), so every method decodes the same tokens; greedy outputs are compared with `ar`'s.
 With `--chat`, the load is chat requests without max_tokens, as the openai client sends them by
 default: each answer runs to its end of turn or the context, and the server's cache holds what the
-requests have written (/metrics' ygg:kv_cache_tokens, sampled during the run: tokens held per GB
-against what reserving each request's max_tokens up front held for the same requests).
+requests have written (/metrics' ygg:kv_cache_token_steps around each level: tokens written per GiB
+held, against what reserving each request's max_tokens up front held for the same requests).
 /metrics is read around every (level, method): the tree nodes verified per sequence at each batch
 size show how CAST shrinks the trees as the load grows.
 

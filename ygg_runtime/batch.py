@@ -146,8 +146,7 @@ class Member:
 
     def runners(self) -> list[ModelRunner]:
         """Its regions: the target's, and the drafter's when its method drafts."""
-        proposer = self.generation.proposer
-        return [self.generation.target] + ([proposer.drafter.runner] if hasattr(proposer, "drafter") else [])
+        return [self.generation.target] + ([self.generation.proposer.drafter.runner] if _drafts(self) else [])
 
 
 class Gate:
@@ -255,18 +254,20 @@ class Batch:
         running = self.running
         return self.regions.used, sum(len(m.generation.seq) for m in running), sum(m.cap for m in running)
 
+    def _probe(self, method: str) -> Proposer:
+        """A proposer over a one-slot drafter region: it sizes a request before a region is taken."""
+        probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
+        return self.make_proposer(method, probe)
+
     def longest(self, method: str) -> int:
         """The longest sequence (prompt and output) a request of `method` can have in this cache."""
-        probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
-        return self.regions.capacity - step_room(self.target, self.make_proposer(method, probe))
+        return self.regions.capacity - step_room(self.target, self._probe(method))
 
     def admissible(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
                    top_p: float = 1.0, seed: int | None = None) -> tuple[int, int]:
         """(the most cache slots the request can need, its step room); YggError, in one line, when
         it can never be served (bad settings, an unknown method, or more than the cache holds)."""
-        # A proposer over a one-slot drafter region sizes the request before a region is taken.
-        probe = Drafter(self.drafter.region(0, 1), self.target.vocab_size) if self.drafter is not None else None
-        proposer = self.make_proposer(method, probe)
+        proposer = self._probe(method)
         engine.check(self.target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
         room = step_room(self.target, proposer)
         if len(prompt) + max_new_tokens + room > self.regions.capacity:

@@ -28,10 +28,6 @@ class KVCache:
         self.data = torch.zeros(n_layers, 2, n_kv_heads, slots, head_dim, dtype=dtype, device=device)
 
     @property
-    def slots(self) -> int:
-        return self.data.shape[3]
-
-    @property
     def bytes_per_slot(self) -> int:
         """What one token costs the cache (every layer's key and value)."""
         n_layers, two, heads, _, dim = self.data.shape
@@ -39,11 +35,6 @@ class KVCache:
 
     def layers(self) -> list[LayerKV]:
         return [LayerKV(self.data[i, 0][None], self.data[i, 1][None]) for i in range(self.data.shape[0])]
-
-
-def bytes_per_slot(n_layers: int, n_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """What one token costs a model's cache, before any cache exists (sizing a pool)."""
-    return n_layers * 2 * n_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
 def compact(cache: KVCache, src_slots: list[int], dst_start: int) -> None:

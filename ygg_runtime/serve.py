@@ -231,7 +231,7 @@ class Scheduler:
                 raise ApiError(429, f"the server is busy: {len(self.queue)} requests are waiting (--max-queue "
                                     f"{self.max_queue}); retry later", "server_busy", code="queue_full")
             self.queue.append(job)
-            self.metrics.waiting.set(len(self.queue) + sum(j.member.preempted for j in list(self.jobs)))
+            self.metrics.waiting.set(len(self.queue) + self._preempted())
             self.cond.notify_all()
 
     def wake(self) -> None:
@@ -285,16 +285,21 @@ class Scheduler:
             self.metrics.prompt_tokens.inc(len(job.prompt))
         self._gauge()
 
-    def _gauge(self) -> None:
-        """Running and waiting as vLLM counts them (a preempted request waits), and the cache."""
-        preempted = sum(j.member.preempted for j in self.jobs)
+    def _preempted(self) -> int:
+        """Admitted requests whose member the batch preempted (vLLM counts them as waiting)."""
+        return sum(j.member.preempted for j in list(self.jobs))
+
+    def _gauge(self) -> tuple[int, int, int]:
+        """Running and waiting as vLLM counts them (a preempted request waits), and the cache;
+        returns what the cache holds (`Batch.held`)."""
+        preempted = self._preempted()
         self.metrics.waiting.set(len(self.queue) + preempted)
         self.metrics.running.set(len(self.jobs) - preempted)
-        held, written, upfront = self.batch.held()
-        self.metrics.kv_tokens.labels("held").set(held)
-        self.metrics.kv_tokens.labels("written").set(written)
-        self.metrics.kv_tokens.labels("upfront").set(upfront)
-        self.metrics.kv_usage.set(held / self.batch.regions.capacity)
+        held = self.batch.held()
+        for kind, n in zip(("held", "written", "upfront"), held):
+            self.metrics.kv_tokens.labels(kind).set(n)
+        self.metrics.kv_usage.set(held[0] / self.batch.regions.capacity)
+        return held
 
     def _emit(self, job: Job, new: list[int]) -> None:
         """A step's accepted tokens: counted as they are made (a scrape mid-request sees them), then sent."""
@@ -320,8 +325,6 @@ class Scheduler:
             self.metrics.steps.labels(str(b)).inc(steps - seen[0])
             self.metrics.nodes.labels(str(b)).inc(nodes - seen[1])
             seen[:] = [steps, nodes]
-        for kind, n in zip(("held", "written", "upfront"), self.batch.held()):
-            self.metrics.kv_token_steps.labels(kind).inc(n)
         now = [self.batch.preemptions, self.batch.moves, self.batch.moved_slots]
         for counter, n, seen in zip((self.metrics.preemptions, self.metrics.kv_moves, self.metrics.kv_moved), now,
                                     self._counted):
@@ -336,7 +339,9 @@ class Scheduler:
             gen = member.generation
             eos = bool(gen.out) and gen.out[-1] in gen.eos_ids
             self._finish(job, "stop" if eos else "length")
-        self._gauge()
+        held = self._gauge()
+        for kind, n in zip(("held", "written", "upfront"), held):  # the step's share of ygg:kv_cache_token_steps
+            self.metrics.kv_token_steps.labels(kind).inc(n)
 
     def _finish(self, job: Job, reason: str) -> None:
         self.jobs.remove(job)
