@@ -21,6 +21,10 @@ os.environ.setdefault("YGG_CACHE", str(REPO / ".cache" / "ygg-test"))
 # Latency profiles the tests measure stay out of the committed profiles/.
 os.environ.setdefault("YGG_PROFILES", str(REPO / ".cache" / "ygg-test" / "profiles"))
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# Without a GPU, Triton kernels (the GPU attention) run on CPU tensors in Triton's interpreter: their
+# semantics are tested everywhere. Read when a kernel is defined, so set before any is imported.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

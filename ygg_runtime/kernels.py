@@ -33,8 +33,9 @@ machine's two roofs (int8 peak, read bandwidth) on the same threads.
 The library is built with the system C++ compiler against the installed torch (a few seconds, cached
 under the user cache keyed by sources, torch version and instruction set), for the same vector ISA
 Inductor compiles for, so the plan's recorded CPU flags cover it. `ygg compile` copies the build
-into the artifact, so `ygg run` needs no compiler. CUDA runs PyTorch's attention (untested here: no
-GPU); the compile-time check then says whether its rows agree. Quantized weights run on CPUs only.
+into the artifact, so `ygg run` needs no compiler. On a GPU, attention is the Triton kernel of
+`ygg_runtime.triton_attention` (same schema and semantics, compiled into the AOT package); the
+compile-time check says whether its rows agree there. Quantized weights run on CPUs only.
 """
 
 from __future__ import annotations
@@ -47,10 +48,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from ygg_runtime.errors import YggError, out_of_space
+from ygg_runtime.errors import YggError, first_line, out_of_space
 from ygg_runtime.files import locked
 from ygg_runtime.integrity import cache_dir
 
@@ -66,9 +66,10 @@ def loaded() -> Path | None:
 
 
 def version(device: str = "cpu") -> str:
-    """Which attention a forward on `device` runs: the kernel's source hash, or "sdpa" off the CPU
-    (latency profiles record it: another attention is another timing)."""
-    return hashlib.sha256(SOURCES[0].read_bytes()).hexdigest()[:12] if device.startswith("cpu") else "sdpa"
+    """Which attention a forward on `device` runs: its kernel's source hash (latency profiles record
+    it: another attention is another timing)."""
+    source = SOURCES[0] if device.startswith("cpu") else Path(__file__).parent / "triton_attention.py"
+    return hashlib.sha256(source.read_bytes()).hexdigest()[:12]
 
 
 def qlinear_version() -> str:
@@ -212,26 +213,21 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots:
               tree: Tensor) -> Tensor:
     """q [1, H, W, D] and the W new rows' k, v [1, KV, W, D], written first to `slots` of the
     cache's layer `layer` (cache [layers, 2, KV, S, D]); row i then attends to slots [lo_i, hi_i)
-    and hi_i + j where tree[i, j] ([W, T] bool) -> [1, H, W, D]. The row-invariant kernel on CPU
-    (built and loaded on first use), PyTorch's attention elsewhere."""
+    and hi_i + j where tree[i, j] ([W, T] bool) -> [1, H, W, D]. One schema, an implementation
+    per device: the C++ kernel on a CPU (built and loaded on first use), the Triton kernel of
+    `ygg_runtime.triton_attention` on a GPU; both row-invariant."""
     if q.device.type != "cpu":
-        return _sdpa(q, k, v, cache, layer, slots, lo, hi, tree)
+        return gpu_attention()(q, k, v, cache, layer, slots, lo, hi, tree)
     if _loaded is None:
         load()
     return torch.ops.ygg.attention(q, k, v, cache, layer, slots, lo, hi, tree)
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots: Tensor, lo: Tensor, hi: Tensor,
-          tree: Tensor) -> Tensor:
-    """The same with PyTorch's ops, for CUDA (untested here: no GPU; eager only, its rows are not
-    row-invariant, and every row reads the whole cache)."""
-    keys, values = cache[layer, 0], cache[layer, 1]
-    keys.index_copy_(1, slots, k[0])
-    values.index_copy_(1, slots, v[0])
-    j = torch.arange(cache.shape[3], device=q.device)[None]
-    rel = j - hi[:, None]
-    mask = (j >= lo[:, None]) & (j < hi[:, None])
-    if tree.shape[1]:
-        mask |= (rel >= 0) & (rel < tree.shape[1]) & tree.gather(1, rel.clamp(0, tree.shape[1] - 1))
-    return F.scaled_dot_product_attention(q, keys[None], values[None], attn_mask=mask[None, None],
-                                          enable_gqa=q.shape[1] != k.shape[1])
+def gpu_attention():
+    """`ygg::attention_cuda`, registered on first use (importing Triton costs a second)."""
+    try:
+        from ygg_runtime import triton_attention  # noqa: F401  (registers the op)
+    except ImportError as e:
+        raise YggError(f"attention on a GPU needs Triton, which this torch lacks ({first_line(e)}): install the "
+                       "torch build for your CUDA, which brings it") from None
+    return torch.ops.ygg.attention_cuda

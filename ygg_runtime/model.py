@@ -20,7 +20,6 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from ygg_runtime import kernels
-from ygg_runtime.kernels import attention
 from ygg_runtime.kv import KVCache, LayerKV
 from ygg_runtime.quant import QEmbedding, QLinear
 
@@ -90,7 +89,7 @@ class Attention(nn.Module):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # writes k, v to the cache's slots, then attends (row-invariant: see ygg_runtime.kernels)
-        y = attention(q, k, v, view.cache, self.layer, view.slots, view.lo, view.hi, view.tree)
+        y = kernels.attention(q, k, v, view.cache, self.layer, view.slots, view.lo, view.hi, view.tree)
         return self.wo(y.transpose(1, 2).reshape(b, w, self.n_heads * hd))
 
 
