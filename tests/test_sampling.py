@@ -264,7 +264,7 @@ def test_a_zero_exponential_draw_never_picks_a_token_the_drafter_rules_out(monke
                         lambda self, generator=None: real(self, generator=generator).index_fill_(0, torch.tensor([2, 4]), 0.0))
     tree = TokenTree(0, child_rule="without_replacement")
     state = StepState([0], sampling=Sampling(1.0, 1.0, torch.Generator().manual_seed(0)))
-    picks = pick_children(tree, 0, logits, 3, state)
+    (picks,) = pick_children(tree, [0], logits[None], 3, state)
     assert all(tree.tokens[c] not in (2, 4) for c in picks) and len(picks) == 3
 
 
@@ -374,7 +374,7 @@ def _wrong_noise(monkeypatch, make):
     """Replace the noise of every position by make(seed, position, vocab)."""
     from ygg_runtime.coupling import Noise
 
-    monkeypatch.setattr(Noise, "at", lambda self, position, vocab: make(self.seed, position, vocab))
+    monkeypatch.setattr(Noise, "at", lambda self, position, vocab, device="cpu": make(self.seed, position, vocab))
 
 
 def test_chi_square_detects_coupling_with_noise_that_is_not_gumbel(models, monkeypatch):
@@ -394,7 +394,7 @@ def test_chi_square_detects_noise_keyed_by_tree_depth_instead_of_position(models
 
     target, draft = models
     real = coupling.Noise.at
-    monkeypatch.setattr(coupling.Noise, "at", lambda self, position, vocab: real(self, 0, vocab))
+    monkeypatch.setattr(coupling.Noise, "at", lambda self, position, vocab, device="cpu": real(self, 0, vocab, device))
     counts, _ = sample_counts(target, draft, "chain", {"k": 3}, 1.0, sampling="coupled")
     assert chi_square_pvalue(counts, exact_joint(target, 1.0)) < ALPHA
     assert power(counts, exact_joint(target, 1.0)) > POWER

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ygg_runtime.transfer import rows_at_once, to_host
 from ygg_runtime.tree import TokenTree
 
 
@@ -65,8 +66,8 @@ def _follow(tree: TokenTree, choice: Callable[[int], int]) -> Verdict:
 
 
 def accept_greedy(tree: TokenTree, logits: Tensor) -> Verdict:
-    """logits [n, V] of the target at every tree node."""
-    best = logits.argmax(-1).tolist()
+    """logits [n, V] of the target at every tree node (their argmax read in one transfer)."""
+    best = to_host(logits.argmax(-1))
     return _follow(tree, best.__getitem__)
 
 
@@ -74,7 +75,12 @@ def accept_coupled(tree: TokenTree, logits: Tensor, noise: "coupling.Noise", fir
                    top_p: float) -> Verdict:
     """logits [n, V] of the target at every tree node; first: the sequence position of the root's
     children. The target's choice at a node of depth d is argmax(log p + g) with g the noise of
-    position first + d, computed only on the path walked (a row at a time, as `ar` computes it)."""
+    position first + d: on a GPU for every node in one read (without a nucleus the keys are
+    elementwise, so each row's choice is the one it has alone); else only on the path walked (a
+    row at a time, as `ar` computes it)."""
+    if top_p == 1.0 and rows_at_once(logits.device):
+        best = noise.choices(logits, [first + d for d in tree.depths], temperature)
+        return _follow(tree, best.__getitem__)
     return _follow(tree, lambda node: noise.choose(logits[node], first + tree.depths[node], temperature, top_p))
 
 

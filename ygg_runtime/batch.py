@@ -44,7 +44,6 @@ per modelled millisecond of the whole step — so trees shrink as the batch grow
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -62,6 +61,7 @@ from ygg_runtime.objective import Curves
 from ygg_runtime.params import fit_width
 from ygg_runtime.proposers import Drafter, Proposer
 from ygg_runtime.runner import Call, ModelRunner, forward_many
+from ygg_runtime.transfer import Stopwatch
 from ygg_runtime.tree import TokenTree
 
 # Chunked prefill: a step that carries prompt chunks may cost up to this many times the step
@@ -568,14 +568,14 @@ class Batch:
         calls += [(m, m.generation.target.chain_call(m.generation.owed()[:n], logits=False)) for m, n in chunks]
         for group in _groups(calls, lambda item: len(item[1].tokens)):
             width = group[0][0].generation.tree.verify_width if len(group) == 1 and group[0][0].prefilled else 0
-            t = time.perf_counter()
+            watch = Stopwatch(self.target.device).start()
             try:
                 outs = forward_many([c for _, c in group], width)
             except Exception as e:
                 for m, _ in group:
                     m.error = e
                 continue
-            spent = time.perf_counter() - t
+            watch.stop()
             verified = [(m, c) for m, c in group if m.prefilled]
             if verified:
                 record = self.load.setdefault(len(verified), [0, 0])
@@ -589,6 +589,6 @@ class Batch:
                     self._guard(m, m.generation.target.commit, c.offsets)
                     self._end_prefill(m)
                     continue
-                new = self._guard(m, m.generation.accept, logits, spent)
+                new = self._guard(m, m.generation.accept, logits, watch)
                 if new is not None and m.on_tokens is not None:
                     self._guard(m, m.on_tokens, new)

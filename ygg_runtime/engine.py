@@ -16,6 +16,7 @@ from ygg_runtime.options import SAMPLING, check_sampling, check_settings
 from ygg_runtime.proposers import Proposer, Sampling, StepState
 from ygg_runtime.params import fit_width
 from ygg_runtime.runner import Call, ModelRunner
+from ygg_runtime.transfer import Stopwatch
 from ygg_runtime.tree import TokenTree
 
 
@@ -111,9 +112,9 @@ class Generation:
         tree = self.tree
         return Call(self.target, tree.tokens, list(range(len(tree))), tree.depths, tree.ancestor_mask())
 
-    def accept(self, logits: Tensor, verify_s: float) -> list[int]:
+    def accept(self, logits: Tensor, verify: Stopwatch) -> list[int]:
         """Accept from the tree's target logits, commit, and return the step's new tokens
-        (verify_s: the seconds its target forward took, for the metrics)."""
+        (verify: what timed its target forward, for the metrics)."""
         tree = self.tree
         tv = time.perf_counter()
         if self.sampling is None:
@@ -122,6 +123,8 @@ class Generation:
             verdict = accept_coupled(tree, logits, self.sampling.noise, len(self.seq), self.temperature, self.top_p)
         else:
             verdict = accept_sampling(tree, warp(logits, self.temperature, self.top_p), self.sampling.generator)
+        if verify.waits:  # the verdict's read waited for the forward: the step's own host work starts now
+            tv = time.perf_counter()
         if self.on_step is not None:
             self.on_step(tree, verdict)
         self.target.commit(verdict.path)
@@ -146,7 +149,7 @@ class Generation:
             self.sampling.noise.forget(len(self.seq))  # those positions are decided
         step = Step(len(tree) - 1, kept, len(new), tried, max(tree.depths), tuple(tree.sources[1:]),
                     tuple(tree.sources[v] for v in verdict.path[1 : kept + 1]), draft_s=self._td - self._ts,
-                    verify_s=verify_s, other_s=time.perf_counter() - tv, retrieval_s=info.retrieval_s,
+                    verify_s=verify.seconds, other_s=time.perf_counter() - tv, retrieval_s=info.retrieval_s,
                     ahead_hit=info.ahead_hit)
         self.metrics.record(step)
         if self.on_event is not None:
@@ -204,10 +207,10 @@ def generate(
     g.prefill()
     while not g.done:
         tree = g.propose()
-        t = time.perf_counter()
         c = g.call()
+        watch = Stopwatch(target.device).start()
         logits = target.forward(c.tokens, c.offsets, c.depths, c.tree_mask, tree.verify_width)
-        new = g.accept(logits, time.perf_counter() - t)
+        new = g.accept(logits, watch.stop())
         if on_tokens is not None:
             on_tokens(new)
     return g.out, g.metrics

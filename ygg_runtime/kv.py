@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ygg_runtime.transfer import to_device
+
 
 class LayerKV(NamedTuple):
     """One layer's keys and values, views [1, kv_heads, slots, head_dim] of the cache."""
@@ -43,7 +45,7 @@ def compact(cache: KVCache, src_slots: list[int], dst_start: int) -> None:
     if n == 0 or src_slots == list(range(dst_start, dst_start + n)):
         return
     device = cache.data.device
-    src = torch.tensor(src_slots, device=device)
+    src = to_device(src_slots, device)
     dst = torch.arange(dst_start, dst_start + n, device=device)
     # Advanced indexing on the right copies first, so overlapping src/dst ranges are safe.
     cache.data[:, :, :, dst] = cache.data[:, :, :, src]

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from ygg_runtime.errors import YggError
+from ygg_runtime.transfer import to_host
 
 
 class DepthPredictor:
@@ -50,18 +51,22 @@ class DepthPredictor:
 
     @torch.inference_mode()
     def raw(self, hidden: Tensor) -> Tensor:
-        """The heads' probabilities [..., D_max] exactly as the trained model gives them."""
-        x = (hidden.float().to(self.mean.device) - self.mean) / self.scale
+        """The heads' probabilities [..., D_max] exactly as the trained model gives them, computed
+        where `hidden` is (the weights follow it there once)."""
+        if self.mean.device != hidden.device:
+            self.mean, self.scale = self.mean.to(hidden.device), self.scale.to(hidden.device)
+            self.layers = [(w.to(hidden.device), b.to(hidden.device)) for w, b in self.layers]
+        x = (hidden.float() - self.mean) / self.scale
         for i, (w, b) in enumerate(self.layers):
             x = x @ w + b
             x = torch.relu(x) if i + 1 < len(self.layers) else torch.sigmoid(x)
         return x
 
     def reach(self, hidden: Tensor) -> list[float]:
-        """P(accepted length >= d) for d = 1..D_max, made non-increasing in d (the heads are
-        trained separately, so a deeper head may come out a hair above a shallower one)."""
+        """P(accepted length >= d) for d = 1..D_max (one read), made non-increasing in d (the
+        heads are trained separately, so a deeper head may come out a hair above a shallower one)."""
         out, low = [], 1.0
-        for p in self.raw(hidden).tolist():
+        for p in to_host(self.raw(hidden)):
             low = min(low, p)
             out.append(low)
         return out

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ygg_runtime.graphs import CapturedForwards, ForwardInputs
 from ygg_runtime.kv import compact, move, restore, snapshot
 from ygg_runtime.model import Transformer
 from ygg_runtime.options import MAX_ROWS
@@ -104,12 +105,16 @@ class ModelRunner:
         # Cache slots no sequence owns, where a forward's padding rows may write when no region
         # has room past its tree (a batch's regions share them: `ygg_runtime.batch`). Empty alone.
         self.scratch: range = range(0)
+        # On a GPU, every forward replays a CUDA graph captured for its width (`ygg_runtime.graphs`);
+        # None: forwards run as they are (a CPU; or set to None to time a GPU's uncaptured forwards).
+        self.graphs = CapturedForwards(self.device) if self.device.type == "cuda" else None
 
     def region(self, base: int, length: int) -> "ModelRunner":
         """A runner for slots [base, base + length) of this model's cache, with this runner's
         widths, exactness floor, compiled forwards and prefix cache (the cache is shared, so they fit it)."""
         r = ModelRunner(self.model, length, base, setup=False)
         r.widths, r.min_width, r.compiled, r.prefix = self.widths, self.min_width, self.compiled, self.prefix
+        r.graphs = self.graphs
         return r
 
     def move_to(self, base: int, length: int, rows: int | None = None) -> None:
@@ -144,7 +149,8 @@ class ModelRunner:
         self.hidden = self.logits = None
 
     def synchronize(self) -> None:
-        """Wait for queued device work, so a wall-clock timer around a forward measures it."""
+        """Wait for queued device work, so a wall-clock timer around a forward measures it (a
+        compile-time measurement; a decode step reads its timings off `transfer.Stopwatch`)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -252,7 +258,12 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
             raise ValueError(f"no region has room for {extra} padding rows past its tree")
         pad_slots = list(scratch[:extra])
     window = max([m.shape[1] for _, _, m in spans] + [1 if pad_slots else 0])
-    tree = torch.zeros(width, window, dtype=torch.bool)
+    graphs = first.graphs if first.graphs is not None and first.graphs.failed is None else None
+    if graphs is not None:  # a captured forward takes the graphs' window and computes every row's logits
+        window = graphs.window_for(window)
+    heads, at = head_rows(calls, width, first, every=graphs is not None)
+    inputs = ForwardInputs(width, len(heads), window, pin=first.device.type != "cpu")
+    tree = inputs.tree
     lo, hi, row = [], [], 0
     for base, start, tree_mask in spans:
         w, t = tree_mask.shape
@@ -264,16 +275,17 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
         tree[n + i, 0] = True
         lo.append(s)
         hi.append(s)
-    dev = first.device
     tokens = [t for c in calls for t in c.tokens] + [0] * extra
-    x = torch.tensor([tokens], device=dev)
-    positions_t = torch.tensor(positions + [0] * extra, device=dev)
-    slots_t = torch.tensor(slots + pad_slots, device=dev)
-    heads, at = head_rows(calls, width, first)
+    inputs.set_ints(tokens, positions + [0] * extra, slots + pad_slots, lo, hi, heads)
     compiled = first.compiled is not None and first.compiled.holds(width)
-    logits, hidden = (first.compiled if compiled else first.model)(
-        x, positions_t, slots_t, torch.tensor(lo, device=dev), torch.tensor(hi, device=dev), tree.to(dev),
-        first.model.kv.data, torch.tensor(heads, device=dev))
+    forward = first.compiled if compiled else first.model
+    cache = first.model.kv.data
+    replayed = graphs.run("compiled" if compiled else "eager", forward, inputs, cache) if graphs is not None else None
+    if replayed is None:
+        args = inputs.on(first.device)
+        logits, hidden = forward(*args[:6], cache, args[6])
+    else:  # the graph's static outputs, which its next replay overwrites: each call keeps a copy of its rows
+        logits, hidden = replayed
     out, row = [], 0
     for c, j in zip(calls, at):
         w = len(c.tokens)
@@ -283,17 +295,21 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
         if r._recorded is not None:
             r._recorded.append(width)
         r.hidden, r.logits = hidden[0, row : row + w], (logits[0, j : j + w] if j is not None else None)
+        if replayed is not None:
+            r.hidden, r.logits = r.hidden.clone(), (r.logits.clone() if r.logits is not None else None)
         out.append(r.logits)
         row += w
     return out
 
 
-def head_rows(calls: list[Call], width: int, first: "ModelRunner") -> tuple[list[int], list[int | None]]:
+def head_rows(calls: list[Call], width: int, first: "ModelRunner", every: bool = False
+              ) -> tuple[list[int], list[int | None]]:
     """The rows of a forward whose logits are computed, and where each call's logits start among
     them (None: a prompt's rows, which need none). Every row when every call wants logits, as
     before; otherwise the wanted rows, filled with others up to a compiled width of at least the
     exactness floor: the output head then runs on as many rows as a whole forward of that width
-    did when the row check measured it (the quantized head's rows are invariant at any count)."""
+    did when the row check measured it (the quantized head's rows are invariant at any count).
+    every=True: filled up to every row (a captured forward's head takes all of them)."""
     heads, at, spare, row = [], [], [], 0
     for c in calls:
         rows = list(range(row, row + len(c.tokens)))
@@ -304,5 +320,5 @@ def head_rows(calls: list[Call], width: int, first: "ModelRunner") -> tuple[list
         return list(range(width)), at
     spare = list(range(row, width)) + spare[::-1]  # padding rows first, then the prompt's last rows
     need = max(len(heads), first.min_width, 1)
-    want = min(width, fit_width(need, first.widths) if first.widths else need)
+    want = width if every else min(width, fit_width(need, first.widths) if first.widths else need)
     return heads + spare[: want - len(heads)], at

@@ -22,10 +22,14 @@ from ygg_runtime.accept import Verdict, warp
 from ygg_runtime.errors import YggError
 from ygg_runtime.params import Params
 from ygg_runtime.runner import ModelRunner
+from ygg_runtime.transfer import read_top
 from ygg_runtime.tree import TokenTree
 
 if TYPE_CHECKING:
     from ygg_runtime.coupling import Noise
+
+
+Children = tuple[list[float], list[int]]  # a node's top children: (draft probabilities, tokens)
 
 
 @dataclass
@@ -57,16 +61,16 @@ class StepState:
     # its tree against measured costs prices it as its share (`Curves.shared`, CAST).
     sequences: int = 1
 
-    def top(self, logits: Tensor, depth: int, k: int) -> tuple[list[float], list[int]]:
-        """The k best children (draft probabilities, tokens) of a tree node at `depth` from its
-        draft logits [V]: by draft probability when greedy (and for rejection sampling's children
-        picked by rank); coupled, the drafter's k guesses at the target's token under the noise of
-        the children's position (`Noise.candidates`)."""
+    def top(self, rows: Tensor, depths: list[int], k: int) -> list[Children]:
+        """The k best children (draft probabilities, tokens) of tree nodes at `depths`, one per row
+        of their draft logits [n, V], read in one transfer: by draft probability when greedy (and
+        for rejection sampling's children picked by rank); coupled, the drafter's k guesses at the
+        target's token under the noise of the children's position (`Noise.candidates`)."""
         s = self.sampling
         if s is not None and s.noise is not None:
-            return s.noise.candidates(logits, len(self.seq) + depth, k, s.temperature, s.top_p)
-        top = torch.softmax(logits.float(), dim=-1).topk(min(k, logits.shape[-1]))
-        return top.values.tolist(), top.indices.tolist()
+            return s.noise.candidates(rows, [len(self.seq) + d for d in depths], k, s.temperature, s.top_p)
+        top = torch.softmax(rows.float(), dim=-1).topk(min(k, rows.shape[-1]))
+        return read_top(top.values, top.indices)
 
 
 @dataclass
@@ -262,15 +266,19 @@ class Drafter:
         return logits
 
 
-def pick_children(
-    tree: TokenTree, node: int, logits: Tensor, k: int, state: StepState
-) -> list[int]:
-    """Add k children of `node` from draft logits [V]: top-k when greedy; coupled, the top k of
-    log q + the noise of the children's position; rejection, k draws from the warped draft
-    distribution without replacement (Gumbel top-k), recorded for acceptance."""
+def pick_children(tree: TokenTree, nodes: list[int], rows: Tensor, k: int, state: StepState) -> list[list[int]]:
+    """Add k children under each of `nodes` from their draft logits rows [n, V]: top-k when greedy;
+    coupled, the top k of log q + the noise of the children's position (both read in one
+    transfer for all the nodes); rejection, k draws from the warped draft distribution without
+    replacement (Gumbel top-k), recorded for acceptance."""
     sampling = state.sampling
     if sampling is None or sampling.noise is not None:
-        return [tree.add(node, t, p) for p, t in zip(*state.top(logits, tree.depths[node], k))]
+        tops = state.top(rows, [tree.depths[n] for n in nodes], k)
+        return [[tree.add(n, t, p) for p, t in zip(*top)] for n, top in zip(nodes, tops)]
+    return [_draw_children(tree, n, row, k, sampling) for n, row in zip(nodes, rows)]
+
+
+def _draw_children(tree: TokenTree, node: int, logits: Tensor, k: int, sampling: Sampling) -> list[int]:
     q = warp(logits, sampling.temperature, sampling.top_p)
     tree.draft_dists[node] = q
     k = min(k, int((q > 0).sum()))

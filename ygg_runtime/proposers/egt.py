@@ -39,11 +39,10 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
 from ygg_runtime.params import EGTParams
 from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Hook, StepInfo, StepState
+from ygg_runtime.proposers.base import Children, DraftProposer, Drafter, Hook, StepInfo, StepState
 from ygg_runtime.retrieval import AdjacencyTable, Retriever
 from ygg_runtime.tree import TokenTree
 
-Children = tuple[list[float], list[int]]  # a node's top children: (draft probabilities, tokens)
 
 
 class Planner:
@@ -180,10 +179,10 @@ class EGT(DraftProposer):
 
         def expand(tree: TokenTree, picks: list[int]) -> list[Children]:
             rows = self.drafter.expand(tree, picks, self.planner.draft_width)
-            return [state.top(row, tree.depths[v], self.planner.top_k) for v, row in zip(picks, rows)]
+            return state.top(rows, [tree.depths[v] for v in picks], self.planner.top_k)
 
         mark = self._clock(None)
-        root = state.top(self.drafter.begin(seq), 0, self.planner.top_k)
+        (root,) = state.top(self.drafter.begin(seq)[None], [0], self.planner.top_k)
         mark = self._clock("begin", mark)
         self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth)
         if self.hook is not None:

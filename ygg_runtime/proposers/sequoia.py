@@ -44,10 +44,9 @@ class Sequoia(DraftProposer):
             else:
                 nodes = [node_of[v] for v in level]
                 logits = self.drafter.expand(tree, nodes, fit_width(len(nodes), self.widths))
-            for v, row in zip(level, logits):
-                kids = self.children[v]
-                values, tokens = state.top(row, d, max(self.ranks[c] for c in kids) + 1)
-                for c in kids:
+            deepest = max(self.ranks[c] for v in level for c in self.children[v]) + 1
+            for v, (values, tokens) in zip(level, state.top(logits, [d] * len(level), deepest)):
+                for c in self.children[v]:
                     r = self.ranks[c]
                     node_of[c] = tree.add(node_of[v], tokens[r], values[r])
         tree.verify_width = self.verify_width

@@ -23,8 +23,7 @@ class SpecInfer(DraftProposer):
         width, depth = self.params.width, self.params.depth
         frontier, logits = [0], self.drafter.begin(state.seq)[None]
         for d in range(depth):
-            level = [c for node, row in zip(frontier, logits)
-                     for c in pick_children(tree, node, row, width, state)]
+            level = [c for kids in pick_children(tree, frontier, logits, width, state) for c in kids]
             if d + 1 < depth:
                 logits = self.drafter.expand(tree, level)
             frontier = level

@@ -1,0 +1,104 @@
+"""A decode step reads device values once per forward whose result the host needs, and no more
+(`ygg_runtime.transfer`): on a GPU each read is a round trip the device idles through. Counted here
+on the CPU, where the code path is the same: every `.tolist()` / `.item()` / truth test of a tensor
+during a step, which must all be `transfer.to_host`'s."""
+
+from __future__ import annotations
+
+import pytest
+import tiny
+import torch
+from helpers import COMPILED, PROFILE, depth_policy, noised_runtime, random_predictor, runner, to_runtime
+
+from ygg_runtime import transfer
+from ygg_runtime.engine import Generation
+from ygg_runtime.objective import Curves
+from ygg_runtime.params import DepthPolicy, EGTParams
+from ygg_runtime.predictor import DepthPredictor
+from ygg_runtime.proposers import Drafter, build
+from ygg_runtime.transfer import Stopwatch
+
+PROMPT = list(b"def fibonacci(n):\n    if n < 2:\n        return n\n")
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = to_runtime(tiny.hf_model("llama", seed=30))
+    return runner(target), runner(noised_runtime(target, 0.05, seed=31))
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every read of tensor values by Python: (all of them, those through transfer.to_host)."""
+    seen = {"all": 0}
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **k):
+            seen["all"] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return seen
+
+
+def step_reads(target, proposer, reads, n: int = 40, **kw) -> list[tuple[int, int, int]]:
+    """(the step's egt depth or -1, its reads through to_host, all its reads) for every step."""
+    g = Generation(target, proposer, PROMPT, max_new_tokens=n, **kw)
+    g.prefill()
+    out = []
+    while not g.done:
+        mine, every = transfer.host_reads(), reads["all"]
+        tree = g.propose()
+        c = g.call()
+        watch = Stopwatch(target.device).start()
+        logits = target.forward(c.tokens, c.offsets, c.depths, c.tree_mask, tree.verify_width)
+        g.accept(logits, watch.stop())
+        out.append((getattr(proposer, "step_depth", -1), transfer.host_reads() - mine, reads["all"] - every))
+    return out
+
+
+def test_an_egt_step_reads_the_device_once_per_drafter_round_and_once_for_its_verdict(models, reads):
+    """depth + 1 reads: the root's children, each later round's children (all its nodes at once),
+    the target's choices; a depth-0 step (plain decoding) one."""
+    target, draft = models
+    for params in ({"depth": 4, "draft_width": 4, "top_k": 4, "verify_widths": list(COMPILED)},
+                   {"depth": 2, "draft_width": 8, "top_k": 2, "verify_widths": [4, 8]}):
+        egt = build("egt", params, Drafter(draft, target.vocab_size), Curves(PROFILE))
+        steps = step_reads(target, egt, reads)
+        assert len(steps) > 5
+        for depth, mine, every in steps:
+            assert mine == every  # nothing read around transfer.to_host
+            assert mine == depth + 1
+
+
+def test_a_predicted_depth_costs_one_read_more_and_coupled_sampling_none(models, reads, monkeypatch):
+    """With the depth predictor: depth + 2 (its reach, read once a step). Coupled sampling with the
+    GPU's choice of every tree row at once: depth + 1, as greedy."""
+    from ygg_runtime import accept
+
+    target, draft = models
+    policy = DepthPolicy(**depth_policy(factor=4.0))
+    params = EGTParams(depth=3, draft_width=2, top_k=3, verify_widths=list(COMPILED), depth_policy=policy)
+    predictor = DepthPredictor(random_predictor(target.model.args.dim))
+    egt = build("egt", params, Drafter(draft, target.vocab_size), Curves(PROFILE), predictor=predictor)
+    steps = step_reads(target, egt, reads)
+    assert {d for d, _, _ in steps} - {0}  # it drafted
+    assert all(mine == every == d + 2 for d, mine, every in steps)
+
+    monkeypatch.setattr(accept, "rows_at_once", lambda device: True)
+    egt = build("egt", {"depth": 3, "draft_width": 2, "top_k": 3, "verify_widths": list(COMPILED)},
+                Drafter(draft, target.vocab_size), Curves(PROFILE))
+    steps = step_reads(target, egt, reads, temperature=1.0, seed=3)
+    assert all(mine == every == d + 1 for d, mine, every in steps)
+
+
+@pytest.mark.parametrize("method,params,reads_per_step", [
+    ("ar", {}, 1), ("chain", {"k": 3}, 4), ("specinfer", {"width": 2, "depth": 3}, 4),
+    ("sequoia", {"parents": [-1, 0, 0, 1, 1, 2, 3], "ranks": [0, 0, 1, 0, 1, 0, 0]}, 4)])
+def test_every_method_reads_once_per_drafter_level_and_once_for_its_verdict(models, reads, method, params,
+                                                                            reads_per_step):
+    target, draft = models
+    proposer = build(method, params, Drafter(draft, target.vocab_size) if method != "ar" else None)
+    steps = step_reads(target, proposer, reads, n=24)
+    assert all(mine == every == reads_per_step for _, mine, every in steps)

@@ -1,0 +1,132 @@
+"""A forward's inputs in one buffer, and the CUDA graphs that replay forwards over static copies of it.
+
+Every forward takes tokens, positions, slots, lo, hi [W], the rows whose logits are wanted [H] and
+a tree window [W, T] (`model.Transformer.forward`). Built on the host as one byte buffer
+(`ForwardInputs`), they reach a GPU in one copy from pinned memory, which does not wait for the
+GPU; on a CPU the buffer's views are the inputs themselves.
+
+On a GPU a forward of a small model is ~1 400 kernel launches (DESIGN.md §11: 32.8 ms for what
+the weight stream does in 1.5 ms), so `CapturedForwards` records each forward width once as a
+CUDA graph over a static device copy of the buffer and the model's cache, and replays it: one
+copy in, one replay (gpt-fast's captured decode step, SGLang's verify graphs, Sequoia's graph per
+tree width). A captured forward computes the output head for all W rows (H = W) and sees a tree
+window of a fixed T (the widest asked for so far, rounded up to a power of two: a wider one
+re-captures); neither changes a row's bits (the attention kernel blocks a row's keys by their
+position order, not by the window). The graph of a width is captured on its first forward: two
+warm-up runs of that very forward on a side stream (they write the same cache rows it writes),
+then the capture, then the replay that answers it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from ygg_runtime.errors import first_line
+
+MIN_WINDOW = 64  # the narrowest tree window a captured forward takes
+WARMUP = 2  # runs of a forward before its capture (kernels compiled, workspaces allocated)
+
+
+class ForwardInputs:
+    """tokens, positions, slots, lo, hi [width] and heads [heads] as int64, then tree [width,
+    window] as bool, in one byte buffer on the host (pinned for a GPU)."""
+
+    def __init__(self, width: int, heads: int, window: int, pin: bool = False):
+        self.width, self.heads, self.window = width, heads, window
+        self._tree_at = 8 * (5 * width + heads)
+        self.host = torch.zeros(self._tree_at + width * window, dtype=torch.uint8, pin_memory=pin)
+        self.tree = self.host[self._tree_at :].view(torch.bool).view(width, window)
+
+    def set_ints(self, tokens: list[int], positions: list[int], slots: list[int], lo: list[int], hi: list[int],
+                 heads: list[int]) -> None:
+        """Write the integer inputs (each of its length: the width, or the heads)."""
+        values = torch.tensor(tokens + positions + slots + lo + hi + heads, dtype=torch.int64)
+        self.host[: self._tree_at].view(torch.int64).copy_(values)
+
+    def args(self, buffer: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The forward's inputs (tokens [1, W], positions, slots, lo, hi, tree, heads) as views of
+        `buffer`: a device copy of `host` (the host buffer itself by default)."""
+        buffer = self.host if buffer is None else buffer
+        w = self.width
+        ints = buffer[: self._tree_at].view(torch.int64)
+        tree = buffer[self._tree_at :].view(torch.bool).view(w, self.window)
+        return (ints[:w].view(1, w), ints[w : 2 * w], ints[2 * w : 3 * w], ints[3 * w : 4 * w], ints[4 * w : 5 * w],
+                tree, ints[5 * w :])
+
+    def on(self, device: torch.device) -> tuple[Tensor, ...]:
+        """The inputs on `device`, in one copy that does not wait (the host buffer is pinned off the
+        CPU, and its memory is not handed out again until the copy is done)."""
+        if device.type == "cpu":
+            return self.args()
+        return self.args(self.host.to(device, non_blocking=True))
+
+
+Forward = Callable[..., tuple[Tensor, Tensor]]
+
+
+@dataclass
+class _Graph:
+    graph: "torch.cuda.CUDAGraph"
+    inputs: Tensor  # the static device buffer the graph reads
+    logits: Tensor
+    hidden: Tensor
+
+
+class CapturedForwards:
+    """One CUDA graph per (kind of forward, width) over one model's cache, captured on first use."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.window = MIN_WINDOW  # the tree window every graph takes
+        self.failed: str | None = None  # why capture was given up (then every forward runs uncaptured)
+        self.captures = 0  # graphs captured (re-captures included)
+        self._graphs: dict[tuple, _Graph] = {}
+        self._pool = None
+
+    def window_for(self, window: int) -> int:
+        """The window a forward seeing `window` tree slots is built with: the graphs', widened (and
+        the graphs dropped) when it is not enough."""
+        if window > self.window:
+            self.window = max(MIN_WINDOW, 1 << (window - 1).bit_length())
+            self._graphs.clear()
+        return self.window
+
+    def run(self, kind: str, forward: Forward, inputs: ForwardInputs, cache: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The forward's (logits, hidden) by replaying its graph (captured now if new), as views of
+        the graph's static outputs that its next replay overwrites; None when capture failed (the
+        caller runs the forward itself)."""
+        key = (kind, inputs.width, inputs.heads, cache.data_ptr(), tuple(cache.shape))
+        g = self._graphs.get(key)
+        if g is None:
+            if self.failed is not None:
+                return None
+            try:
+                g = self._graphs[key] = self._capture(forward, inputs, cache)
+            except Exception as e:  # a forward that cannot be captured runs as it is, and says why once
+                self.failed = f"CUDA graph capture failed ({first_line(e)}): forwards run uncaptured"
+                return None
+        g.inputs.copy_(inputs.host, non_blocking=True)
+        g.graph.replay()
+        return g.logits, g.hidden
+
+    def _capture(self, forward: Forward, inputs: ForwardInputs, cache: Tensor) -> _Graph:
+        static = inputs.host.to(self.device)
+        args = inputs.args(static)
+        args = (*args[:6], cache, args[6])
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP):
+                forward(*args)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits, hidden = forward(*args)
+        self.captures += 1
+        return _Graph(graph, static, logits, hidden)
