@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ART ?= artifacts/default
 
-.PHONY: install install-qwen install-llama demo test bench bench-serve artifacts imports clean
+.PHONY: install install-qwen install-llama demo test bench bench-serve artifacts imports clean gpu-check gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -90,6 +90,23 @@ DEVICE ?= cpu
 artifacts: install-qwen
 	$(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b --device $(DEVICE) -o $(ART)
 	@git status --short profiles/ | sed 's/^/profile to commit: /' || true
+
+# What only a GPU can show (benchmarks/gpu_check.py), in one call of at most 8 minutes on a machine of
+# the GPU image: its own python3 with torch + CUDA, Triton and transformers, and no package index. It
+# lacks only greenlet, which `make gpu-wheels` downloads here into .whl/ (git-ignored) to carry along;
+# the tree runs as it is (no install: pip would pull this project's CPU torch). Results:
+# benchmarks/results/cuda-<gpu>/ (GPU_CHECK_FLAGS: -o DIR, --budget SECONDS, --small).
+GPU_WHEELS ?= greenlet==3.5.6
+GPU_PYTHON ?= 3.12
+GPU_CHECK_FLAGS ?=
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PYTHON) --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+		--platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+
+gpu-check:
+	@test ! -d .whl || python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ygg-site .whl/*.whl
+	PYTHONPATH=/tmp/ygg-site:$(CURDIR) python3 benchmarks/gpu_check.py $(GPU_CHECK_FLAGS)
 
 clean:
 	rm -rf $(VENV) .cache artifacts

@@ -27,13 +27,13 @@ from safetensors.torch import load_file, save_file
 
 from tokenizers import Tokenizer
 
-from ygg_compile import (aot, calibrate, draft_vocab, footprint, hardware, invariance, predictor_training, prompts, quantize,
-                         roofline, sources, stages)
+from ygg_compile import (aot, calibrate, calibration_file, draft_vocab, footprint, hardware, invariance, predictor_training,
+                         prompts, quantize, roofline, sources, stages)
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions, check_output
 from ygg_runtime.ui import Reporter
-from ygg_runtime import engine, exactness, kernels, objective, proposers, typed
+from ygg_runtime import engine, exactness, gpu, kernels, objective, proposers, typed
 from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line, out_of_space
@@ -69,6 +69,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
     calib_prompts, calib_tokens, predictor = prompts.calibration(opts.calib), opts.calib_tokens, opts.predictor
     if opts.quick:
         calib_prompts, calib_tokens, predictor = calib_prompts[:QUICK_PROMPTS], min(calib_tokens, QUICK_TOKENS), False
+    stored = calibration_file.load(opts.calibration_from) if opts.calibration_from else None  # refused now, if at all
     started = time.time()
     phases: dict[str, float] = {}  # where the time went, for the summary table
 
@@ -84,7 +85,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
             raise KeyboardInterrupt
 
     with _interrupts() as interrupted, _staging(out) as tmp:
-        b = _Build(opts, ui, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor)
+        b = _Build(opts, ui, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor, stored)
         for stage in (_resolve, _convert, _aot, _invariance, _profile, _calibrate, _plan):
             stage(b)
         return _write(b, started, phases)
@@ -119,6 +120,7 @@ class _Build:
     calib_prompts: list[str]
     calib_tokens: int
     predictor: bool  # train egt's depth predictor
+    stored: calibration_file.Stored | None  # --calibration-from: the calibration planned from (None: measured here)
     # resolve
     srcs: dict[str, sources.ModelSource] = field(default_factory=dict)  # by role
     held: dict[str, str] = field(default_factory=dict)  # how each role's weights are held
@@ -181,6 +183,10 @@ def _convert(b: _Build) -> None:
         with phase("convert", f"converting {role} ({src.spec}) to {label}"):
             b.models[role] = _convert_model(src, role, dtype, b.tmp / role, weights, b.ui)
     _check_vocab(b.tokenizer, b.models, b.ui)
+    if b.stored is not None:  # before any model is compiled: a calibration this pair cannot use is refused now
+        dims = {role: ModelArgs.load(b.tmp / role / "config.json").dim for role in b.models}
+        for note in calibration_file.check_fits(b.stored, b.models, dims):
+            b.ui.note(note)
     big, small = b.models["draft"].parameters, b.models["target"].parameters
     if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
         b.ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
@@ -208,7 +214,8 @@ def _aot(b: _Build) -> None:
     if opts.aot:
         _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds)
     special = sorted(set(b.tokenizer.all_special_ids) | set(b.tok_info.eos_token_ids))
-    b.vocab = _cut_draft_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special, opts, tmp, phase, b.ui)
+    b.vocab = _cut_draft_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special, opts, tmp, phase, b.ui,
+                              b.stored.calib if b.stored else None)
     if opts.aot:
         _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds)
         b.aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(b.device))
@@ -228,12 +235,20 @@ def _profile(b: _Build) -> None:
 
 
 def _calibrate(b: _Build) -> None:
-    """The probe's trees on the calibration prompts, and the agreement the depth predictor learns from."""
-    with b.phase("calibrate", f"calibrating on {len(b.calib_prompts)} prompts ({b.calib_tokens} tokens each)"):
-        b.calib = calibrate.run_probe(b.runners["target"], b.runners["draft"], b.codec, b.calib_prompts, b.calib_tokens, b.ui)
-    if b.predictor and b.calib.texts:
-        with b.phase("calibrate", f"reading {sum(map(len, b.calib.texts.values()))} calibration positions for the depth predictor"):
-            b.agreement = calibrate.agreement(b.runners["target"], b.runners["draft"], b.calib.texts)
+    """The probe's trees on the calibration prompts, and the agreement the depth predictor learns
+    from: measured here, or another compile's (--calibration-from); kept in the artifact either way."""
+    dims = {role: r.model.args.dim for role, r in b.runners.items()}
+    if b.stored is not None:
+        b.calib, b.agreement = b.stored.calib, b.stored.agreement if b.predictor else None
+    else:
+        with b.phase("calibrate", f"calibrating on {len(b.calib_prompts)} prompts ({b.calib_tokens} tokens each)"):
+            b.calib = calibrate.run_probe(b.runners["target"], b.runners["draft"], b.codec, b.calib_prompts,
+                                          b.calib_tokens, b.ui)
+        if b.predictor and b.calib.texts:
+            with b.phase("calibrate", f"reading {sum(map(len, b.calib.texts.values()))} calibration positions for the depth predictor"):
+                b.agreement = calibrate.agreement(b.runners["target"], b.runners["draft"], b.calib.texts)
+    with b.phase("calibrate", "keeping the calibration in the artifact"):
+        calibration_file.save(b.tmp / calibration_file.FILE, b.calib, b.agreement, b.models, dims, b.dtype)
 
 
 def _plan(b: _Build) -> None:
@@ -270,6 +285,7 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
         dtype=str(b.dtype).removeprefix("torch."),
         torch_version=str(torch.__version__),
         cpu=hardware.cpu_info(),
+        gpu=gpu.info(b.device) if b.device.startswith("cuda") else None,
         max_context=b.max_context,
         cache_slots=b.cache_slots,
         aot=b.aot_info,
@@ -280,7 +296,7 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
         sampling=opts.sampling,
         profile=b.profile,
         calibration=CalibrationInfo(
-            source=str(opts.calib) if opts.calib else "builtin",
+            source=(f"calibration-from {b.stored.path}" if b.stored else str(opts.calib) if opts.calib else "builtin"),
             prompts=calib.prompts,
             tokens=calib.tokens,
             steps=len(calib.steps),
@@ -509,14 +525,18 @@ def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, s
 
 
 def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCodec, texts_in: list[str], tokens: int,
-                    special: list[int], opts: CompileOptions, tmp: Path, phase, ui: Reporter) -> dict:
+                    special: list[int], opts: CompileOptions, tmp: Path, phase, ui: Reporter,
+                    stored: calibrate.Calibration | None = None) -> dict:
     """The drafter's head cut to the rows `--draft-vocab` asks for or `auto` measures
-    (ygg_compile.draft_vocab), on the target's greedy continuations of the calibration prompts;
-    the drafter is rewritten and reloaded in place. Returns the plan's record of the choice."""
+    (ygg_compile.draft_vocab), on the target's greedy continuations of the calibration prompts
+    (a stored calibration's own, when given); the drafter is rewritten and reloaded in place.
+    Returns the plan's record of the choice."""
     asked = draft_vocab.parse(opts.draft_vocab)
     draft = runners["draft"]
     texts, starts = {}, {}
-    if asked is None and draft.model.args.vocab_size > draft_vocab.SMALL_VOCAB:
+    if stored is not None:
+        texts, starts = stored.texts, stored.prompt_lengths
+    elif asked is None and draft.model.args.vocab_size > draft_vocab.SMALL_VOCAB:
         with phase("draft vocab", f"decoding {len(texts_in)} calibration prompts with the target for the drafter's vocabulary"):
             ar = proposers.build("ar", {}, None)
             for i, text in enumerate(texts_in):
@@ -619,8 +639,8 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
     compiled["target_widths"] = [w for w in compiled["target_widths"] if w >= floor] or [out["widths"][-1]]
     for role in ("target", "draft"):  # calibration runs the forwards as `ygg run` will
         runners[role].widths = tuple(compiled[f"{role}_widths"])
-    with ui.step("measuring this machine's roofline (read bandwidth, int8 peak)"):
-        out["roofline"] = roofline.section(runners) if device.startswith("cpu") else None
+    with ui.step("measuring this machine's roofline (read bandwidth, compute peak)"):
+        out["roofline"] = roofline.section(runners)
     return out | compiled | {"files": files, "spot_checks": checks}
 
 

@@ -54,6 +54,8 @@ def compile_cmd(
         None, "--calib", help="calibration prompts: .jsonl (turns/prompt), text (prompts split by --- lines) or a directory; default: a shipped set"
     ),
     calib_tokens: int = typer.Option(CompileOptions.calib_tokens, "--calib-tokens", help="tokens the target generates per calibration prompt"),
+    calibration_from: Optional[Path] = typer.Option(
+        None, "--calibration-from", help="plan from another compile's calibration (an artifact directory, or its calibration.safetensors) instead of calibrating here: acceptance is the pair's, the latency profiles are measured on this device"),
     reprofile: bool = typer.Option(False, "--reprofile", help="measure T(W) even if profiles/ holds a matching profile"),
     profiles: Optional[Path] = typer.Option(None, "--profiles", help="directory of stored latency profiles (default: the checkout's profiles/)"),
     no_predictor: bool = typer.Option(False, "--no-predictor", help="no depth predictor: egt keeps one planned depth"),
@@ -79,6 +81,7 @@ def compile_cmd(
         max_context=max_context,
         calib=calib,
         calib_tokens=calib_tokens,
+        calibration_from=calibration_from,
         reprofile=reprofile,
         profiles=profiles,
         predictor=not no_predictor,

@@ -100,12 +100,13 @@ class Choice:
 
 def _greedy_within(draft_logits: Tensor, order: Tensor, sizes: list[int]) -> Tensor:
     """[len(sizes), n]: for each head size, the drafter's greedy token when only the first `size`
-    tokens of `order` have rows."""
+    tokens of `order` have rows (computed where the logits are, returned on the host)."""
+    order = order.to(draft_logits.device)
     out = []
     for size in sizes:
         keep = order[:size]
         out.append(keep[draft_logits[:, keep].argmax(-1)])
-    return torch.stack(out)
+    return torch.stack(out).cpu()
 
 
 def choose(target: ModelRunner, draft: ModelRunner, texts: dict[int, list[int]], starts: dict[int, int],

@@ -7,6 +7,7 @@ import re
 import torch
 
 from ygg_compile.options import check_dtype
+from ygg_runtime import gpu
 from ygg_runtime.errors import YggError
 from ygg_runtime.integrity import cpu_info
 
@@ -14,10 +15,13 @@ BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 
 
 def resolve_device(device: str) -> str:
+    """The device to compile for, its matmuls set up for row invariance on a GPU (`gpu.configure`)."""
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise YggError("--device cuda was asked for but CUDA is not available on this machine")
     if device != "cpu" and not device.startswith("cuda"):
         raise YggError(f"unknown device '{device}' (use cpu or cuda)")
+    if device.startswith("cuda"):
+        gpu.configure()
     return device
 
 

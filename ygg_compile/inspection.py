@@ -136,21 +136,23 @@ def _write(path: Path, data: bytes, result: Inspection) -> None:
 
 def roofline_table(plan: Plan):
     """Each measured forward (the profile's first context) beside the floor this machine allows it,
-    max(bytes / read bandwidth, rows x multiply-adds / int8 peak), both roofs measured at compile."""
+    max(bytes / read bandwidth, rows x multiply-adds / compute peak), both roofs measured at compile."""
     section = plan.profile.roofline
     if section is None:
-        return "roofline: not measured (an artifact compiled before it was, or off the CPU)"
+        return "roofline: not measured (an artifact compiled before it was)"
     roofs = section.roofs
     prof, context = plan.profile, plan.profile.contexts[0]
-    t = Table(title=f"roofline: {roofs.bandwidth / 1e9:.1f} GB/s read, {roofs.int8_peak / 1e9:.0f} G int8 multiply-adds/s "
-              f"({roofs.threads} threads, measured at compile); forwards at context {context}", title_justify="left")
+    peak = (f"{roofs.int8_peak / 1e12:.0f} T bf16 multiply-adds/s on {plan.gpu.name}" if plan.gpu is not None else
+            f"{roofs.int8_peak / 1e9:.0f} G int8 multiply-adds/s ({roofs.threads} threads")
+    t = Table(title=f"roofline: {roofs.bandwidth / 1e9:.1f} GB/s read, {peak}{'' if plan.gpu else ')'}, measured at "
+              f"compile; forwards at context {context}", title_justify="left")
     for col in ("model", "W", "measured ms", "memory floor", "compute floor", "× floor", "T(W)/T(1)"):
         t.add_column(col, justify="left" if col == "model" else "right")
     for role in ("target", "draft"):
         costs = getattr(section, role)
         if costs is None or not prof.ms(role):
             continue
-        for i, r in enumerate(roofline.table(costs, roofs, prof.widths, prof.ms(role)[0], context)):
+        for i, r in enumerate(roofline.table(costs, roofs, prof.widths, prof.ms(role)[0], context, plan.gpu is not None)):
             compute = f"{r['compute_ms']:.2f}" if r["compute_ms"] is not None else "–"
             t.add_row(f"{role} ({costs.weight_bytes / 1e9:.2f} GB, {costs.macs_per_row / 1e9:.2f} G MAC/row)" if i == 0 else "",
                       str(r["width"]), f"{r['ms']:.2f}", f"{r['memory_ms']:.2f}", compute, f"{r['of_floor']:.1f} ({r['bound']})",

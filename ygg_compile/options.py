@@ -67,6 +67,9 @@ class CompileOptions:
     aot: bool = True  # compile every forward ahead of time (False: `ygg run` runs the models eager)
     quick: bool = False  # a smaller plan, sooner: QUICK_PROMPTS calibration prompts, no depth predictor
     profiles: Path | None = None  # where profiles are kept (None: profile.profiles_dir())
+    # plan from another compile's calibration (an artifact, or its calibration.safetensors) instead of
+    # measuring one: acceptance is the pair's, the profiles are measured here (ygg_compile.calibration_file)
+    calibration_from: Path | None = None
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.decoder import Decoder
-from ygg_runtime import kernels
+from ygg_runtime import gpu, kernels
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import check_machine, check_memory, verify_files
 from ygg_runtime.model import load_model
@@ -68,8 +68,9 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     device = device or plan.device
     aot = None if eager else plan.aot
     check_machine(plan, device, dtype, compiled=aot is not None, kernel=not eager)
-    if device.startswith("cpu"):
-        check_memory(directory, plan)
+    check_memory(directory, plan, device)
+    if device.startswith("cuda"):
+        gpu.configure()  # before the first matmul: rows that do not depend on the rows beside them
     if plan.kernel:
         kernels.load(kernels.build() if eager else directory / plan.kernel.file)
     runners = {}
@@ -89,6 +90,8 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     codec = TextCodec(directory / tok.file, tok.chat_prefix, tok.chat_suffix)
     forwards = ("compiled ahead of time" if aot is not None else
                 "eager (--eager: kernels built from source)" if eager else "eager (the artifact has no compiled forwards)")
+    if device.startswith("cuda"):
+        forwards += ", replayed as CUDA graphs (one per forward width)"
     return Decoder(
         runners["target"],
         runners.get("draft"),

@@ -87,7 +87,7 @@ class Decoder:
         self.adjacency = adjacency  # the adjacency table compile seeded, which egt and pld retrieve from
         # The compile-time row-invariance records by forward kind ("compiled", "eager").
         self.exactness: dict[str, ExactnessRecord] = plan.exactness if plan else {}
-        self._here = exactness.Machine.here()  # this machine, to compare with the one the check ran on
+        self._here = exactness.Machine.here(target.device)  # this machine, to compare with the one the check ran on
         target.min_width = exactness.min_width(self.exactness.get(self.forward_kind()))
         # Chat prompts share the template's system turn: its KV rows are computed once per model.
         shared = codec.prefix_ids() if codec is not None else []
@@ -104,7 +104,7 @@ class Decoder:
         kind = self.forward_kind(eager)
         record = self.exactness.get(kind)
         checked = exactness.Machine.checked(self.plan, record) if self.plan is not None and record else None
-        here = dataclasses.replace(self._here, threads=torch.get_num_threads())
+        here = self._here if self._here.gpu else dataclasses.replace(self._here, threads=torch.get_num_threads())
         return exactness.verdict(record, checked, mixed=mixed, kind=kind, here=here)
 
     def forward_kind(self, eager: bool = False) -> str:

@@ -8,8 +8,9 @@ a generation when a width was found for the forward kind it ran, every target fo
 kind (a compiled graph and the eager model round differently), and it runs on the machine the check
 ran on: the same torch (its kernels), the same CPU model and vector instruction flags (oneDNN and
 torch pick other kernels on a CPU with AMX, say), and the same thread count (a matmul may split its
-work differently on other counts). Anything else is "not checked on this machine", and `ygg
-compile` there checks it again.
+work differently on other counts); on a GPU, the same GPU model and compute capability (cuBLAS picks
+kernels by the GPU), CUDA, cuBLAS and driver (the host CPU then does not matter). Anything else is
+"not checked on this machine", and `ygg compile` there checks it again.
 """
 
 from __future__ import annotations
@@ -19,30 +20,41 @@ from dataclasses import dataclass
 
 import torch
 
+from ygg_runtime import gpu
 from ygg_runtime.integrity import cpu_info
-from ygg_runtime.plan import ExactnessRecord, Plan
+from ygg_runtime.plan import ExactnessRecord, GPUInfo, Plan
 
 LOST = "greedy output can differ from plain decoding at float near-ties"
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the row check's result depends on besides the artifact."""
+    """What the row check's result depends on besides the artifact: torch, and the CPU (model,
+    vector flags, threads) or the GPU that runs the forwards."""
 
     torch: str
     cpu: str
     isa: tuple[str, ...]
     threads: int
+    gpu: GPUInfo | None = None
 
     @classmethod
-    def here(cls) -> "Machine":
+    def here(cls, device: torch.device | str = "cpu") -> "Machine":
+        if torch.device(device).type == "cuda":
+            return cls(str(torch.__version__), "", (), 0, gpu.info(device))
         info = cpu_info()
         return cls(str(torch.__version__), info.model, tuple(info.isa), torch.get_num_threads())
 
     @classmethod
     def checked(cls, plan: Plan, record: ExactnessRecord) -> "Machine":
-        """The machine `record` was measured on: the compiling one (plan.yaml's torch and cpu)."""
+        """The machine `record` was measured on: the compiling one (plan.yaml's torch, and its cpu or gpu)."""
+        if plan.gpu is not None:
+            return cls(plan.torch_version, "", (), 0, plan.gpu)
         return cls(plan.torch_version, plan.cpu.model, tuple(plan.cpu.isa), record.threads)
+
+
+GPU_FIELDS = (("name", "GPU"), ("capability", "compute capability"), ("cuda", "CUDA"), ("cublas", "cuBLAS"),
+              ("driver", "driver"))
 
 
 def differences(checked: Machine, here: Machine) -> list[str]:
@@ -50,6 +62,13 @@ def differences(checked: Machine, here: Machine) -> list[str]:
     out = []
     if checked.torch != here.torch:
         out.append(f"torch {here.torch}, not {checked.torch}")
+    if (checked.gpu is None) != (here.gpu is None):
+        out.append(f"a CPU, not the GPU {checked.gpu.label()}" if here.gpu is None else
+                   f"the GPU {here.gpu.label()}, not a CPU")
+        return out
+    if checked.gpu is not None:
+        return out + [f"{label} {getattr(here.gpu, f)}, not {getattr(checked.gpu, f)}" for f, label in GPU_FIELDS
+                      if getattr(here.gpu, f) != getattr(checked.gpu, f)]
     if checked.cpu != here.cpu:
         out.append(f"CPU {here.cpu!r}, not {checked.cpu!r}")
     gained, lost = sorted(set(here.isa) - set(checked.isa)), sorted(set(checked.isa) - set(here.isa))
@@ -79,7 +98,7 @@ def verdict(record: ExactnessRecord | None, checked: Machine | None = None, mixe
     if mixed:
         return False, f"{lost}: this generation ran the target both compiled and eager"
     here = here or Machine.here()
-    checked = checked or dataclasses.replace(here, threads=record.threads)
+    checked = checked or (here if here.gpu else dataclasses.replace(here, threads=record.threads))
     if diff := differences(checked, here):
         return False, (f"not checked on this machine ({'; '.join(diff)}): {lost}; `ygg compile` on this machine "
                        "checks it again")
@@ -89,6 +108,8 @@ def verdict(record: ExactnessRecord | None, checked: Machine | None = None, mixe
         diff = max(record.max_abs_logit_diff[w] for w in off)
         unused = (f"; width{'s' if len(off) > 1 else ''} {', '.join(map(str, off))} "
                   f"differ{'' if len(off) > 1 else 's'} (|Δlogit| up to {diff:.3g}) and {'are' if len(off) > 1 else 'is'} never used")
-    return True, (f"greedy output is identical to this artifact's plain decoding on its {kind} forwards: a token's row "
-                  f"has the same bits in every target forward of width {record.min_width} to {record.widths[-1]}, "
+    rule = (f"every target forward runs at width {record.min_width}, where a token's row has the same bits"
+            if record.min_width == record.widths[-1] else
+            f"a token's row has the same bits in every target forward of width {record.min_width} to {record.widths[-1]}")
+    return True, (f"greedy output is identical to this artifact's plain decoding on its {kind} forwards: {rule}, "
                   f"alone or in a tree{unused}")

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
+from ygg_runtime import gpu
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import sha256_of, size, write_atomic
-from ygg_runtime.plan import CPUInfo, FileEntry, Plan
+from ygg_runtime.plan import CPUInfo, FileEntry, GPUInfo, Plan
 
 
 def cache_dir() -> Path:
@@ -91,10 +92,11 @@ def cpu_info() -> CPUInfo:
 
 
 def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool, kernel: bool = True) -> None:
-    """Refuse, in one line, to run an artifact on a device, dtype, torch or CPU it was not built for.
-    compiled / kernel: whether its ahead-of-time graphs / its kernels' library are about to be
-    loaded. The torch and CPU checks apply to that native code only (`--eager` loads neither, so
-    it runs on any torch and CPU)."""
+    """Refuse, in one line, to run an artifact on a device, dtype, torch, CPU or GPU it was not
+    built for. compiled / kernel: whether its ahead-of-time graphs / its kernels' library are about
+    to be loaded. The torch, CPU and GPU checks apply to that native code only (`--eager` loads
+    neither, so it runs on any torch, CPU and GPU; its exactness verdict then says where it was
+    checked)."""
     kind, built = device.split(":")[0], plan.device.split(":")[0]
     if kind != built:
         raise YggError(f"artifact was compiled for {plan.device}, not {device}: recompile with --device {device}")
@@ -102,6 +104,8 @@ def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool, ke
         raise YggError(f"artifact was compiled for {plan.device} but CUDA is not available here")
     if dtype is not None and dtype != plan.dtype:
         raise YggError(f"artifact holds {plan.dtype} weights, not {dtype}: recompile with --dtype {dtype}")
+    if kind == "cuda" and compiled and plan.aot and plan.gpu is not None:
+        check_gpu(plan.gpu, gpu.info(device))
     native = [part for part in ((plan.aot if compiled else None), (plan.kernel if kernel else None)) if part]
     if not native:
         return
@@ -116,9 +120,21 @@ def check_machine(plan: Plan, device: str, dtype: str | None, compiled: bool, ke
                        f"recompile on this machine{hint}")
 
 
-def available_memory() -> int | None:
-    """Bytes a new allocation can still get: /proc/meminfo's MemAvailable plus free swap, capped by
-    the cgroup's limit (a container's memory.max); None where neither can be read."""
+def check_gpu(built: GPUInfo, here: GPUInfo) -> None:
+    """Refuse an artifact compiled for another kind of GPU: its compiled code is built for that
+    GPU's compute capability, and its plan (measured latency) and exactness check are that GPU's."""
+    if (built.name, built.capability) != (here.name, here.capability):
+        raise YggError(f"artifact was compiled for the GPU {built.label()}, and this is {here.label()}: recompile "
+                       "with --device cuda on this GPU (--calibration-from the artifact reuses its calibration), "
+                       "or run it with --eager")
+
+
+def available_memory(device: torch.device | str = "cpu") -> int | None:
+    """Bytes a new allocation on `device` can still get. A GPU's: its free memory. The host's:
+    /proc/meminfo's MemAvailable plus free swap, capped by the cgroup's limit (a container's
+    memory.max); None where neither can be read."""
+    if torch.device(device).type == "cuda":
+        return gpu.free_memory(device)
     have = None
     try:
         info = {k: int(v.split()[0]) * 1024 for k, _, v in
@@ -137,11 +153,13 @@ def available_memory() -> int | None:
     return have
 
 
-def check_memory(directory: Path, plan: Plan) -> None:
+def check_memory(directory: Path, plan: Plan, device: str = "cpu") -> None:
     """Refuse, before reading them, weights that cannot fit: the models' files are read whole into
-    memory (the kernel's OOM killer would otherwise end the run with no message)."""
+    the device's memory (on a CPU the kernel's OOM killer would otherwise end the run with no
+    message; on a GPU the allocation fails halfway through loading)."""
     need = sum(e.bytes for f, e in plan.files.items() if f.endswith(".safetensors"))
-    have = available_memory()
+    have = available_memory(device)
     if have is not None and need > have:
-        raise YggError(f"artifact {directory} holds {size(need)} of weights and {size(have)} of memory is "
-                       "available: free memory, or compile smaller weights (--weights int8/int4)")
+        where = f"free on {device}" if torch.device(device).type == "cuda" else "of memory is available"
+        raise YggError(f"artifact {directory} holds {size(need)} of weights and {size(have)} {where}: free memory, "
+                       "or compile smaller weights (--weights int8/int4 on a CPU)")

@@ -97,6 +97,21 @@ class CPUInfo:
 
 
 @dataclass
+class GPUInfo:
+    """The GPU an artifact was compiled on (`ygg_runtime.gpu.info`): its compiled code, profiles
+    and exactness check are that GPU's."""
+    name: str
+    capability: str  # compute capability, "9.0"
+    memory: int  # bytes
+    cuda: str  # the CUDA torch was built with
+    cublas: str
+    driver: str
+
+    def label(self) -> str:
+        return f"{self.name} (compute capability {self.capability})"
+
+
+@dataclass
 class AOTInfo:
     """The ahead-of-time compiled forwards: one package per model, every width 1..max_width."""
     package: str
@@ -365,6 +380,7 @@ class Plan:
     # the rule a sampled generation uses unless told (`ygg_runtime.options.SAMPLINGS`); a plan from
     # before the field gets the default (nothing compiled depends on the rule)
     sampling: str = SAMPLING
+    gpu: GPUInfo | None = None  # the GPU of a --device cuda artifact (None: a CPU artifact)
 
     def to_dict(self) -> dict:
         return plain(self)

@@ -640,9 +640,10 @@ def kv_slots(decoder: Decoder, gb: float | None, max_batch: int) -> tuple[int, s
                            f"({per / 1024:.1f} KiB each); give it at least {(MAX_ROWS + 256) * per / 2**30:.3g}")
         how = f"--kv-cache-gb {gb:g}"
     else:
-        free = available_memory()
+        free = available_memory(decoder.target.device)  # the GPU's own memory on a GPU
         slots = useful if free is None else max(MAX_ROWS + longest, min(useful, int(free * KV_CACHE_SHARE) // per))
-        how = (f"{KV_CACHE_SHARE:.0%} of the {free / 2**30:.1f} GiB free" if free is not None and slots < useful else
+        where = f" on {decoder.target.device}" if decoder.target.device.type != "cpu" else ""
+        how = (f"{KV_CACHE_SHARE:.0%} of the {free / 2**30:.1f} GiB free{where}" if free is not None and slots < useful else
                f"--max-batch {max_batch} sequences of the artifact's {longest:,} slots") + "; --kv-cache-gb sets it"
     return slots, (f"KV cache: {slots * per / 2**30:.2f} GiB, {slots - MAX_ROWS:,} tokens for both models "
                    f"({per / 1024:.0f} KiB a token; {how})")

@@ -1,0 +1,33 @@
+"""`make gpu-check` (benchmarks/gpu_check.py) end to end on small shapes on the CPU, so the one call a
+session with a GPU makes does not fail on anything a CPU could have caught."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_gpu_check_runs_every_section_on_small_shapes(artifact, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--small", "--no-aot", "--device", "cpu", "-o",
+         str(tmp_path), "--budget", "1200", "--calibration", str(artifact / "calibration.safetensors")],
+        capture_output=True, text=True, timeout=1500, env={**os.environ, "TRITON_INTERPRET": "1"})
+    results = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert proc.returncode == 0, (proc.stdout[-3000:], (tmp_path / "gpu-check.log").read_text()[-3000:])
+    assert [name for name in results] == ["machine", "attention kernel", "tiny pair", "real shapes"]
+    assert all(r["status"] == "ok" for r in results.values())
+    attention = results["attention kernel"]
+    assert attention["bfloat16"]["row_bits_plain_eq_tree"] and attention["float32"]["row_bits_plain_eq_tree"]
+    assert results["tiny pair"]["all_equal"]
+    real = results["real shapes"]
+    assert real["calibration"].startswith("calibration-from")
+    assert [r["width"] for r in real["models"]["target"]["rows"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert real["egt_plan"]["modelled_speedup_over_ar"] >= 1.0  # depth 0, plain decoding, is always a candidate
+    assert real["decode"]["all_equal"]
+    md = (tmp_path / "gpu-check.md").read_text()
+    assert "| real shapes | ok |" in md and "**target**" in md

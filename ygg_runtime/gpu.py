@@ -1,0 +1,90 @@
+"""A GPU as the runtime needs to know it: what it is (recorded in the plan: the exactness check and
+the compiled code hold for that GPU), how its matmuls are set up so that a row's result does not
+depend on the rows beside it, and how much memory it has free.
+
+Row invariance (DESIGN.md §11): for a fixed number of rows a cuBLAS matmul computes each row the
+same way whatever the other rows hold; what changes a row's bits on Hopper is split-K and reduced-
+precision reductions, which cuBLAS picks by shape and workspace. `configure` turns them off and
+fixes the workspace (vLLM's batch-invariant mode does the same, +0.85 % time in its measurements);
+the runtime pads every target forward to the width from which the compile-time check found rows
+equal (`ygg_compile.invariance`), so the row count is fixed too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import torch
+
+from ygg_runtime.plan import GPUInfo
+
+# A fixed cuBLAS workspace: its size is one of the things cuBLAS picks a kernel by. Read when the
+# first cuBLAS handle is made, so set before any matmul runs on the GPU.
+WORKSPACE = ":4096:8"
+
+
+def configure() -> None:
+    """Matmuls whose rows do not depend on the rows beside them: no TF32, no reduced-precision or
+    split-K reductions, cuBLASLt with a fixed workspace. Called before a model's first forward."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", WORKSPACE)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    for name in ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction"):
+        try:  # (reduced precision, split-K) on torch >= 2.10; a bool before
+            setattr(torch.backends.cuda.matmul, name, (False, False))
+        except (TypeError, ValueError, RuntimeError):
+            setattr(torch.backends.cuda.matmul, name, False)
+    with contextlib.suppress(RuntimeError, AttributeError):
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+
+
+def info(device: torch.device | str = "cuda") -> GPUInfo:
+    """This GPU as the plan records it."""
+    device = torch.device(device)
+    props = torch.cuda.get_device_properties(device)
+    return GPUInfo(name=props.name, capability=f"{props.major}.{props.minor}", memory=int(props.total_memory),
+                   cuda=str(torch.version.cuda), cublas=_cublas_version(device), driver=_driver_version())
+
+
+def free_memory(device: torch.device | str) -> int:
+    """Bytes the GPU has free now (its own count, not the process's cache)."""
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return int(free)
+
+
+def _cublas_version(device: torch.device) -> str:
+    """The cuBLAS this process loaded (from the library itself: a wheel's file name carries only
+    its major version)."""
+    try:
+        torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device)  # loads cuBLAS
+        path = next(line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
+                    if re.search(r"/libcublas\.so", line))
+        lib = ctypes.CDLL(path)
+        parts = []
+        for kind in range(3):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            if lib.cublasGetProperty(kind, ctypes.byref(value)) != 0:
+                return "unknown"
+            parts.append(str(value.value))
+        return ".".join(parts)
+    except (OSError, StopIteration, AttributeError, RuntimeError):
+        return "unknown"
+
+
+def _driver_version() -> str:
+    """The NVIDIA driver's version ("580.159.04"), from the kernel module or nvidia-smi."""
+    with contextlib.suppress(OSError):
+        found = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", Path("/proc/driver/nvidia/version").read_text())
+        if found:
+            return found.group(1)
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.split()
+        if out:
+            return out[0]
+    return "unknown"
