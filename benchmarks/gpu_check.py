@@ -2,7 +2,7 @@
 the GPU image (its own torch with CUDA, Triton, transformers; no package index: the wheels it lacks
 are carried, see the Makefile's `gpu-wheels`).
 
-    python3 benchmarks/gpu_check.py [-o DIR] [--budget 460] [--calibration FILE] [--small]
+    python3 benchmarks/gpu_check.py [-o DIR] [--budget 460] [--calibration FILE] [--only SECTIONS] [--small]
 
 In order, each section timed, a failing one reported in a line (its traceback in the log) while the
 others still run, and none started without the time it needs:
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -89,7 +88,12 @@ class Check:
         got["seconds"] = round(time.time() - t, 1)
         self.results[name] = got
         self.say(f"[{name}] {got['status']} ({got['seconds']} s)")
+        self.write()  # after every section: a call cut short keeps what it measured
         return got
+
+    def write(self) -> None:
+        (self.out / "gpu-check.json").write_text(json.dumps(self.results, indent=1, default=str) + "\n")
+        (self.out / "gpu-check.md").write_text(markdown(self))
 
 
 def machine(device: torch.device) -> dict:
@@ -115,6 +119,7 @@ def machine(device: torch.device) -> dict:
 
 def attention(device: torch.device) -> dict:
     """The kernel on this device: its error against float64, a row's bits in two layouts, its time."""
+    from ygg_compile.roofline import cuda_ms
     from ygg_runtime import kernels
 
     op = kernels.gpu_attention()  # on a CPU: Triton's interpreter (TRITON_INTERPRET=1)
@@ -154,23 +159,10 @@ def attention(device: torch.device) -> dict:
             t = torch.ones(w, w, dtype=torch.bool, device=device).tril()
             args = (qw, kw, kw.clone(), c, 0, torch.arange(1000, 1000 + w, device=device),
                     torch.zeros(w, dtype=torch.long, device=device), torch.full((w,), 1000, device=device), t)
-            out[f"us_per_layer_W{w}_ctx1000"] = round(1000 * _cuda_ms(lambda: op(*args)), 1)
+            out[f"us_per_layer_W{w}_ctx1000"] = round(1000 * cuda_ms(lambda: op(*args)), 1)
     if not ok:
         raise AssertionError(f"the kernel is off: {out}")
     return out
-
-
-def _cuda_ms(fn, repeats: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def random_pair(root: Path, shapes: dict, device: torch.device, vocab: int, tie: bool) -> dict[str, Path]:
@@ -192,13 +184,16 @@ def random_pair(root: Path, shapes: dict, device: torch.device, vocab: int, tie:
     return dirs
 
 
+DTYPE = "bfloat16"  # the artifacts' dtype (--dtype: the CPU smoke test's float32 is quicker there)
+
+
 def compile_pair(dirs: dict, out: Path, device: torch.device, **options) -> "Plan":
     from ygg_compile.build import compile_artifact
     from ygg_compile.options import CompileOptions
     from ygg_runtime.ui import Reporter
 
     opts = CompileOptions(draft=str(dirs["draft"]), target=str(dirs["target"]), output=out, device=device.type,
-                          dtype="bfloat16", profiles=out.parent / "profiles", **options)  # random models' profiles stay here
+                          dtype=DTYPE, profiles=out.parent / "profiles", **options)  # random models' profiles stay here
     return compile_artifact(opts, Reporter())
 
 
@@ -328,6 +323,7 @@ def markdown(c: Check) -> str:
 
 
 def main() -> None:
+    global DTYPE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--out", type=Path)
     ap.add_argument("--budget", type=float, default=460.0, help="seconds for the whole check")
@@ -335,22 +331,28 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help="tiny shapes instead of the real pair's (a smoke test)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--no-aot", action="store_true", help="compile no forwards ahead of time (the smoke test's)")
+    ap.add_argument("--only", help="run only these sections (comma-separated: machine, kernel, tiny, real)")
+    ap.add_argument("--dtype", default=DTYPE, help="the artifacts' dtype")
     args = ap.parse_args()
+    DTYPE = args.dtype
     device = torch.device(args.device)
     from ygg_compile import hardware
 
     out = args.out or REPO / "benchmarks" / "results" / hardware.device_slug(args.device)
     out.mkdir(parents=True, exist_ok=True)
     check = Check(out, args.budget)
+    only = set(args.only.split(",")) if args.only else {"machine", "kernel", "tiny", "real"}
     with tempfile.TemporaryDirectory(prefix="ygg-gpu-check-") as tmp:
         work = Path(tmp)
-        check.run("machine", 30, machine, device)
-        check.run("attention kernel", 20, attention, device)
-        check.run("tiny pair", 60, tiny_pair, device, work, not args.no_aot)
-        check.run("real shapes", 150, real_shapes, device, work, SMALL if args.small else REAL, VOCAB,
-                  args.calibration, not args.no_aot)
-    (out / "gpu-check.json").write_text(json.dumps(check.results, indent=1, default=str) + "\n")
-    (out / "gpu-check.md").write_text(markdown(check))
+        if "machine" in only:
+            check.run("machine", 30, machine, device)
+        if "kernel" in only:
+            check.run("attention kernel", 20, attention, device)
+        if "tiny" in only:
+            check.run("tiny pair", 90, tiny_pair, device, work, not args.no_aot)
+        if "real" in only:
+            check.run("real shapes", 200, real_shapes, device, work, SMALL if args.small else REAL, VOCAB,
+                      args.calibration, not args.no_aot)
     check.say(markdown(check))
     check.say(f"wrote {out}/gpu-check.json, .md, .log")
     sys.exit(0 if all(v.get("status") == "ok" for v in check.results.values()) else 1)

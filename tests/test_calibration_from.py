@@ -21,7 +21,7 @@ def plan(directory: Path) -> Plan:
 def again(artifact, pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("again") / "again"
     proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", out, "--dtype", "float32",
-               "--max-context", 256, "--method", "chain", "--calibration-from", artifact)
+               "--max-context", 256, "--method", "chain", "--no-aot", "--calibration-from", artifact)
     assert proc.returncode == 0, proc.stderr
     return out, proc
 
@@ -61,10 +61,10 @@ def test_the_artifact_planned_from_another_calibration_decodes_the_targets_outpu
 def test_a_calibration_saved_without_hidden_states_plans_a_fixed_depth(artifact, tmp_path):
     """The slim file the repository keeps for the real pair: steps and texts, no hidden states."""
     stored = calibration_file.load(artifact)
-    models = {role: info for role, info in plan(artifact).models.items()}
+    models = plan(artifact).models
     dims = {role: m["dim"] for role, m in stored.models.items()}
     slim = tmp_path / "slim.safetensors"
-    calibration_file.save(slim, stored.calib, stored.agreement, models, dims, torch.float32, hidden=False)
+    calibration_file.slim(artifact, slim)
     back = calibration_file.load(slim)
     assert back.agreement is None and all(s.hidden is None for s in back.calib.steps)
     assert [s.argmax for s in back.calib.steps] == [s.argmax for s in stored.calib.steps]
@@ -78,10 +78,8 @@ def test_a_calibration_that_cannot_plan_this_pair_is_refused_in_one_line(artifac
     assert_one_line_error(missing, "no calibration.safetensors there")
     stored = calibration_file.load(artifact)
     stored.calib.steps[0].tokens[0] = 10**6  # a token of a larger vocabulary
-    models = plan(artifact).models
     other = tmp_path / "other.safetensors"
-    calibration_file.save(other, stored.calib, None, models, {r: m["dim"] for r, m in stored.models.items()},
-                          torch.float32)
+    calibration_file.save(other, stored.calib, None, stored.models, torch.float32)
     proc = ygg("compile", "--draft", pair["draft"], "--target", pair["target"], "-o", tmp_path / "y",
                "--calibration-from", other, "--dtype", "float32", "--max-context", 256)
     assert_one_line_error(proc, "past the target's vocabulary")

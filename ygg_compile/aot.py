@@ -44,8 +44,11 @@ def example_args(model: Transformer, width: int, window: int) -> tuple[torch.Ten
             zeros.clone(), tree, model.kv.data, heads)
 
 
-def compile_model(model: Transformer, path: Path, progress: Callable[[int, int], None] | None = None) -> float:
-    """Write `path` (model.pt2) holding the model's compiled forward; returns the seconds it took."""
+def compile_model(model: Transformer, path: Path, progress: Callable[[int, int], None] | None = None) -> tuple[float, int]:
+    """Write `path` (model.pt2) holding the model's compiled forward; returns the seconds it took
+    and the narrowest width it takes: 1, or 2 when export cannot keep one row dynamic (a kernel
+    that branches on a size of 1 makes export guard on it, as PyTorch's attention did on CUDA:
+    the graph then starts at two rows, and a one-row forward runs eager)."""
     import torch.fx.experimental._config as shape_config
     from torch._inductor import aot_compile
     from torch._inductor.package import package_aoti
@@ -56,15 +59,22 @@ def compile_model(model: Transformer, path: Path, progress: Callable[[int, int],
     start = time.time()
     if model.max_len < 32:
         raise ValueError("compile with a cache of at least 32 slots (the example forward's)")
-    width = Dim("width", min=1, max=MAX_WIDTH)
     window = Dim("window", min=1, max=1 << 20)
     slots = Dim("slots", min=2, max=1 << 30)
     heads = Dim("heads", min=1, max=MAX_WIDTH)
     args = example_args(model, 8, 12)
-    shapes = ({1: width}, {0: width}, {0: width}, {0: width}, {0: width}, {0: width, 1: window}, {3: slots}, {0: heads})
     with torch.no_grad(), shape_config.patch(backed_size_oblivious=True), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations, printed per graph
-        program = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
+        for narrowest in (1, 2):
+            width = Dim("width", min=narrowest, max=MAX_WIDTH)
+            shapes = ({1: width}, {0: width}, {0: width}, {0: width}, {0: width}, {0: width, 1: window}, {3: slots},
+                      {0: heads})
+            try:
+                program = torch.export.export(model, args, dynamic_shapes=shapes, strict=False)
+                break
+            except Exception as e:  # torch's UserError: a guard on the width's value (see the docstring)
+                if narrowest == 2 or "width" not in str(e):
+                    raise
         if progress:
             progress(1, 2)
         compiled = aot_compile(program.module(), args, options={
@@ -72,7 +82,7 @@ def compile_model(model: Transformer, path: Path, progress: Callable[[int, int],
     package_aoti(str(path), {GRAPH: compiled})
     if progress:
         progress(2, 2)
-    return round(time.time() - start, 1)
+    return round(time.time() - start, 1), narrowest
 
 
 # Compiler flags whose /proc/cpuinfo name is not the flag itself without its "-m".

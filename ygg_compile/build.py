@@ -211,14 +211,15 @@ def _aot(b: _Build) -> None:
     b.runners = _load_runners(tmp, b.device, b.cache_slots)
     b.codec = TextCodec(tmp / b.tok_info.file, b.tok_info.chat_prefix, b.tok_info.chat_suffix)
     seconds: dict[str, float] = {}  # AOT compile time per model
+    narrowest: dict[str, int] = {}  # its narrowest compiled width
     if opts.aot:
-        _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds)
+        _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds, narrowest)
     special = sorted(set(b.tokenizer.all_special_ids) | set(b.tok_info.eos_token_ids))
     b.vocab = _cut_draft_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special, opts, tmp, phase, b.ui,
                               b.stored.calib if b.stored else None)
     if opts.aot:
-        _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds)
-        b.aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(b.device))
+        _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds, narrowest)
+        b.aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(b.device), min_width=narrowest)
 
 
 def _invariance(b: _Build) -> None:
@@ -248,7 +249,8 @@ def _calibrate(b: _Build) -> None:
             with b.phase("calibrate", f"reading {sum(map(len, b.calib.texts.values()))} calibration positions for the depth predictor"):
                 b.agreement = calibrate.agreement(b.runners["target"], b.runners["draft"], b.calib.texts)
     with b.phase("calibrate", "keeping the calibration in the artifact"):
-        calibration_file.save(b.tmp / calibration_file.FILE, b.calib, b.agreement, b.models, dims, b.dtype)
+        calibration_file.save(b.tmp / calibration_file.FILE, b.calib, b.agreement, calibration_file.describe(b.models, dims),
+                              b.dtype)
 
 
 def _plan(b: _Build) -> None:
@@ -513,15 +515,18 @@ def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
     return {role: ModelRunner(load_model(tmp / role, device), cache_slots) for role in ("target", "draft")}
 
 
-def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, seconds: dict[str, float]) -> None:
+def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, seconds: dict[str, float],
+                     narrowest: dict[str, int]) -> None:
     """A model's forward compiled ahead of time into <role>/model.pt2; its runner uses it from here
     on, so profiling and calibration time the forwards `ygg run` will run."""
     label = f"compiling the {role}'s forward ahead of time (AOTInductor, widths 1..{MAX_WIDTH})"
     with phase("aot", label):
         report = lambda done, total: ui.progress(label, done, total, unit="stages")  # noqa: E731
         path = tmp / role / aot.PACKAGE
-        seconds[role] = aot.compile_model(runners[role].model, path, report)
-        runners[role].compiled = CompiledForward(path, runners[role].model)
+        seconds[role], narrowest[role] = aot.compile_model(runners[role].model, path, report)
+        if narrowest[role] > 1:
+            ui.note(f"{role}: export could not keep a one-row forward in the compiled graph; one-row forwards run eager")
+        runners[role].compiled = CompiledForward(path, runners[role].model, narrowest[role])
 
 
 def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCodec, texts_in: list[str], tokens: int,

@@ -41,9 +41,16 @@ class Stored:
     path: Path
 
 
-def save(path: Path, calib: Calibration, agreement: Agreement | None, models: dict[str, ModelInfo], dims: dict[str, int],
-         dtype: torch.dtype, hidden: bool = True) -> None:
-    """Write the calibration (hidden=False: without hidden states or the agreement, a few MB)."""
+def describe(models: dict[str, ModelInfo], dims: dict[str, int]) -> dict[str, dict]:
+    """What a calibration records of the pair it was measured on (`Stored.models`)."""
+    return {role: {"spec": m.spec, "sha256": m.sha256, "vocab_size": m.vocab_size, "dim": dims[role]}
+            for role, m in models.items()}
+
+
+def save(path: Path, calib: Calibration, agreement: Agreement | None, models: dict[str, dict], dtype: torch.dtype,
+         hidden: bool = True) -> None:
+    """Write the calibration of the pair `models` describes (`describe`); hidden=False: without
+    hidden states or the agreement, a few MB."""
     hidden = hidden and agreement is not None
     tensors: dict[str, torch.Tensor] = {}
     with_hidden = [i for i, s in enumerate(calib.steps) if s.hidden is not None] if hidden else []
@@ -56,8 +63,7 @@ def save(path: Path, calib: Calibration, agreement: Agreement | None, models: di
         tensors["agreement_position"] = torch.tensor(agreement.position, dtype=torch.int32)
     meta = {
         "format": FORMAT,
-        "models": {role: {"spec": m.spec, "sha256": m.sha256, "vocab_size": m.vocab_size, "dim": dims[role]}
-                   for role, m in models.items()},
+        "models": models,
         "prompts": calib.prompts, "tokens": calib.tokens, "seconds": calib.seconds,
         "texts": {str(k): v for k, v in calib.texts.items()},
         "prompt_lengths": {str(k): v for k, v in calib.prompt_lengths.items()},
@@ -130,3 +136,16 @@ def check_fits(stored: Stored, models: dict[str, ModelInfo], dims: dict[str, int
         for s in stored.calib.steps:
             s.hidden = None
     return notes
+
+
+def slim(source: Path, out: Path) -> None:
+    """A copy of an artifact's (or a file's) calibration without hidden states: the few MB the
+    repository keeps for a pair (`python -m ygg_compile.calibration_file ARTIFACT OUT`)."""
+    stored = load(source)
+    save(out, stored.calib, None, stored.models, torch.float32, hidden=False)
+
+
+if __name__ == "__main__":
+    import sys
+
+    slim(Path(sys.argv[1]), Path(sys.argv[2]))

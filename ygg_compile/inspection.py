@@ -233,12 +233,16 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
     info.add_row("plan sha256", f"{plan_sha256(artifact)}  (ygg run --expect-plan pins it)")
     aot = plan.aot
     info.add_row("forwards", "eager (compiled with --no-aot)" if not aot else
-                 f"AOTInductor {aot.package} per model, widths 1..{aot.max_width}, built for {aot.isa or plan.device} "
+                 f"AOTInductor {aot.package} per model, widths {max(aot.min_width.values(), default=1)}..{aot.max_width}, "
+                 f"built for {aot.isa or plan.device} "
                  f"(needs {', '.join(aot.cpu_flags) or 'nothing special'}) in "
                  + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot.seconds.items()))
     kernel = plan.kernel
     info.add_row("kernels", f"{kernel.file}: row-invariant attention, quantized linear (needs {', '.join(kernel.cpu_flags) or 'nothing special'})"
-                 if kernel else "PyTorch's scaled_dot_product_attention")
+                 if kernel else "ygg::attention_cuda (Triton, row-invariant), compiled into model.pt2")
+    if plan.gpu is not None:
+        g = plan.gpu
+        info.add_row("GPU", f"{g.label()}, {g.memory / 2**30:.0f} GiB; CUDA {g.cuda}, cuBLAS {g.cublas}, driver {g.driver}")
     info.add_row("exactness", exactness_summary(plan))
     prof = plan.profile
     for role in ("target", "draft"):

@@ -36,7 +36,7 @@ def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5, device: torc
     return Roofs(kernels.read_bandwidth(bandwidth_bytes, repeats), kernels.int8_peak(0.1, repeats), torch.get_num_threads())
 
 
-def _gpu_ms(fn, repeats: int) -> float:
+def cuda_ms(fn, repeats: int = 20) -> float:
     """Median ms of `fn` on the current CUDA stream (events; one warm-up)."""
     fn()
     times = []
@@ -55,7 +55,7 @@ def gpu_read_bandwidth(device, nbytes: int = 1 << 30, repeats: int = 5) -> float
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
     n = max(nbytes, 8 * l2) // 4
     x = torch.ones(n, dtype=torch.float32, device=device)
-    ms = _gpu_ms(lambda: x.sum(), repeats)
+    ms = cuda_ms(lambda: x.sum(), repeats)
     return 4 * n / (ms / 1000.0)
 
 
@@ -63,7 +63,7 @@ def gpu_matmul_peak(device, repeats: int = 5, n: int = 8192) -> float:
     """bf16 multiply-adds per second of an n x n x n matmul on random data."""
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    ms = _gpu_ms(lambda: a @ b, repeats)
+    ms = cuda_ms(lambda: a @ b, repeats)
     return n**3 / (ms / 1000.0)
 
 

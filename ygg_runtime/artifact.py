@@ -80,7 +80,7 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
         runner = runners[role] = ModelRunner(load_model(directory / role, device), plan.cache_slots)
         runner.widths = tuple(plan.profile.compiled_widths(role))
         if aot is not None:
-            runner.compiled = CompiledForward(directory / role / aot.package, runner.model)
+            runner.compiled = CompiledForward(directory / role / aot.package, runner.model, aot.min_width.get(role, 1))
     egt = plan.methods.get("egt")
     policy = egt.depth_policy if isinstance(egt, EGTParams) else None
     pred = DepthPredictor.load(directory / policy.file) if predictor and policy is not None else None

@@ -34,12 +34,14 @@ def constants(model: Transformer) -> dict[str, Tensor]:
 class CompiledForward:
     """Runs a forward through the compiled graph; same arguments and results as the model."""
 
-    def __init__(self, path: Path, model: Transformer):
+    def __init__(self, path: Path, model: Transformer, min_width: int = 1):
         from torch._inductor.package import load_package
 
         if model.device.type == "cpu":
             kernels.load()  # the graph calls ygg::attention: it must be registered before loading
-        self.max_width = MAX_WIDTH
+        else:
+            kernels.gpu_attention()  # compiled into the package; registered all the same, should a graph call it
+        self.min_width, self.max_width = min_width, MAX_WIDTH
         shared = constants(model)
         try:
             with warnings.catch_warnings():
@@ -58,7 +60,7 @@ class CompiledForward:
 
     def holds(self, width: int) -> bool:
         """Whether a forward of this width is within the graph's range."""
-        return 1 <= width <= self.max_width
+        return self.min_width <= width <= self.max_width
 
     def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, lo: Tensor, hi: Tensor, tree: Tensor,
                  cache: Tensor, heads: Tensor) -> tuple[Tensor, Tensor]:

@@ -113,12 +113,15 @@ class GPUInfo:
 
 @dataclass
 class AOTInfo:
-    """The ahead-of-time compiled forwards: one package per model, every width 1..max_width."""
+    """The ahead-of-time compiled forwards: one package per model, every width min_width..max_width."""
     package: str
     max_width: int
     seconds: dict[str, float]
     isa: str | None
     cpu_flags: list[str]  # what the compiled code needs of a CPU (`integrity.check_machine`)
+    # the narrowest width compiled: 1, or 2 where export could only specialise away one row (a
+    # one-row forward then runs eager); per model
+    min_width: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
