@@ -20,6 +20,11 @@ others still run, and none started without the time it needs:
      speed-up over `ar` on this GPU from the real pair's acceptance, and `ar` / `egt` decoding it (=,
      ms per token, host reads per step).
 Results: DIR/gpu-check.json, .md and .log, DIR defaulting to benchmarks/results/cuda-<gpu>/.
+
+On a lent machine (the device tool: `make gpu-wheels` here first, then one call carrying .whl/, with
+a timeout of 590 s): `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
+PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_check.py -o $OUT` (`make gpu-check` does the same
+where make is installed).
 --small runs the same on tiny shapes (on a CPU too, with --no-aot: the suite's smoke test of this script).
 """
 

@@ -206,7 +206,7 @@ def test_run_refuses_weights_that_do_not_fit_in_the_memory_left(artifact, monkey
     from ygg_runtime import integrity
 
     assert 0 < integrity.available_memory() < 1 << 50
-    monkeypatch.setattr(integrity, "available_memory", lambda: 50_000)
+    monkeypatch.setattr(integrity, "available_memory", lambda device="cpu": 50_000)
     with pytest.raises(ygg_runtime.YggError, match=r"holds 0\.\d MB of weights and 50 kB of memory is available"):
         ygg_runtime.load(artifact)
 

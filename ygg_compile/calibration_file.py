@@ -97,6 +97,13 @@ def load(path: Path) -> Stored:
         raise YggError(f"--calibration-from {file}: cannot read it ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise YggError(f"--calibration-from {file}: not a calibration of this version (format {FORMAT})")
+    try:
+        return _stored(meta, tensors, file)
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise YggError(f"--calibration-from {file}: a damaged calibration ({type(e).__name__}: {e})") from None
+
+
+def _stored(meta: dict, tensors: dict[str, torch.Tensor], file: Path) -> Stored:
     hidden = dict(zip(meta["hidden_steps"], tensors["step_hidden"].float())) if "step_hidden" in tensors else {}
     steps = [ProbeStep(s["parents"], s["tokens"], s["probs"], {int(k): v for k, v in s["children"].items()},
                        {int(k): v for k, v in s["argmax"].items()}, s["accepted"], s["context"], s["prompt"],

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import torch
+
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.decoder import Decoder
 from ygg_runtime import gpu, kernels
@@ -67,10 +69,10 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     plan = read_plan(directory, expect_plan, eager=eager)
     device = device or plan.device
     aot = None if eager else plan.aot
+    if device.startswith("cuda") and torch.cuda.is_available():
+        gpu.configure()  # before the first matmul: cuBLAS reads its workspace setting once
     check_machine(plan, device, dtype, compiled=aot is not None, kernel=not eager)
     check_memory(directory, plan, device)
-    if device.startswith("cuda"):
-        gpu.configure()  # before the first matmul: rows that do not depend on the rows beside them
     if plan.kernel:
         kernels.load(kernels.build() if eager else directory / plan.kernel.file)
     runners = {}

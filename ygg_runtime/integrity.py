@@ -157,7 +157,7 @@ def check_memory(directory: Path, plan: Plan, device: str = "cpu") -> None:
     """Refuse, before reading them, weights that cannot fit: the models' files are read whole into
     the device's memory (on a CPU the kernel's OOM killer would otherwise end the run with no
     message; on a GPU the allocation fails halfway through loading)."""
-    need = sum(e.bytes for f, e in plan.files.items() if f.endswith(".safetensors"))
+    need = sum(e.bytes for f, e in plan.files.items() if f.endswith("/model.safetensors"))  # the models' weights
     have = available_memory(device)
     if have is not None and need > have:
         where = f"free on {device}" if torch.device(device).type == "cuda" else "of memory is available"
