@@ -338,6 +338,8 @@ def main() -> None:
     ap.add_argument("--no-aot", action="store_true", help="compile no forwards ahead of time (the smoke test's)")
     ap.add_argument("--only", help="run only these sections (comma-separated: machine, kernel, tiny, real)")
     ap.add_argument("--dtype", default=DTYPE, help="the artifacts' dtype")
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="the random models' vocabulary (the real pair's: its "
+                    "calibration's token ids must fit)")
     args = ap.parse_args()
     DTYPE = args.dtype
     device = torch.device(args.device)
@@ -356,7 +358,7 @@ def main() -> None:
         if "tiny" in only:
             check.run("tiny pair", 90, tiny_pair, device, work, not args.no_aot)
         if "real" in only:
-            check.run("real shapes", 200, real_shapes, device, work, SMALL if args.small else REAL, VOCAB,
+            check.run("real shapes", 200, real_shapes, device, work, SMALL if args.small else REAL, args.vocab,
                       args.calibration, not args.no_aot)
     check.say(markdown(check))
     check.say(f"wrote {out}/gpu-check.json, .md, .log")

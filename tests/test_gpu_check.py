@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_the_gpu_check_runs_every_section_on_small_shapes(artifact, tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--small", "--no-aot", "--dtype", "float32",
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--small", "--no-aot", "--dtype", "float32", "--vocab", "512",
          "--device", "cpu", "-o",
          str(tmp_path), "--budget", "1200", "--calibration", str(artifact / "calibration.safetensors")],
         capture_output=True, text=True, timeout=1500, env={**os.environ, "TRITON_INTERPRET": "1"})
