@@ -181,10 +181,13 @@ def test_a_useless_drafter_plans_depth_zero(models):
 
 
 @pytest.mark.real
-def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path, smollm2_dir, smollm2_tokenizer):
+def test_a_layer_truncated_smollm2_drafter_plans_the_depth_its_measured_costs_favour(tmp_path, smollm2_dir, smollm2_tokenizer):
     """SmolLM2-135M drafted by its own first layer (embeddings and head included, so a third of
-    the target's cost for little agreement): the objective keeps egt at depth 0 or 1, and at depth
-    0 `ygg run --method egt` is plain decoding, token for token. --quick leaves the depth predictor
+    the target's cost for little agreement): the calibration sees little agreement, and the plan
+    takes the candidate with the best modelled speed-up from this machine's costs (depth 0 on the
+    EPYCs, 2 on a Xeon whose wide forwards cost little more than one row: which depth wins is the
+    machine's, that the objective's maximum is taken is not). At depth 0 `ygg run --method egt` is
+    plain decoding, token for token; at any depth its output is `ar`'s. --quick leaves the depth predictor
     out, so the planned depth is every step's (a predictor would pick each step's depth). The
     target comes from its GGUF package into an artifact that holds its float weights: the compile
     caches no dequantized copy of them (a cache of its own, to see that). `--weights bf16` says so:
@@ -216,15 +219,19 @@ def test_a_layer_truncated_smollm2_drafter_plans_plain_decoding_or_near(tmp_path
     assert proc.returncode == 0, proc.stderr
     assert [e.kind for e in entries(tmp_path / "cache") if e.kind == "conversions"] == []
     plan = yaml.safe_load((out / "plan.yaml").read_text())
-    egt = plan["methods"]["egt"]
-    assert egt["depth"] <= 1, plan["planning"]["egt"]
-    if egt["depth"] == 0:
-        def run(*a):
-            return json.loads(ygg("run", calib, "-a", out, "-n", 16, "--json", "--ignore-eos", *a, env=cache).stdout)
+    egt, table = plan["methods"]["egt"], plan["planning"]["egt"]
+    best = max(table, key=lambda r: r["speedup"])
+    chosen = next(r for r in table if r["depth"] == egt["depth"] and max(1, r["draft_width"]) == egt["draft_width"])
+    assert chosen["speedup"] == best["speedup"], table
+    # little agreement: one drafted token is accepted well under half the time
+    assert all(r["tokens_per_step"] < 1.5 for r in table if r["depth"] == 1), table
 
-        ar, grafted, plain = run("-m", "ar"), run("-m", "egt"), run("-m", "egt", "--no-graft")
-        # depth 0: no drafter forward; with grafting a step may verify retrieved tokens alone
-        assert grafted["token_ids"] == plain["token_ids"] == ar["token_ids"]
+    def run(*a):
+        return json.loads(ygg("run", calib, "-a", out, "-n", 16, "--json", "--ignore-eos", *a, env=cache).stdout)
+
+    ar, grafted, plain = run("-m", "ar"), run("-m", "egt"), run("-m", "egt", "--no-graft")
+    assert grafted["token_ids"] == plain["token_ids"] == ar["token_ids"]
+    if egt["depth"] == 0:  # no drafter forward; with grafting a step may verify retrieved tokens alone
         assert plain["steps"] == 16 and grafted["steps"] <= 16
 
 

@@ -17,6 +17,15 @@ from ygg_runtime.plan import ExactnessRecord
 WIDTHS = [1, 2, 4, 8, 16, 32]
 
 
+def flags_this_cpu_lacks(n: int) -> list[str]:
+    """Vector flags to plant as another CPU's: ones this machine does not have (an AMX Xeon has
+    amx_bf16 and amx_tile; none here has AVX10.2), so a planted difference is a difference."""
+    from ygg_runtime.integrity import cpu_flags
+
+    have = cpu_flags()
+    return [f for f in ("amx_bf16", "amx_tile", "avx512_fp16", "avx10_1", "avx10_2") if f not in have][:n]
+
+
 @pytest.fixture(scope="module")
 def target():
     return runner(to_runtime(tiny.hf_model("llama", seed=30), torch.bfloat16), 400)
@@ -110,7 +119,8 @@ def test_a_check_made_on_another_machine_is_not_claimed_here(monkeypatch):
                           torch.get_num_threads(), 1.0)
     here = exactness.Machine.here()
     assert exactness.verdict(rec, here)[0]
-    for other, says in ((replace(here, isa=here.isa + ("amx_bf16",)), "CPU flags -amx_bf16"),
+    flag, = flags_this_cpu_lacks(1)
+    for other, says in ((replace(here, isa=here.isa + (flag,)), f"CPU flags -{flag}"),
                         (replace(here, cpu="Intel(R) Xeon(R) Platinum 8480+"), "not 'Intel(R) Xeon(R) Platinum 8480+'"),
                         (replace(here, torch="2.12.0"), f"torch {torch.__version__}, not 2.12.0")):
         exact, why = exactness.verdict(rec, other)
@@ -127,10 +137,12 @@ def test_a_loaded_artifact_on_a_cpu_with_other_flags_says_it_was_not_checked_her
     import ygg_runtime.integrity as integrity
 
     real = integrity.cpu_flags
-    monkeypatch.setattr(integrity, "cpu_flags", lambda: real() | {"amx_tile", "amx_bf16"})
+    planted = flags_this_cpu_lacks(2)
+    monkeypatch.setattr(integrity, "cpu_flags", lambda: real() | set(planted))
     dec = ygg_runtime.load(artifact)
     res = dec.generate([3, 4, 5], max_new_tokens=2)
-    assert not res.exact and res.exactness.startswith("not checked on this machine (CPU flags +amx_bf16, +amx_tile)")
+    says = "not checked on this machine (CPU flags " + ", ".join(f"+{f}" for f in sorted(planted)) + ")"
+    assert not res.exact and res.exactness.startswith(says), res.exactness
     assert dec.verdict() == (res.exact, res.exactness)
     monkeypatch.setattr(integrity, "cpu_flags", real)
     assert ygg_runtime.load(artifact).generate([3, 4, 5], max_new_tokens=2).exact
