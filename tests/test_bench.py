@@ -113,6 +113,68 @@ def test_bench_resume_reuses_finished_runs_and_refuses_other_settings(bench, art
     assert_one_line_error(proc, "cannot resume", "max_new_tokens")
 
 
+def test_a_peer_that_crashes_costs_one_line_and_every_other_result_is_written(artifact, prompts, tmp_path, monkeypatch):
+    """A peer's native code dying mid-generation (planted: its child process killed by SIGSEGV, as
+    llama.cpp's AMX repack dies on a Xeon): one line names the peer and the signal; ar, egt and the
+    other peer of the same family (its process started again) keep every run, and the results are
+    written with the crash named. runs.jsonl keeps what the peer finished before it died."""
+    import os
+    import signal
+
+    from ygg_compile import peer_process
+    from ygg_compile.bench import run_bench
+    from ygg_compile.options import BenchOptions
+    from ygg_runtime.ui import Reporter
+
+    answer, pids, asked = peer_process.PeerProcess._answer, set(), []
+
+    def dies_in_hf_pld(self, who, doing, timeout=None):
+        pids.add(self.proc.pid)
+        if who == "peer hf-pld" and doing == "generating":
+            asked.append(who)
+            if len(asked) == 2:  # after its warm-up, in its first prompt
+                os.kill(self.proc.pid, signal.SIGSEGV)
+        return answer(self, who, doing, timeout)
+
+    monkeypatch.setattr(peer_process.PeerProcess, "_answer", dies_in_hf_pld)
+
+    class Notes(Reporter):
+        lines: list[str] = []
+
+        def note(self, text: str) -> None:
+            self.lines.append(text)
+
+    ui = Notes()
+    out = tmp_path / "res"
+    results = run_bench(BenchOptions(artifact, prompts=prompts, limit=1, methods=["ar", "egt"],
+                                     peers=["hf-pld", "hf"], max_new_tokens=12, output=out), ui)
+    assert len(asked) == 2 and len(pids) == 2  # hf's process started again after hf-pld's died
+    crash = [line for line in ui.lines if "hf-pld" in line]
+    assert crash == ["peer hf-pld crashed generating: its process was killed by SIGSEGV (signal 11); "
+                     "its runs are left out, every other contestant's are kept"], ui.lines
+    written = json.loads((out / "results.json").read_text())
+    assert written["left_out"] == results["left_out"] == {
+        "hf-pld": "peer hf-pld crashed generating: its process was killed by SIGSEGV (signal 11)"}
+    runs = sorted((r["contestant"], r["prompt"]) for r in written["runs"])
+    assert runs == sorted((c, p) for c in ("ar", "egt", "hf") for p in ("1", "2"))
+    assert {r["contestant"] for r in written["summary"]} == {"ar", "egt", "hf"}
+    assert all(r["same_as_ar"] == r["prompts"] for r in written["summary"] if r["category"] == "all")
+    assert "Left out: **hf-pld**, peer hf-pld crashed generating" in (out / "summary.md").read_text()
+    logged = [json.loads(line) for line in (out / "runs.jsonl").read_text().splitlines()[1:]]
+    assert "hf-pld" not in [r["contestant"] for r in logged]
+    assert not [pid for pid in pids if _alive(pid)], "a peer process outlived the benchmark"
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_bench_without_peers_on_the_builtin_prompts(artifact, tmp_path):
     proc = ygg("bench", "--artifact", artifact, "--peers", "none", "--methods", "chain", "-n", 8, "-o", tmp_path)
     assert proc.returncode == 0, proc.stderr

@@ -306,6 +306,49 @@ def test_bench_serve_drives_llama_cpp_server_with_the_same_load_and_stops_it(smo
     assert not [p for p in left.stdout.split() if p], "llama.cpp-server outlived the benchmark"
 
 
+@pytest.mark.real
+def test_a_serving_peer_that_crashes_costs_one_line_and_ours_are_written(smollm2_artifact, tmp_path, monkeypatch):
+    """The llama.cpp server dying by a signal after its warm-up (planted: SIGSEGV, as its AMX build
+    does on a Xeon): one line names it and the signal, ar's levels are measured and written, the
+    crash is named in the results."""
+    import os
+    import signal
+
+    from ygg_compile import bench_serve
+    from ygg_compile.options import ServeBenchOptions
+    from ygg_runtime.ui import Reporter
+
+    complete, calls = bench_serve.LlamaServer.complete, []
+
+    def dies_after_its_warm_up(self, prompt, method, max_tokens):
+        calls.append(max_tokens)
+        if len(calls) == 2:
+            os.kill(self.proc.pid, signal.SIGSEGV)
+            self.proc.wait(30)
+        return complete(self, prompt, method, max_tokens)
+
+    monkeypatch.setattr(bench_serve.LlamaServer, "complete", dies_after_its_warm_up)
+
+    class Notes(Reporter):
+        lines: list[str] = []
+
+        def note(self, text: str) -> None:
+            self.lines.append(text)
+
+    prompts = tmp_path / "q.jsonl"
+    prompts.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["The capital of France is"]}) + "\n")
+    ui, out = Notes(), tmp_path / "serve"
+    report = bench_serve.run_bench_serve(ServeBenchOptions(smollm2_artifact, prompts=prompts, concurrency=[1, 2],
+                                                           methods=["ar"], peers=["llama.cpp-server"],
+                                                           max_new_tokens=8, output=out), ui)
+    why = "peer llama.cpp-server crashed: its process was killed by SIGSEGV (signal 11)"
+    assert ui.lines == [f"{why}; its runs are left out, every other contestant's are kept"]
+    written = json.loads((out / "results.json").read_text())
+    assert written["config"]["left_out"] == report["config"]["left_out"] == {"llama.cpp-server": why}
+    assert [(r["method"], r["concurrency"]) for r in written["summary"]] == [("ar", 1), ("ar", 2)]
+    assert f"Left out: **llama.cpp-server**, {why}" in (out / "summary.md").read_text()
+
+
 def test_the_llama_cpp_server_peer_needs_a_gguf_target_and_a_known_name(artifact, tmp_path):
     proc = ygg("bench-serve", "--artifact", artifact, "--peers", "llama.cpp-server", "-o", tmp_path / "res")
     assert_one_line_error(proc, "peer llama.cpp-server reads GGUF files", "checkpoint directory")

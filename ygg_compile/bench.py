@@ -28,13 +28,14 @@ from ygg_compile.roofline import measure_roofs
 from ygg_runtime import kernels
 from ygg_runtime.ui import Reporter
 from ygg_compile.options import LLAMA_PEERS, BenchOptions
-from ygg_compile.peers import LLAMA_MISSING, HFPeers, LlamaCppPeers, llama_gguf
+from ygg_compile.peer_process import PeerFamily, PeerProcess
+from ygg_compile.peers import LLAMA_MISSING, llama_gguf
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import read_jsonl
 from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
 from ygg_runtime.params import EGTParams, Stages
 from ygg_runtime.artifact import read_plan
-from ygg_runtime.errors import YggError
+from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.plan import Plan
 from ygg_runtime.files import output_dir
 from ygg_runtime.engine import step_room
@@ -125,13 +126,15 @@ class Method(Contestant):
 
 
 class Peer(Contestant):
+    """A peer, generating in its family's child process (a crash there is one line, not the run)."""
+
     kind = "peer"
 
-    def __init__(self, peers: Callable[[], HFPeers | LlamaCppPeers], name: str):
+    def __init__(self, peers: Callable[[str], PeerProcess], name: str):
         self.peers, self.name = peers, name  # loaded on first use: a resumed run may need none
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
-        r = self.peers().generate(self.name, ids, opts.max_new_tokens, opts.temperature, opts.top_p, seed)
+        r = self.peers(self.name).generate(self.name, ids, opts.max_new_tokens, opts.temperature, opts.top_p, seed)
         # the keys of ours that transformers lets us measure; the time split is ours alone
         return {"tokens": r.tokens, "tpot_ms": r.tpot_ms, "wall_s": r.wall_s, "prefill_s": r.prefill_s,
                 "steps": r.chunks, "mean_accepted_length": r.mean_accepted_length, "acceptance_rate": None,
@@ -161,14 +164,18 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     if "ar" not in methods:
         methods.insert(0, "ar")  # every speed-up is over ar, measured in the same run
     contestants: list[Contestant] = [Method(decoder, m) for m in methods]
-    loaded: dict[str, HFPeers | LlamaCppPeers] = {}
+    loaded: dict[str, PeerProcess] = {}  # a family's peers share a child process
+    left_out: dict[str, str] = {}  # peer -> why it is not in the results
 
-    def loader(family: str) -> Callable[[], HFPeers | LlamaCppPeers]:
-        def peers() -> HFPeers | LlamaCppPeers:
-            if family not in loaded:
-                names = [p for p in opts.peers if (p in LLAMA_PEERS) == (family == "llama.cpp")]
-                with ui.step(f"loading peers ({', '.join(names)}) with {'llama.cpp' if family == 'llama.cpp' else 'transformers'}"):
-                    loaded[family] = _load_llama(plan) if family == "llama.cpp" else _load_peers(plan, names)
+    def loader(family: str) -> Callable[[str], PeerProcess]:
+        def peers(name: str) -> PeerProcess:
+            if family not in loaded or loaded[family].proc is None:  # the first time, and after a peer's crash
+                names = [p for p in opts.peers if (p in LLAMA_PEERS) == (family == "llama.cpp") and p not in left_out]
+                tool = "llama.cpp" if family == "llama.cpp" else "transformers"
+                with ui.step(f"loading peers ({', '.join(names)}) with {tool} in a process of their own"):
+                    if family not in loaded:
+                        loaded[family] = PeerProcess(_load_llama(plan) if family == "llama.cpp" else _load_peers(plan, names))
+                    loaded[family].start(name)
             return loaded[family]
         return peers
 
@@ -195,28 +202,48 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         log.write_text(json.dumps({"config": config}) + "\n")
     seeds = {p.key: opts.seed + zlib.crc32(p.key.encode()) % 100_000 for p, _ in encoded}  # stable under --resume
 
-    with ui.step("warming up every contestant"):
-        for c in contestants:
-            if any((p.key, c.name, r) not in done for r in range(opts.rounds) for p, _ in encoded):
-                c.run(encoded[0][1], BenchOptions(opts.artifact, max_new_tokens=WARMUP_TOKENS, temperature=opts.temperature), 0)
-    total = len(encoded) * len(contestants) * opts.rounds
-    label = f"generating {opts.max_new_tokens} tokens × {len(encoded)} prompts × {len(contestants)} contestants"
-    count = len(done)
-    with ui.step(label):
-        for r in range(opts.rounds):
-            for i, (p, ids) in enumerate(encoded):
-                shift = (i + r) % len(contestants)
-                for c in contestants[shift:] + contestants[:shift]:
-                    if (p.key, c.name, r) in done:
-                        continue
-                    row = {"prompt": p.key, "category": p.category, "contestant": c.name, "kind": c.kind, "round": r,
-                           "prompt_tokens": len(ids), **c.run(ids, opts, seeds[p.key])}
-                    row["generated"] = len(row["tokens"])
-                    rows.append(row)
-                    with open(log, "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    count += 1
-                    ui.progress(label, count, total, unit="runs")
+    def attempt(c: Contestant, ids: list[int], o: BenchOptions, seed: int) -> dict | None:
+        """c's run, or None when c is a peer that failed now or earlier: a peer that crashes or
+        fails costs one line, and every other contestant goes on."""
+        if c.name in left_out:
+            return None
+        if c.kind != "peer":
+            return c.run(ids, o, seed)
+        try:
+            return c.run(ids, o, seed)
+        except YggError as e:
+            left_out[c.name] = first_line(e)
+            ui.note(f"{left_out[c.name]}; its runs are left out, every other contestant's are kept")
+            return None
+
+    try:
+        with ui.step("warming up every contestant"):
+            for c in contestants:
+                if any((p.key, c.name, r) not in done for r in range(opts.rounds) for p, _ in encoded):
+                    attempt(c, encoded[0][1], BenchOptions(opts.artifact, max_new_tokens=WARMUP_TOKENS, temperature=opts.temperature), 0)
+        total = len(encoded) * len(contestants) * opts.rounds
+        label = f"generating {opts.max_new_tokens} tokens × {len(encoded)} prompts × {len(contestants)} contestants"
+        count = len(done)
+        with ui.step(label):
+            for r in range(opts.rounds):
+                for i, (p, ids) in enumerate(encoded):
+                    shift = (i + r) % len(contestants)
+                    for c in contestants[shift:] + contestants[:shift]:
+                        if (p.key, c.name, r) in done:
+                            continue
+                        if (run := attempt(c, ids, opts, seeds[p.key])) is not None:
+                            row = {"prompt": p.key, "category": p.category, "contestant": c.name, "kind": c.kind,
+                                   "round": r, "prompt_tokens": len(ids), **run}
+                            row["generated"] = len(row["tokens"])
+                            rows.append(row)
+                            with open(log, "a") as f:
+                                f.write(json.dumps(row) + "\n")
+                        count += 1
+                        ui.progress(label, count, total, unit="runs")
+    finally:
+        for family in loaded.values():
+            family.close()
+    rows = [r for r in rows if r["contestant"] not in left_out]  # runs.jsonl keeps what they finished
 
     with ui.step("measuring forward latency T(W) of both models"):
 
@@ -228,9 +255,10 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         "machine": machine_info(plan),
         "artifact": _artifact_info(opts.artifact, plan),
         "skipped_prompts": [p.key for p, _ in skipped],
+        "left_out": left_out,
         "profile": profile,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-        "summary": summarize(rows, [c.name for c in contestants], greedy=opts.temperature == 0),
+        "summary": summarize(rows, [c.name for c in contestants if c.name not in left_out], greedy=opts.temperature == 0),
         "runs": rows,
     }
     with ui.step(f"writing results to {out}"):
@@ -238,15 +266,16 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     return results
 
 
-def _load_llama(plan: Plan, check_only: bool = False) -> LlamaCppPeers | None:
+def _load_llama(plan: Plan, check_only: bool = False) -> PeerFamily | None:
     """llama.cpp on the target's own GGUF file, with as many threads as ours."""
     gguf = llama_gguf(plan, "llama.cpp", ("llama_cpp",) if check_only else (), LLAMA_MISSING)
     if check_only:
         return None
-    return LlamaCppPeers(gguf, torch.get_num_threads(), plan.max_context, plan.tokenizer.eos_token_ids)
+    threads = torch.get_num_threads()
+    return PeerFamily("llama.cpp", (gguf, threads, plan.max_context, list(plan.tokenizer.eos_token_ids)), threads)
 
 
-def _load_peers(plan: Plan, peers: list[str]) -> HFPeers:
+def _load_peers(plan: Plan, peers: list[str]) -> PeerFamily:
     def model_dir(role: str) -> Path:
         model = plan.models[role]
         if (Path(model.path) / "config.json").exists():
@@ -256,7 +285,8 @@ def _load_peers(plan: Plan, peers: list[str]) -> HFPeers:
         return sources.resolve(model.gguf or model.spec, dtype=getattr(torch, plan.dtype)).path
 
     draft = model_dir("draft") if "hf-assisted" in peers else None
-    return HFPeers(model_dir("target"), draft, getattr(torch, plan.dtype), plan.device, plan.tokenizer.eos_token_ids)
+    return PeerFamily("hf", (model_dir("target"), draft, plan.dtype, plan.device, list(plan.tokenizer.eos_token_ids)),
+                      torch.get_num_threads())
 
 
 # A resumed run must agree with the runs it reuses on these; the prompt and contestant selection

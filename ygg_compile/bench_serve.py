@@ -37,11 +37,12 @@ from pathlib import Path
 from ygg_compile import hardware, plots
 from ygg_compile.bench import machine_info
 from ygg_compile.options import ServeBenchOptions
+from ygg_compile.peer_process import how_it_ended
 from ygg_compile.peers import llama_gguf
 from ygg_compile.prompts import read_jsonl
 from ygg_runtime.ui import Reporter
 from ygg_runtime.artifact import read_plan
-from ygg_runtime.errors import YggError
+from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.metrics import tpot_ms
 from ygg_runtime.text import TextCodec
@@ -105,6 +106,9 @@ class Client:
                 "start": start, "end": end}
 
 
+# what a peer server's death or misbehaviour raises here (a refused or cut connection, a cut stream)
+PEER_ERRORS = (YggError, OSError, ValueError, http.client.HTTPException)
+
 LLAMA_SERVER_MISSING = ("peer llama.cpp-server needs llama-cpp-python's server: pip install -e '.[llama]' "
                         "(it builds llama.cpp from source, a few minutes)")
 
@@ -138,6 +142,13 @@ class LlamaServer:
 
     def stop(self) -> None:
         stop(self.proc)
+
+    def failure(self, e: BaseException) -> str:
+        """Why it failed, in one line: how its process ended when it died (a signal: llama.cpp's
+        native code), else the error the request met."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"peer {self.name} crashed: its process {how_it_ended(self.proc.returncode)}"
+        return f"peer {self.name} failed: {first_line(e)}"
 
     def complete(self, prompt: "Prompt", method: str, max_tokens: int | None) -> dict:
         """The same prompt as text (its chat template included, as our ids hold it), streamed; or,
@@ -403,16 +414,27 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     proc = None
     results: list[dict] = []
     runs: list[dict] = []
+    left_out: dict[str, str] = {}  # a peer that crashed or failed: one line, the others go on
+
+    def leave_out(name: str, e: BaseException) -> None:
+        left_out[name] = peers[name].failure(e)
+        ui.note(f"{left_out[name]}; its runs are left out, every other contestant's are kept")
+        peers.pop(name).stop()
+
     try:
         with ui.step(f"starting ygg serve (batch ≤ {levels[-1]})"):
             proc, port = start_server(opts, levels[-1])
         client = Client(port, "bench", opts.chat)
-        for name, peer in peers.items():
+        for name, peer in list(peers.items()):
             with ui.step(f"starting {name} on {Path(peer.gguf).name}"):
-                peer.start()
+                try:
+                    peer.start()
+                    peer.complete(encoded[0], name, 8)  # its warm-up: a build that crashes does so here
+                except PEER_ERRORS as e:
+                    leave_out(name, e)
         with ui.step("warming up"):
-            for m in contestants:
-                peers.get(m, client).complete(encoded[0], m, 8)
+            for m in opts.methods:
+                client.complete(encoded[0], m, 8)
         total = len(levels) * len(contestants) * len(encoded)
         label = f"{len(encoded)} prompts × {len(contestants)} contestants at concurrency {','.join(map(str, levels))}"
         done = 0
@@ -420,8 +442,16 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
             for i, c in enumerate(levels):
                 order = contestants if i % 2 == 0 else contestants[::-1]
                 for m in order:
+                    if m in left_out:
+                        done += len(encoded)
+                        continue
                     if m in peers:  # no /metrics of ours to read
-                        rows, wall = load_level(peers[m], encoded, m, c, budget)
+                        try:
+                            rows, wall = load_level(peers[m], encoded, m, c, budget)
+                        except PEER_ERRORS as e:
+                            leave_out(m, e)
+                            done += len(encoded)
+                            continue
                         summary = {**level_summary(rows, wall, {}, {}, None), "metrics": None}
                     else:
                         before = scrape(port)
@@ -436,6 +466,8 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
         stop(proc)
         for peer in peers.values():
             peer.stop()
+    results = [r for r in results if r["method"] not in left_out]  # a level it finished before it died too
+    runs = [r for r in runs if r["method"] not in left_out]
     reference = {(r["concurrency"], r["prompt"]): r["tokens"] for r in runs if r["method"] == "ar"}
     for res in results:
         mine = [r for r in runs if r["method"] == res["method"] and r["concurrency"] == res["concurrency"]]
@@ -457,7 +489,8 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                                "ttft_ms_p50": res["ttft_ms_p50"] / other["ttft_ms_p50"]}
                            for (p, c), other in by_peer.items() if c == res["concurrency"] and not res["peer"]}
     report = {"config": {"command": opts.command, "artifact": str(opts.artifact), "concurrency": levels,
-                         "methods": opts.methods, "peers": list(peers), "max_new_tokens": budget, "chat": opts.chat,
+                         "methods": opts.methods, "peers": list(peers), "left_out": left_out,
+                         "max_new_tokens": budget, "chat": opts.chat,
                          "kv_cache_gb": opts.kv_cache_gb, "prompts": len(encoded),
                          "cost_aware": opts.cost_aware, "date": time.strftime("%Y-%m-%d %H:%M:%S")},
               "machine": machine_info(plan), "summary": results,
@@ -523,6 +556,8 @@ def summary_markdown(report: dict) -> str:
                      f"{r['tokens']} | {m['requests_finished']:.0f} / {r['requests']} | {m['drafts']:.0f} | "
                      f"{m['draft_tokens']:.0f} | {m['accepted_tokens']:.0f} | "
                      f"{'yes' if r['metrics_agree'] else 'NO'} |")
+    for peer, why in (cfg.get("left_out") or {}).items():
+        lines += ["", f"Left out: **{peer}**, {why}"]
     if cfg.get("peers"):
         lines += ["", "## Against the serving peers", "",
                   "Ours over theirs at the same concurrency, on the same prompts (tokens/s: higher is better for us; "

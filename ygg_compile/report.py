@@ -274,6 +274,8 @@ def summary_markdown(results: dict) -> str:
             lines.append(f"| {role} | " + " | ".join(f"{t:.1f}" for t in prof[f"{role}_ms"][0]) + " |")
     if results["skipped_prompts"]:
         lines += ["", f"Skipped (longer than the context): {', '.join(results['skipped_prompts'])}"]
+    for peer, why in (results.get("left_out") or {}).items():  # a peer that crashed or failed
+        lines += ["", f"Left out: **{peer}**, {why}"]
     lines += ["", "![speed-up](speedup.png) ![TPOT vs accepted length](tpot_vs_accepted.png) ![T(W)](tw_curves.png)", ""]
     return "\n".join(lines)
 
