@@ -20,11 +20,15 @@ $(VENV)/.installed: pyproject.toml
 
 install-qwen: $(VENV)/.installed-qwen
 
-# llama.cpp as a benchmark peer (llama-cpp-python builds it from source: a few minutes, once)
+# llama.cpp as a benchmark peer (llama-cpp-python builds it from source: a few minutes, once). On a
+# CPU with AMX, without ggml's AMX path, which dies in llama.cpp 0.3.36's first decode there
+# (ygg_compile.peers.llama_cmake_args; no cached wheel, which may hold a native build).
 install-llama: $(VENV)/.installed-llama
 
 $(VENV)/.installed-llama: $(VENV)/.installed
-	$(BIN)/pip install -q -e '.[llama]'
+	@args="$$($(BIN)/python -m ygg_compile.peers --cmake-args)"; \
+	if [ -n "$$args" ]; then echo "building llama.cpp for this CPU without ggml's AMX path: $$args"; fi; \
+	CMAKE_ARGS="$$args $${CMAKE_ARGS:-}" $(BIN)/pip install -q $${args:+--no-cache-dir} -e '.[llama]'
 	touch $@
 
 $(VENV)/.installed-qwen: $(VENV)/.installed

@@ -20,6 +20,7 @@ from ygg_runtime import proposers
 from ygg_runtime.engine import generate
 from ygg_runtime.model import Transformer, from_state
 from ygg_runtime.runner import ModelRunner
+from ygg_runtime.ui import Reporter
 
 YGG = str(Path(sys.executable).parent / "ygg")
 TIMEOUT = 120  # seconds any one request or wait on a server may take
@@ -136,6 +137,16 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
 
 __all__ = ["YGG", "ygg", "assert_one_line_error", "METHODS", "hf_greedy", "runner", "decode", "truncated", "noised_runtime", "to_runtime",
            "COMPILED", "PROFILE", "random_predictor", "depth_policy", "with_random_predictor"]
+
+
+class Notes(Reporter):
+    """A reporter that keeps the lines a command would print (its notes), for a test to read."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.lines.append(text)
 
 
 def free_port() -> int:

@@ -4,7 +4,7 @@ import csv
 import json
 
 import pytest
-from helpers import assert_one_line_error, ygg
+from helpers import Notes, assert_one_line_error, ygg
 
 PEERS = ["hf", "hf-assisted", "hf-pld"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -124,7 +124,6 @@ def test_a_peer_that_crashes_costs_one_line_and_every_other_result_is_written(ar
     from ygg_compile import peer_process
     from ygg_compile.bench import run_bench
     from ygg_compile.options import BenchOptions
-    from ygg_runtime.ui import Reporter
 
     answer, pids, asked = peer_process.PeerProcess._answer, set(), []
 
@@ -137,12 +136,6 @@ def test_a_peer_that_crashes_costs_one_line_and_every_other_result_is_written(ar
         return answer(self, who, doing, timeout)
 
     monkeypatch.setattr(peer_process.PeerProcess, "_answer", dies_in_hf_pld)
-
-    class Notes(Reporter):
-        lines: list[str] = []
-
-        def note(self, text: str) -> None:
-            self.lines.append(text)
 
     ui = Notes()
     out = tmp_path / "res"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import METHODS, assert_one_line_error, decode, noised_runtime, runner, ygg
+from helpers import METHODS, Notes, assert_one_line_error, decode, noised_runtime, runner, ygg
 
 from ygg_compile import invariance, quantize
 from ygg_compile.convert import convert_state, to_runtime
@@ -239,6 +239,21 @@ def test_an_artifact_holding_a_gguf_files_codes_has_its_conversion_cached_in_the
     assert (conversion_dir(target["sha256"], getattr(torch, plan["dtype"])) / "config.json").is_file()
 
 
+def test_llama_cpp_is_built_without_ggml_amx_path_on_a_cpu_with_amx():
+    """make install-llama's CMAKE_ARGS: ggml's native detection where the CPU has no AMX; with AMX
+    (whose ggml path dies in llama.cpp 0.3.36's first decode) native detection off, the CPU's own
+    vector extensions named, AMX off."""
+    from ygg_compile.peers import llama_cmake_args
+
+    epyc = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512vbmi"}
+    assert llama_cmake_args(epyc) == llama_cmake_args({"avx", "avx2", "fma"}) == ""
+    xeon = llama_cmake_args(epyc | {"avx_vnni", "amx_tile", "amx_int8", "amx_bf16"}).split()
+    assert xeon[0] == "-DGGML_NATIVE=OFF" and xeon[-3:] == ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"]
+    assert {"-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AVX_VNNI=ON"} <= set(xeon)
+    # only what the CPU has: an AMX CPU without AVX-512 BF16 is not told it has it
+    assert "-DGGML_AVX512_BF16=ON" not in llama_cmake_args(epyc - {"avx512_bf16"} | {"amx_tile"})
+
+
 @pytest.mark.real
 def test_bench_times_llama_cpp_on_the_targets_own_gguf_file(smollm2_artifact, tmp_path):
     """llama.cpp plain and with prompt lookup, on the same prompt ids, in the same interleaved run."""
@@ -316,7 +331,6 @@ def test_a_serving_peer_that_crashes_costs_one_line_and_ours_are_written(smollm2
 
     from ygg_compile import bench_serve
     from ygg_compile.options import ServeBenchOptions
-    from ygg_runtime.ui import Reporter
 
     complete, calls = bench_serve.LlamaServer.complete, []
 
@@ -329,22 +343,17 @@ def test_a_serving_peer_that_crashes_costs_one_line_and_ours_are_written(smollm2
 
     monkeypatch.setattr(bench_serve.LlamaServer, "complete", dies_after_its_warm_up)
 
-    class Notes(Reporter):
-        lines: list[str] = []
-
-        def note(self, text: str) -> None:
-            self.lines.append(text)
-
     prompts = tmp_path / "q.jsonl"
     prompts.write_text(json.dumps({"question_id": 1, "category": "c", "turns": ["The capital of France is"]}) + "\n")
     ui, out = Notes(), tmp_path / "serve"
     report = bench_serve.run_bench_serve(ServeBenchOptions(smollm2_artifact, prompts=prompts, concurrency=[1, 2],
                                                            methods=["ar"], peers=["llama.cpp-server"],
                                                            max_new_tokens=8, output=out), ui)
-    why = "peer llama.cpp-server crashed: its process was killed by SIGSEGV (signal 11)"
+    why = report["config"]["left_out"]["llama.cpp-server"]  # on a CPU with AMX, with how to rebuild it
+    assert why.startswith("peer llama.cpp-server crashed: its process was killed by SIGSEGV (signal 11)")
     assert ui.lines == [f"{why}; its runs are left out, every other contestant's are kept"]
     written = json.loads((out / "results.json").read_text())
-    assert written["config"]["left_out"] == report["config"]["left_out"] == {"llama.cpp-server": why}
+    assert written["config"]["left_out"] == {"llama.cpp-server": why}
     assert [(r["method"], r["concurrency"]) for r in written["summary"]] == [("ar", 1), ("ar", 2)]
     assert f"Left out: **llama.cpp-server**, {why}" in (out / "summary.md").read_text()
 

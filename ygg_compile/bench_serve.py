@@ -37,7 +37,7 @@ from pathlib import Path
 from ygg_compile import hardware, plots
 from ygg_compile.bench import machine_info
 from ygg_compile.options import ServeBenchOptions
-from ygg_compile.peer_process import how_it_ended
+from ygg_compile.peer_process import crash_hint, how_it_ended
 from ygg_compile.peers import llama_gguf
 from ygg_compile.prompts import read_jsonl
 from ygg_runtime.ui import Reporter
@@ -147,7 +147,8 @@ class LlamaServer:
         """Why it failed, in one line: how its process ended when it died (a signal: llama.cpp's
         native code), else the error the request met."""
         if self.proc is not None and self.proc.poll() is not None:
-            return f"peer {self.name} crashed: its process {how_it_ended(self.proc.returncode)}"
+            ended = how_it_ended(self.proc.returncode)
+            return f"peer {self.name} crashed: its process {ended}" + (crash_hint(self.name) if "signal" in ended else "")
         return f"peer {self.name} failed: {first_line(e)}"
 
     def complete(self, prompt: "Prompt", method: str, max_tokens: int | None) -> dict:

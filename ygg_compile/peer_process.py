@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ygg_compile.peers import HFPeers, LlamaCppPeers
+from ygg_compile.peers import REBUILD_LLAMA, HFPeers, LlamaCppPeers
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.integrity import cpu_flags
 
 START_S = 600  # loading a peer's model (transformers may convert a GGUF file first)
 
@@ -39,6 +40,14 @@ def how_it_ended(exitcode: int | None) -> str:
             name = "a signal"
         return f"was killed by {name} (signal {-exitcode})"
     return f"exited with status {exitcode}"
+
+
+def crash_hint(kind: str) -> str:
+    """What to do about a peer killed by a signal, where we know: llama.cpp built with ggml's AMX
+    path, on a CPU with AMX (ygg_compile.peers.llama_cmake_args)."""
+    if kind.startswith("llama.cpp") and "amx_tile" in cpu_flags():
+        return f" (llama.cpp built with ggml's AMX path dies on this CPU; rebuild it without: {REBUILD_LLAMA})"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -122,7 +131,7 @@ class PeerProcess:
         self.proc.join(10)
         ended = how_it_ended(self.proc.exitcode)
         self.close()
-        return PeerCrashed(f"{who} crashed {doing}: its process {ended}")
+        return PeerCrashed(f"{who} crashed {doing}: its process {ended}" + (crash_hint(self.family.kind) if "signal" in ended else ""))
 
     def close(self) -> None:
         """Stop the child (politely, then by force); safe to call twice."""

@@ -23,6 +23,26 @@ from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.metrics import tpot_ms
 
+# ggml's build switches by the /proc/cpuinfo flag that says the CPU has it
+GGML_FLAGS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "bmi2": "GGML_BMI2",
+              "avx512f": "GGML_AVX512", "avx512_vnni": "GGML_AVX512_VNNI", "avx512_bf16": "GGML_AVX512_BF16",
+              "avx512vbmi": "GGML_AVX512_VBMI", "avx_vnni": "GGML_AVX_VNNI"}
+REBUILD_LLAMA = "rm .venv/.installed-llama && .venv/bin/pip uninstall -y llama-cpp-python && make install-llama"
+
+
+def llama_cmake_args(flags: set[str]) -> str:
+    """CMAKE_ARGS that `make install-llama` builds llama.cpp (llama-cpp-python 0.3.36) with on a CPU
+    with these flags: none (ggml's native detection) unless the CPU has AMX. There ggml repacks
+    Q4_K/Q6_K for its AMX backend and dies in the first decode (SIGSEGV, in a process that imports
+    nothing of ours); its AMX switches alone do not turn that off (native detection wins), so native
+    detection goes off, the CPU's vector extensions are named one by one, and AMX is off. The build
+    then runs ggml's CPU repack path (q4_K_8x8) with AVX-512 VNNI/BF16 where the CPU has them."""
+    if "amx_tile" not in flags:
+        return ""
+    on = [f"-D{switch}=ON" for flag, switch in GGML_FLAGS.items() if flag in flags]
+    return " ".join(["-DGGML_NATIVE=OFF", *on, "-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"])
+
+
 LLAMA_MISSING = ("peer llama.cpp needs llama-cpp-python: pip install -e '.[llama]' "
                  "(it builds llama.cpp from source, a few minutes)")
 PLD_TOKENS = 10  # prompt_lookup_num_tokens, the value transformers' documentation uses
@@ -202,3 +222,13 @@ class LlamaCppPeers:
             return PeerRun(tokens, 0.0, end - start, end - start, max(1, evals - 1))
         # the first eval read the prompt and gave the first token; the others are decode forwards
         return PeerRun(tokens, tpot_ms(start, marks[0], marks[-1], len(tokens)), end - start, marks[0] - start, max(1, evals))
+
+
+if __name__ == "__main__":  # `python -m ygg_compile.peers --cmake-args`: what make install-llama builds with
+    import sys
+
+    from ygg_runtime.integrity import cpu_flags
+
+    if sys.argv[1:] != ["--cmake-args"]:
+        sys.exit("usage: python -m ygg_compile.peers --cmake-args")
+    print(llama_cmake_args(cpu_flags()))
