@@ -75,6 +75,33 @@ def test_a_package_refuses_another_models_weights_in_one_line(compiled):
         CompiledForward(path, other)
 
 
+@pytest.mark.parametrize("keep", [False, True], ids=["cpu", "gpu-like"])
+def test_a_killed_process_leaves_no_unpacked_package_behind(compiled, tmp_path, keep):
+    """Loading unpacks model.pt2 into a directory of ours: on a CPU it is gone once loaded, so a
+    process killed later leaves nothing; one kept until exit (a GPU graph reads its kernels on first
+    use) and orphaned by a kill is removed by the next load on the machine. torch's own
+    `aotinductor_*` directories never appear."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    _, path, _ = compiled
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    code = ("import os, signal, sys; from pathlib import Path; from ygg_runtime import kernels; kernels.load(); "
+            "from ygg_runtime.compiled import load_graph; "
+            f"g = load_graph(Path(sys.argv[1]), keep_unpacked={keep}); os.kill(os.getpid(), signal.SIGKILL)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(path)], env=env, stderr=subprocess.PIPE, text=True)
+    assert proc.wait() == -signal.SIGKILL, proc.stderr.read()
+    assert not list(tmp_path.glob("aotinductor_*"))
+    left = [d.name for d in (tmp_path / "ygg-aoti").iterdir()]
+    assert len(left) == keep and all(d.startswith(f"{proc.pid}-") for d in left)
+    again = subprocess.run([sys.executable, "-c", code.replace("keep_unpacked=True", "keep_unpacked=False"), str(path)],
+                           env=env, capture_output=True, text=True)
+    assert again.returncode == -signal.SIGKILL, again.stderr
+    assert not list((tmp_path / "ygg-aoti").iterdir()) and not list(tmp_path.glob("aotinductor_*"))
+
+
 def test_greedy_output_through_the_compiled_forwards_is_the_targets_own(tmp_path):
     """A runner holding compiled graphs runs every forward through them (the prompt's prefill too)
     and decodes exactly transformers' greedy output."""

@@ -637,7 +637,7 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
                 stored = prof.save(path, measured, models[role], held, device, forward)
             except OSError as e:
                 raise YggError(f"cannot write the profile {path}: {e.strerror or e}") from e
-        found[role], files[role] = stored, str(path)
+        found[role], files[role] = stored, path.relative_to(root).as_posix()  # no builder's directories in the plan
     out = prof.combine(found["target"], found["draft"], widths, contexts)
     compiled = {f"{role}_widths": objective.undominated(out["widths"], out[f"{role}_ms"]) for role in ("target", "draft")}
     floor = runners["target"].min_width  # the target's forwards are never narrower (exactness)

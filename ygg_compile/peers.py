@@ -21,6 +21,7 @@ import torch
 from ygg_compile.options import HF_PEERS, LLAMA_PEERS
 from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.integrity import cpu_flags
 from ygg_runtime.metrics import tpot_ms
 
 # ggml's build switches by the /proc/cpuinfo flag that says the CPU has it
@@ -226,8 +227,6 @@ class LlamaCppPeers:
 
 if __name__ == "__main__":  # `python -m ygg_compile.peers --cmake-args`: what make install-llama builds with
     import sys
-
-    from ygg_runtime.integrity import cpu_flags
 
     if sys.argv[1:] != ["--cmake-args"]:
         sys.exit("usage: python -m ygg_compile.peers --cmake-args")

@@ -25,14 +25,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-import yaml
 
+from ygg_compile.registry import REGISTRY, model_kind
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import locked, sha256_of, size
 from ygg_runtime.integrity import cache_dir
 
-REGISTRY = yaml.safe_load((Path(__file__).parent / "registry.yaml").read_text())
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
 
@@ -127,32 +125,27 @@ def locate(spec: str, progress: Progress | None = None) -> ModelSource:
     """Find the model the user named and refuse what cannot be used, reading only headers: a local
     checkpoint is not hashed yet (`identify`), so a model too large for this machine is refused
     before minutes of hashing (a packaged model is assembled and checked here)."""
-    if spec in REGISTRY:
+    kind, path = model_kind(spec), Path(spec).expanduser()
+    if kind == "alias":
         entry = REGISTRY[spec]
         if "hub" in entry:
             return _from_hub(entry["hub"], spec, progress)
         gguf, sha = _assemble_package(spec, entry, progress)
         gguf_tensors(gguf)
         return ModelSource(spec, "package", None, sha, gguf, files=(gguf,))
-    path = Path(spec).expanduser()
-    if path.is_dir():
+    if kind == "directory":
         if not (path / "config.json").exists():
             raise YggError(f"model directory {path} has no config.json (expected a transformers checkpoint)")
         files = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin"))
         if not files:
             raise YggError(f"model directory {path} has no weights (*.safetensors or *.bin)")
         return ModelSource(spec, "local", path, None, files=tuple(files))
-    if path.suffix == ".gguf":
+    if kind == "gguf":
         if not path.is_file():
             raise YggError(f"GGUF file {path} does not exist")
         gguf_tensors(path)  # refuse, before hashing and dequantizing it, a file we cannot use
         return ModelSource(spec, "gguf", None, None, path, files=(path,))
-    if HUB_ID.match(spec) and not path.exists():
-        return _from_hub(spec, spec, progress)
-    raise YggError(
-        f"unknown model '{spec}': not a packaged alias ({', '.join(REGISTRY)}), "
-        "a local model directory, a .gguf file or a Hugging Face Hub id"
-    )
+    return _from_hub(spec, spec, progress)
 
 
 # GGUF's `general.architecture` of the model types convert.py supports (Mistral's files say llama)

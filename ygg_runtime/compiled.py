@@ -10,6 +10,10 @@ any size, set up anew at any time.
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -25,6 +29,54 @@ GRAPH = "forward"  # its name inside the package
 MAX_WIDTH = 512
 
 
+def unpack_root() -> Path:
+    """Where packages are unpacked to load: one directory per load, named by the loading process."""
+    return Path(tempfile.gettempdir()) / "ygg-aoti"
+
+
+def _sweep(root: Path) -> None:
+    """Remove what loads by processes that are gone left behind (killed before they cleaned up)."""
+    for d in root.iterdir() if root.is_dir() else ():
+        pid = d.name.partition("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except OSError:  # another user's process: alive
+            pass
+
+
+def load_graph(path: Path, keep_unpacked: bool):
+    """torch's package loader, unpacking into a directory of ours rather than its own
+    `$TMPDIR/aotinductor_*` (which a killed process leaves behind, a few MB to hundreds a load).
+    On a CPU the shared library is mapped once loaded, so the directory goes at once; a GPU
+    graph loads its kernels' binaries on first use, so there it goes when the process exits, or,
+    if it is killed, at the next load on this machine."""
+    from torch._inductor.package import load_package
+
+    root = unpack_root()
+    root.mkdir(parents=True, exist_ok=True)
+    _sweep(root)
+    unpacked = tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root)
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = unpacked  # the C++ loader unpacks under temp_directory_path(), read now
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
+            return load_package(str(path), model_name=GRAPH)
+    finally:
+        if before is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = before
+        if keep_unpacked:
+            atexit.register(shutil.rmtree, unpacked, True)
+        else:
+            shutil.rmtree(unpacked, ignore_errors=True)
+
+
 def constants(model: Transformer) -> dict[str, Tensor]:
     """Every tensor a compiled graph may read, by the name export gives it (tied weights under
     both names)."""
@@ -35,8 +87,6 @@ class CompiledForward:
     """Runs a forward through the compiled graph; same arguments and results as the model."""
 
     def __init__(self, path: Path, model: Transformer, min_width: int = 1):
-        from torch._inductor.package import load_package
-
         if model.device.type == "cpu":
             kernels.load()  # the graph calls ygg::attention: it must be registered before loading
         else:
@@ -44,9 +94,7 @@ class CompiledForward:
         self.min_width, self.max_width = min_width, MAX_WIDTH
         shared = constants(model)
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
-                self.graph = load_package(str(path), model_name=GRAPH)
+            self.graph = load_graph(path, keep_unpacked=model.device.type != "cpu")
         except Exception as e:  # a corrupt or foreign package: one line, not a C++ trace
             raise YggError(f"cannot load the compiled forward {path}: {first_line(e)}") from None
         names = self.graph.get_constant_fqns()

@@ -222,7 +222,7 @@ class Profile:
     target_widths: list[int] = field(default_factory=list)  # each model's compiled widths (empty: all)
     draft_widths: list[int] = field(default_factory=list)
     roofline: Roofline | None = None  # off the CPU, none
-    files: dict[str, str] = field(default_factory=dict)  # the stored per-model profiles it came from
+    files: dict[str, str] = field(default_factory=dict)  # the stored per-model profiles it came from, under the store
     spot_checks: dict[str, Any] = field(default_factory=dict)  # a stored profile's spot check on this machine
 
     @classmethod
