@@ -55,7 +55,8 @@ def test_the_runtime_alone_runs_an_artifact_as_the_full_install_does(runtime_ven
     imported = {line.split("|")[-1].strip() for line in got.stderr.splitlines() if line.startswith("import time:")}
     assert {"torch", "ygg_runtime.artifact", "ygg_runtime.run"} <= imported
     assert {m for m in imported if m.split(".")[0] == "ygg_compile"} <= {"ygg_compile", "ygg_compile.__main__",
-                                                                         "ygg_compile.cli", "ygg_compile.options"}
+                                                                         "ygg_compile.cli", "ygg_compile.options",
+                                                                         "ygg_compile.registry"}
 
 
 def test_the_runtime_alone_serves_an_artifact(runtime_venv, artifact):

@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from ygg_compile.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, SERVE_PEERS, BenchOptions, CompileOptions, ServeBenchOptions
+from ygg_compile.registry import model_kind
 from ygg_runtime.cli import METHODS, SAMPLING_HELP, TOOLCHAIN, app, main, read_prompt, require
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR, check_max_new_tokens
@@ -89,6 +90,9 @@ def compile_cmd(
         aot=not no_aot,
         quick=quick,
     )
+    require("compile")  # a runtime-only install hears of the extra first
+    for spec in (draft, target):
+        model_kind(spec)  # a name that names no model: one line, before torch loads
     commands("compile").compile(opts)
 
 

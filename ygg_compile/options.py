@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ygg_compile.registry import model_kind
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR, SAMPLING, ServeOptions, check_max_new_tokens, check_sampling, check_settings
 from ygg_runtime.plan import PLAN_FILE
@@ -81,8 +80,6 @@ class CompileOptions:
         if self.calib_tokens < 1:
             raise YggError("--calib-tokens must be at least 1")
         check_output(self.output)
-        for spec in (self.draft, self.target):
-            model_kind(spec)  # a name that names no model: one line, before torch loads
 
 
 @dataclass
