@@ -207,11 +207,11 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         fails costs one line, and every other contestant goes on."""
         if c.name in left_out:
             return None
-        if c.kind != "peer":
-            return c.run(ids, o, seed)
         try:
             return c.run(ids, o, seed)
         except YggError as e:
+            if c.kind != "peer":
+                raise
             left_out[c.name] = first_line(e)
             ui.note(f"{left_out[c.name]}; its runs are left out, every other contestant's are kept")
             return None

@@ -147,8 +147,8 @@ class LlamaServer:
         """Why it failed, in one line: how its process ended when it died (a signal: llama.cpp's
         native code), else the error the request met."""
         if self.proc is not None and self.proc.poll() is not None:
-            ended = how_it_ended(self.proc.returncode)
-            return f"peer {self.name} crashed: its process {ended}" + (crash_hint(self.name) if "signal" in ended else "")
+            code = self.proc.returncode
+            return f"peer {self.name} crashed: its process {how_it_ended(code)}{crash_hint(self.name, code)}"
         return f"peer {self.name} failed: {first_line(e)}"
 
     def complete(self, prompt: "Prompt", method: str, max_tokens: int | None) -> dict:

@@ -42,10 +42,10 @@ def how_it_ended(exitcode: int | None) -> str:
     return f"exited with status {exitcode}"
 
 
-def crash_hint(kind: str) -> str:
-    """What to do about a peer killed by a signal, where we know: llama.cpp built with ggml's AMX
-    path, on a CPU with AMX (ygg_compile.peers.llama_cmake_args)."""
-    if kind.startswith("llama.cpp") and "amx_tile" in cpu_flags():
+def crash_hint(kind: str, exitcode: int | None) -> str:
+    """What to do about a peer killed by a signal (a negative exit code), where we know: llama.cpp
+    built with ggml's AMX path, on a CPU with AMX (ygg_compile.peers.llama_cmake_args)."""
+    if exitcode is not None and exitcode < 0 and kind.startswith("llama.cpp") and "amx_tile" in cpu_flags():
         return f" (llama.cpp built with ggml's AMX path dies on this CPU; rebuild it without: {REBUILD_LLAMA})"
     return ""
 
@@ -103,7 +103,11 @@ class PeerProcess:
         self.proc = ctx.Process(target=_serve, args=(child, self.family), daemon=True, name=f"ygg-peer-{self.family.kind}")
         self.proc.start()
         child.close()  # only the child holds its end: its death reads as EOF here
-        self._answer(f"peer {peer}", "loading its model", START_S)
+        try:
+            self._answer(f"peer {peer}", "loading its model", START_S)
+        except YggError:
+            self.close()  # a load that failed: its process has ended or is stopped here
+            raise
 
     def generate(self, peer: str, ids: list[int], max_new_tokens: int, temperature: float = 0.0,
                  top_p: float = 1.0, seed: int | None = None):
@@ -129,9 +133,9 @@ class PeerProcess:
 
     def _crashed(self, who: str, doing: str) -> PeerCrashed:
         self.proc.join(10)
-        ended = how_it_ended(self.proc.exitcode)
+        code = self.proc.exitcode
         self.close()
-        return PeerCrashed(f"{who} crashed {doing}: its process {ended}" + (crash_hint(self.family.kind) if "signal" in ended else ""))
+        return PeerCrashed(f"{who} crashed {doing}: its process {how_it_ended(code)}{crash_hint(self.family.kind, code)}")
 
     def close(self) -> None:
         """Stop the child (politely, then by force); safe to call twice."""
