@@ -152,15 +152,16 @@ def test_kernel_is_cached_and_refuses_a_missing_compiler(monkeypatch, tmp_path):
 def test_processes_needing_the_same_build_compile_it_once(tmp_path):
     """Two processes that find no library (two compiles, or the suite's two workers, on a fresh
     machine) take turns on a lock: one runs the compiler, the other loads its library. The
-    compiler here is a stand-in (CXX) that logs each build and writes an empty library slowly."""
+    compiler here is a stand-in (CXX) that writes empty objects and logs each link of an empty
+    library, slowly."""
     import os
     import subprocess
     import sys
 
     cxx = tmp_path / "cxx"
     cxx.write_text("#!/bin/sh\n"  # (Inductor's own probes of the compiler's ISA pass through to g++)
-                   "case \"$*\" in *kernels.so*) ;; *) exec g++ \"$@\";; esac\n"
-                   f"echo build >> {tmp_path / 'log'}; sleep 2\n"
+                   f"case \"$*\" in *kernels.so*) echo build >> {tmp_path / 'log'}; sleep 2;; */csrc/*) ;; "
+                   "*) exec g++ \"$@\";; esac\n"
                    "while [ $# -gt 1 ]; do [ \"$1\" = -o ] && : > \"$2\"; shift; done\n")
     cxx.chmod(0o755)
     script = f"from ygg_runtime import kernels; print(kernels.build(r'{tmp_path / 'cache'}'))"
