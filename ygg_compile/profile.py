@@ -297,19 +297,21 @@ def load_matching(path: Path, model: ModelInfo, dtype: str, device: str, forward
     return stored, ""
 
 
-def spot_check(runner: ModelRunner, stored: dict, repeats: int = 3, tries: int = 2) -> tuple[bool, dict]:
+def spot_check(runner: ModelRunner, stored: dict, repeats: int = 3, tries: int = 3) -> tuple[bool, dict]:
     """Time a few of a stored profile's forwards again on this machine (at its first context);
     (agrees, the record: widths, stored and measured ms). A profile filed under this device's name
     may come from another machine of the same name with other memory or clocks. One that disagrees
-    is timed again (up to `tries` times): another machine disagrees every time, while a burst of
-    another process's work on this one passes."""
+    is timed again (up to `tries` times), each width keeping its fastest time: another machine
+    disagrees every time, while a burst of another process's work on this one only slows some
+    of the timings (the suite's other worker slowed a tiny drafter's twice in a row)."""
     context = stored["contexts"][0]
     widths = tuple(w for w in SPOT_WIDTHS if w in stored["widths"]) or (stored["widths"][0],)
     row = stored["forward_ms"][0]
     was = [row[stored["widths"].index(w)] for w in widths]
+    now = [float("inf")] * len(widths)
     for _ in range(tries):
         measured = forward_times(runner, widths, context, repeats)
-        now = [round(measured[w], 3) for w in widths]
+        now = [min(n, round(measured[w], 3)) for n, w in zip(now, widths)]
         ok = all(abs(n - w) <= max(SPOT_TOLERANCE * w, SPOT_FLOOR_MS) for n, w in zip(now, was))
         if ok:
             break
