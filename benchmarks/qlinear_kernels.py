@@ -3,13 +3,15 @@ four linears of each of its 28 layers: wqkv 2048x1536, wo 1536x1536, w13 17920x1
 at M = 1, 2, 4, 8, 16, 32, 64 rows, and whether each kernel is row-invariant (a row's output bitwise
 the same whatever the rows beside it, what tree verification's exactness needs).
 
-    .venv/bin/python benchmarks/qlinear_kernels.py [--repeats N] [--kernels a,b] [--out FILE.json]
+    .venv/bin/python benchmarks/qlinear_kernels.py [--repeats N] [--kernels a,b] [--dtype D] [--out FILE.json]
 
-Kernels: `bf16` F.linear (oneDNN); `int8pack` aten._weight_int8pack_mm (per-channel int8);
+Kernels: `bf16` F.linear (oneDNN); `fp32` F.linear in float32 (what `--dtype auto` holds float
+weights in where the CPU lacks bfloat16 arithmetic: the AVX2-only EPYC); `int8pack` aten._weight_int8pack_mm (per-channel int8);
 `int4pack` aten._weight_int4pack_mm_for_cpu (group 32); `inductor-woq` torch.compile(max-autotune,
 freezing) of the dequantize-then-matmul pattern, which Inductor's CPU weight-only GEMM lowering takes
 over; `torchao-*` torchao's CPU layouts when torchao imports; `ygg-int4` / `ygg-int6` / `ygg-int8`
-our ygg::qlinear with 4-bit codes (Q4_K's format), 6-bit codes (Q6_K's) and 8-bit codes. Every layer holds its own
+our ygg::qlinear with 4-bit codes (Q4_K's format), 6-bit codes (Q6_K's) and 8-bit codes, on activations in
+--dtype (bfloat16, or float32 as an artifact of that dtype feeds it). Every layer holds its own
 weights, so each forward streams them from memory as a real one does. Kernels and widths alternate
 within each repeat (medians kept). YGG_QLINEAR=portable times our kernel's plain C++ path. Run it
 alone on the machine.
@@ -34,6 +36,7 @@ from ygg_runtime.quant import Codes, pack
 SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))  # (N, K) of one layer's linears
 LAYERS = 28
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+FLOAT = {"bf16": torch.bfloat16, "fp32": torch.float32}  # F.linear, weights and activations in this dtype
 Forward = Callable[[dict, int], list]  # ({K: x [M, K]}, layer) -> the layer's outputs
 
 
@@ -57,8 +60,8 @@ def build(name: str, g: torch.Generator) -> Forward:
         ws = []
         for n, k in SHAPES:
             w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
-            if name == "bf16":
-                ws.append(w)
+            if name in FLOAT:
+                ws.append(w.to(FLOAT[name]))
             elif name in ("int8pack", "inductor-woq"):
                 s = w.float().abs().amax(1) / 127
                 ws.append(((w.float() / s[:, None]).round().clamp(-127, 127).to(torch.int8), s.to(torch.bfloat16)))
@@ -75,7 +78,7 @@ def build(name: str, g: torch.Generator) -> Forward:
                 raise SystemExit(f"unknown kernel {name}")
         layers.append(ws)
 
-    if name == "bf16":
+    if name in FLOAT:
         return lambda x, i: [F.linear(x[w.shape[1]], w) for w in layers[i]]
     if name == "int8pack":
         return lambda x, i: [torch._weight_int8pack_mm(x[q.shape[1]], q, s) for q, s in layers[i]]
@@ -138,9 +141,9 @@ def forward_ms(fn: Forward, x: dict) -> float:
     return 1000 * (time.perf_counter() - start)
 
 
-def row_invariant(fn: Forward, g: torch.Generator) -> bool:
+def row_invariant(fn: Forward, g: torch.Generator, dtype: torch.dtype) -> bool:
     """Row 0 of every width equals the row alone, bitwise, in every linear of layer 0."""
-    x = torch.randn(max(WIDTHS), 8960, generator=g).to(torch.bfloat16)
+    x = torch.randn(max(WIDTHS), 8960, generator=g).to(dtype)
     alone = fn(inputs(x[:1]), 0)
     return all(torch.equal(a[0], b[0]) for w in WIDTHS[1:] for a, b in zip(alone, fn(inputs(x[:w]), 0)))
 
@@ -150,7 +153,8 @@ def markdown(result: dict, title: str) -> str:
     widths = result["widths"]
     lines = [f"### {title}", "",
              f"ms per forward of the Qwen2.5-Coder-1.5B target's linears (28 layers: wqkv, wo, w13, w2), "
-             f"{result['threads']} threads, torch {result['torch']}, median of {result['repeats']} interleaved repeats"
+             f"{result['threads']} threads, torch {result['torch']}, median of {result['repeats']} interleaved repeats; "
+             f"activations in {result.get('dtype', 'bfloat16')} (bf16 and fp32: their own dtype)"
              + (f"; ygg::qlinear path: {result['qlinear_path']}" if result.get("qlinear_path") else ""), "",
              "| kernel | " + " | ".join(f"M={w}" for w in widths) + " | T(16)/T(1) | row-invariant |",
              "|---|" + "---|" * (len(widths) + 2)]
@@ -166,24 +170,27 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernels", default="bf16,int8pack,int4pack,inductor-woq,torchao-int4,torchao-8da4w,torchao-8da8w,ygg-int4,ygg-int6,ygg-int8")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                    help="the activations' dtype for every kernel but bf16 and fp32 (which use their own)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     g = torch.Generator().manual_seed(0)
+    dtype_of = lambda name: FLOAT.get(name, getattr(torch, args.dtype))  # noqa: E731
     fns, skipped = {}, {}
     for name in args.kernels.split(","):
         try:
             fns[name] = build(name, g)
-            fns[name](inputs(torch.zeros(1, 8960, dtype=torch.bfloat16)), 0)  # compile/warm up
+            fns[name](inputs(torch.zeros(1, 8960, dtype=dtype_of(name))), 0)  # compile/warm up
         except Exception as e:  # a kernel this torch or CPU does not run: said in the table
             skipped[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             fns.pop(name, None)
-    x = torch.randn(max(WIDTHS), 8960, generator=g).to(torch.bfloat16)
-    xs = {w: inputs(x[:w]) for w in WIDTHS}
+    x = torch.randn(max(WIDTHS), 8960, generator=g)
+    xs = {w: {d: inputs(x[:w].to(d)) for d in {dtype_of(n) for n in fns}} for w in WIDTHS}
     samples = {n: {w: [] for w in WIDTHS} for n in fns}
     for r in range(args.repeats + 1):
         for w in WIDTHS:
             for name, fn in fns.items():
-                ms = forward_ms(fn, xs[w])
+                ms = forward_ms(fn, xs[w][dtype_of(name)])
                 if r:
                     samples[name][w].append(ms)
     result = {
@@ -192,9 +199,10 @@ def main() -> None:
         "qlinear_path": kernels.qlinear_path() if any(n.startswith("ygg-") for n in fns) else None,
         "portable": os.environ.get("YGG_QLINEAR") == "portable",
         "repeats": args.repeats,
+        "dtype": args.dtype,
         "widths": list(WIDTHS),
         "ms": {n: [round(statistics.median(samples[n][w]), 2) for w in WIDTHS] for n in fns},
-        "row_invariant": {n: row_invariant(fn, g) for n, fn in fns.items()},
+        "row_invariant": {n: row_invariant(fn, g, dtype_of(n)) for n, fn in fns.items()},
         "skipped": skipped,
     }
     print(f"ms per forward of the target's linears ({LAYERS} layers), {result['threads']} threads")

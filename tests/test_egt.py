@@ -191,8 +191,8 @@ def test_a_layer_truncated_smollm2_drafter_plans_the_depth_its_measured_costs_fa
     out, so the planned depth is every step's (a predictor would pick each step's depth). The
     target comes from its GGUF package into an artifact that holds its float weights: the compile
     caches no dequantized copy of them (a cache of its own, to see that). `--weights bf16` says so:
-    `auto` holds a GGUF target as integer codes on CPUs with AVX-512 VNNI, and then caches the
-    conversion it quantizes from."""
+    `auto` holds a GGUF target as integer codes on CPUs where the quantized kernel has a vector path
+    (AVX-512 VNNI or AVX2), and then caches the conversion it quantizes from."""
     import json
 
     import yaml

@@ -124,8 +124,8 @@ def test_unknown_weights_kind_is_one_line_before_writing(pair, tmp_path):
 
 
 def test_auto_weights_keep_the_targets_file_numbers_and_put_the_drafter_at_four_bits(monkeypatch):
-    """auto quantizes only GGUF sources, only where the kernel's fast path runs: the target as its
-    file has it, the drafter (which only proposes) at 4 bits."""
+    """auto quantizes only GGUF sources, only where the kernel has a vector path (AVX-512 VNNI or
+    AVX2): the target as its file has it, the drafter (which only proposes) at 4 bits."""
     from types import SimpleNamespace
 
     from ygg_compile import build
@@ -137,6 +137,9 @@ def test_auto_weights_keep_the_targets_file_numbers_and_put_the_drafter_at_four_
     assert build._weights("auto", checkpoint, "cpu", "draft") == "float"
     assert build._weights("auto", gguf, "cuda", "target") == "float"
     assert build._weights("bf16", gguf, "cpu", "draft") == "float"
+    monkeypatch.setattr(build.kernels, "qlinear_path", lambda: "avx2")
+    assert build._weights("auto", gguf, "cpu", "target") == "int8"
+    assert build._weights("auto", gguf, "cpu", "draft") == "int4"
     monkeypatch.setattr(build.kernels, "qlinear_path", lambda: "portable")
     assert build._weights("auto", gguf, "cpu", "target") == "float"
 
