@@ -30,13 +30,13 @@ unpacked once per 8 rows while the next tile is prefetched; row-invariant by con
 quantized model needs no padding at all, plain decoding included. csrc/roofline.cpp measures the
 machine's two roofs (int8 peak, read bandwidth) on the same threads.
 
-The library is built with the system C++ compiler against the installed torch (about a minute: its
-sources in parallel, each in its own process; cached
-under the user cache keyed by sources, torch version and instruction set), for the same vector ISA
-Inductor compiles for, so the plan's recorded CPU flags cover it. `ygg compile` copies the build
-into the artifact, so `ygg run` needs no compiler. On a GPU, attention is the Triton kernel of
-`ygg_runtime.triton_attention` (same schema and semantics, compiled into the AOT package); the
-compile-time check says whether its rows agree there. Quantized weights run on CPUs only.
+The library is built with the system C++ compiler against the installed torch (about a minute, its
+sources side by side; cached under the user cache keyed by sources, torch version and instruction
+set), for the same vector ISA Inductor compiles for, so the plan's recorded CPU flags cover it.
+`ygg compile` copies the build into the artifact, so `ygg run` needs no compiler. On a GPU,
+attention is the Triton kernel of `ygg_runtime.triton_attention` (same schema and semantics,
+compiled into the AOT package); the compile-time check says whether its rows agree there.
+Quantized weights run on CPUs only.
 """
 
 from __future__ import annotations
