@@ -237,6 +237,21 @@ def test_compile_reuses_a_matching_profile_and_reprofile_measures_again(tmp_path
     assert moved.returncode == 0 and "measuring target T(W)" in said and "another machine" in said
 
 
+def test_an_avx2_only_cpu_files_its_profiles_apart_from_an_avx512_one_of_the_same_name(monkeypatch):
+    """Zen 3 and Zen 4 EPYCs both say "AMD EPYC": the AVX2-only one's profiles and results get a
+    directory of their own (its kernels, `--dtype auto` and timings differ), the others keep theirs."""
+    import torch
+
+    from ygg_compile import hardware
+    from ygg_runtime.plan import CPUInfo
+
+    threads = torch.get_num_threads()
+    for isa, slug in ((["avx", "avx2", "avx512f", "avx512_vnni", "fma"], f"cpu-amd-epyc-{threads}t"),
+                      (["avx", "avx2", "fma"], f"cpu-amd-epyc-avx2-{threads}t"), (["avx", "sse4_2"], f"cpu-amd-epyc-{threads}t")):
+        monkeypatch.setattr(hardware, "cpu_info", lambda isa=isa: CPUInfo("AMD EPYC", threads, isa))
+        assert hardware.device_slug("cpu") == slug
+
+
 def test_a_profile_from_a_slower_machine_of_the_same_name_is_spot_checked_and_measured_again(tmp_path, pair, small_calib):
     """Two machines of one device name (2-core EPYCs with half the memory bandwidth of each other)
     file their profiles under one name: a stored profile whose times a few forwards timed here

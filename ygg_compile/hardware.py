@@ -39,10 +39,14 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 
 def device_slug(device: str) -> str:
-    """A directory name for results measured here, e.g. cpu-amd-epyc-2t or cuda-nvidia-a100-sxm4-80gb."""
+    """A directory name for results measured here, e.g. cpu-amd-epyc-2t, cpu-amd-epyc-avx2-2t or
+    cuda-nvidia-a100-sxm4-80gb."""
     if device.startswith("cuda") and torch.cuda.is_available():
         kind, name, suffix = "cuda", torch.cuda.get_device_name(), ""
-    else:
-        kind, name, suffix = "cpu", cpu_info().model, f"-{torch.get_num_threads()}t"
+    else:  # an AVX2-only CPU files apart from AVX-512 ones of its name (Zen 3 and Zen 4 EPYCs): other
+        # kernels, another `--dtype auto`, other timings
+        cpu = cpu_info()
+        width = "-avx2" if "avx2" in cpu.isa and "avx512f" not in cpu.isa else ""
+        kind, name, suffix = "cpu", cpu.model, f"{width}-{torch.get_num_threads()}t"
     name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|\d+-core", "", name.lower())
     return f"{kind}-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-") + suffix
