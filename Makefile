@@ -47,10 +47,7 @@ demo: install-qwen
 # Two workers, one thread each (tests/conftest.py), a test file per worker at a time: the suite's
 # module fixtures (compiled artifacts) are built once per file. The 15 slowest tests are listed at
 # the end, so each machine's log says where its time goes.
-# The native kernels first, their sources compiled side by side on both cores (the suite's cache,
-# as tests/conftest.py names it): the workers then start on tests, not on waiting for a build.
 test: install install-llama
-	YGG_CACHE=$${YGG_CACHE:-$(CURDIR)/.cache/ygg-test} $(BIN)/python -c 'from ygg_runtime import kernels; kernels.build()'
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 # Each package's module graph, read from the source: what imports what, lines, imports hidden in

@@ -27,6 +27,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_sessionstart(session) -> None:
+    """The native kernels, built into the suite's cache before any test: under pytest-xdist this
+    runs in the controller before its workers start (xdist starts them last), so the build has
+    both cores (its sources side by side) and no worker waits on it with a test half set up."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        from ygg_runtime import kernels
+
+        kernels.build()
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The packaged SmolLM2-135M-Instruct, dequantized once into a transformers directory."""

@@ -120,10 +120,10 @@ def _compile(cxx: str, flags: list[str], root: Path, out: Path) -> None:
     against 100 s for the three in one compiler process)."""
     from torch.utils.cpp_extension import include_paths, library_paths
 
-    libs = library_paths()
+    libs, includes = library_paths(), [f"-I{p}" for p in include_paths()]
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         objects = [Path(tmp) / f"{src.stem}.o" for src in SOURCES]
-        procs = [subprocess.Popen([cxx, *flags, *(f"-I{p}" for p in include_paths()), "-c", str(src), "-o", str(obj)],
+        procs = [subprocess.Popen([cxx, *flags, *includes, "-c", str(src), "-o", str(obj)],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for src, obj in zip(SOURCES, objects)]
         errors = [proc.communicate()[1] for proc in procs]
