@@ -13,8 +13,9 @@ over; `torchao-*` torchao's CPU layouts when torchao imports; `ygg-int4` / `ygg-
 our ygg::qlinear with 4-bit codes (Q4_K's format), 6-bit codes (Q6_K's) and 8-bit codes, on activations in
 --dtype (bfloat16, or float32 as an artifact of that dtype feeds it). Every layer holds its own
 weights, so each forward streams them from memory as a real one does. Kernels and widths alternate
-within each repeat (medians kept). YGG_QLINEAR=portable times our kernel's plain C++ path. Run it
-alone on the machine.
+within each repeat (medians kept). YGG_QLINEAR=portable times our kernel's plain C++ path, and
+YGG_QLINEAR=amx its AMX tiles on a CPU that has them (the `ygg-*` rows of a run with it against one
+without: from which width AMX pays; the result names the path that ran). Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ def main() -> None:
         "torch": torch.__version__,
         "qlinear_path": kernels.qlinear_path() if any(n.startswith("ygg-") for n in fns) else None,
         "portable": os.environ.get("YGG_QLINEAR") == "portable",
+        "requested_path": os.environ.get("YGG_QLINEAR"),
         "repeats": args.repeats,
         "dtype": args.dtype,
         "widths": list(WIDTHS),
@@ -213,7 +215,8 @@ def main() -> None:
         print(f"{n:<16} skipped: {why}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-        title = "ygg::qlinear's portable C++ path (YGG_QLINEAR=portable)" if result["portable"] else "Every kernel tried"
+        asked = result["requested_path"]
+        title = f"ygg::qlinear's {result['qlinear_path']} path (YGG_QLINEAR={asked})" if asked else "Every kernel tried"
         args.out.with_suffix(".md").write_text(markdown(result, title))
 
 

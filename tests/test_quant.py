@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,6 +185,71 @@ def test_an_avx2_build_runs_its_own_path_and_agrees(tmp_path):
     lib = kernels.build(isa=["-mavx2", "-mfma", "-mf16c"])
     path, same = _run_elsewhere(tmp_path, lib, {})
     assert path == "avx2" and all(same)
+
+
+def _tile_path_checks(tmp_path, env) -> dict:
+    """Every format, float32 and bfloat16 inputs with a bias and an all-zero row, at every width from
+    1 to 17 and across the tile path's 16-row tiles and 64-row passes, on 1 and 2 threads, against
+    the scalar definition: in a process that runs the path `env` asks for."""
+    cases = []
+    for i, (bits, group, superblock, folded) in enumerate(FORMATS):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = (torch.randn(130, 512) * 3).to(dtype)
+            x[5] = 0
+            cases.append((pack(random_codes(72, 512, bits, group, superblock, seed=20 + i, folded=folded)), x, torch.randn(72).to(dtype)))
+    torch.save(cases, tmp_path / "cases.pt")
+    script = f"""
+import json, torch
+from ygg_runtime import kernels
+bad = []
+for threads in (1, 2):
+    torch.set_num_threads(threads)
+    for i, (p, x, bias) in enumerate(torch.load(r'{tmp_path / "cases.pt"}')):
+        ref = kernels.qlinear(x, p['data'], p['layout'], bias, reference=True)
+        for m in [*range(1, 18), 31, 32, 33, 48, 63, 64, 65, 67, 100, 130]:
+            if not torch.equal(kernels.qlinear(x[:m], p['data'], p['layout'], bias), ref[:m]):
+                bad.append((threads, i, m))
+print(json.dumps({{'path': kernels.qlinear_path(), 'bad': bad}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_the_amx_tile_path_equals_the_scalar_definition_bit_for_bit(tmp_path):
+    """The AMX path's layout and arithmetic (activations as 16-row tiles, code blocks as B tiles,
+    running int32 sums per group, the same float steps), its tile instructions emulated as Intel
+    defines them: on every CPU, whether or not it has AMX."""
+    got = _tile_path_checks(tmp_path, {"YGG_QLINEAR": "amx-emulated"})
+    assert got == {"path": "amx-emulated", "bad": []}
+
+
+def _cpu_has_amx() -> bool:
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
+    return "amx_tile" in flags and "amx_int8" in flags
+
+
+@pytest.mark.skipif(not _cpu_has_amx(), reason="this CPU has no AMX (amx_tile, amx_int8): the emulated path's test stands in")
+def test_the_amx_hardware_path_equals_the_scalar_definition_bit_for_bit(tmp_path):
+    """On a CPU with AMX the kernels are built with it (Inductor's ISA flags) and YGG_QLINEAR=amx runs
+    the tiles themselves: the same bits as the definition, whatever the rows or threads."""
+    assert _tile_path_checks(tmp_path, {"YGG_QLINEAR": "amx"}) == {"path": "amx", "bad": []}
+
+
+def test_the_amx_hardware_path_compiles_on_any_machine(tmp_path):
+    """The hardware tiles are compiled only where Inductor's ISA has AMX: built here with those
+    flags (to an object, not run), so a change that breaks it shows on every CPU, not first on a Xeon."""
+    from torch._inductor.cpu_vec_isa import VecAMX
+    from torch.utils.cpp_extension import include_paths
+
+    flags = [f for f in VecAMX._arch_flags.split() if f.startswith("-m")]
+    obj = tmp_path / "qlinear.o"
+    proc = subprocess.run([kernels._compiler(), "-O0", "-std=c++20", "-fPIC", "-fopenmp", *flags,
+                           *(f"-I{p}" for p in include_paths()), "-c", str(kernels.SOURCES[1]), "-o", str(obj)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    disassembly = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True).stdout
+    assert "tdpbsud" in disassembly and "ldtilecfg" in disassembly
 
 
 @pytest.mark.parametrize("bits,group,superblock,folded", FORMATS)

@@ -27,7 +27,9 @@ graph's fused kernels are for the check to judge.
 `ygg::qlinear` (csrc/qlinear.cpp): the linear layers of quantized weights (`ygg_runtime.quant`),
 int8 dot products summed exactly in int32 per super-block, over weight tiles streamed once and
 unpacked once per 8 rows while the next tile is prefetched; row-invariant by construction, so a
-quantized model needs no padding at all, plain decoding included. csrc/roofline.cpp measures the
+quantized model needs no padding at all, plain decoding included. On a CPU with AMX the same sums
+can run on AMX tiles (YGG_QLINEAR=amx: 16 rows x 16 columns x a group per instruction), the same bits;
+not the default until a Xeon measures from which width it pays. csrc/roofline.cpp measures the
 machine's two roofs (int8 peak, read bandwidth) on the same threads.
 
 The library is built with the system C++ compiler against the installed torch (about a minute, its
@@ -185,7 +187,9 @@ def qlinear(x: Tensor, data: Tensor, layout: Tensor, bias: Tensor | None, n: int
 
 
 def qlinear_path() -> str:
-    """The instruction set `ygg::qlinear` runs with in this process ("avx512-vnni", "avx2" or "portable")."""
+    """The instruction set `ygg::qlinear` runs with in this process: "avx512-vnni", "avx2" or
+    "portable", or where YGG_QLINEAR asks for the tile path, "amx" (a CPU and build with AMX) or
+    "amx-emulated" (its instructions in plain C++: tests)."""
     if _loaded is None:
         load()
     return torch.ops.ygg.qlinear_path()

@@ -52,21 +52,32 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define YGG_VNNI 1
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define YGG_AMX 1
+#endif
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define YGG_AVX2 1
 #endif
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#include <cstdio>
 
 namespace {
 
 constexpr int T = 16;      // output columns per tile
 constexpr int B = 32;      // columns of k per code block (8 quads of 4)
 constexpr int MAX_NR = 8;  // rows that share one unpacked weight block
+constexpr int TILE_ROWS = 64;  // rows the AMX path multiplies per pass (4 tiles of 16)
 constexpr int PREFETCH_LOCALITY = 2;  // __builtin_prefetch's: into L2 (and the L3)
 
 enum Flags : int64_t { HAS_SC = 1, GENERAL = 2 };  // a segment's layout[5]
@@ -119,6 +130,8 @@ struct Activations {
   std::vector<float> da;       // [rows][K/S]
   std::vector<int32_t> sum16;  // [rows][K/16]
   std::vector<int32_t> block;  // per row: its block's first row and rows (r0 << 4 | n)
+  bool want_plain = false;     // the tile path's copy too:
+  std::vector<int8_t> plain;   // [rows rounded up to 16][K], row-major (an AMX tile's rows)
   int8_t at(int64_t m, int64_t k) const {  // the code of row m, column k
     const int64_t r0 = block[m] >> 4, n = block[m] & 15;
     return tiled[r0 * K + (k / 4) * n * 4 + (m - r0) * 4 + k % 4];
@@ -193,6 +206,10 @@ void quantize(const X* x, int64_t rows, int64_t K, Activations& a) {
   row_blocks(rows, [&](int64_t r0, int64_t n) {
     for (int64_t m = r0; m < r0 + n; ++m) a.block[m] = static_cast<int32_t>(r0 << 4 | n);
   });
+  if (a.want_plain) {  // a tile reads 16 rows: the rows past the last are zeros, never emitted
+    a.plain.resize((rows + 15) / 16 * 16 * K);
+    std::fill(a.plain.begin() + rows * K, a.plain.end(), int8_t{0});
+  }
   // rows in parallel when there are many (a parallel region costs a few microseconds)
   at::parallel_for(0, rows, rows * K >= (1 << 20) ? 1 : rows, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
@@ -203,6 +220,7 @@ void quantize(const X* x, int64_t rows, int64_t K, Activations& a) {
                                                [&](int64_t i, const int8_t* codes) {
                                                  const int64_t quad = (b * S + i) / 4;
                                                  for (int j = 0; j < 4; ++j) std::memcpy(row + (quad + j) * n * 4, codes + 4 * j, 4);
+                                                 if (a.want_plain) std::memcpy(a.plain.data() + m * K + b * S + i, codes, 16);
                                                });
     }
   });
@@ -343,6 +361,9 @@ struct Portable {
   using I = v16i;
   using F = v16f;
   static C load(const uint8_t* p, int) { C c; std::memcpy(&c, p, 64); return c; }
+  static void store_c(uint8_t* p, C c) { std::memcpy(p, &c, 64); }
+  static F load_f(const float* p) { F r; std::memcpy(&r, p, 64); return r; }
+  static I load_i32(const int32_t* p) { I r; std::memcpy(&r, p, 64); return r; }
   static C band(C a, int m) { return a & static_cast<uint8_t>(m); }
   static C shr(C a, int n) { return a >> n; }
   static C shl_or(C a, C b, int n) { return a | static_cast<C>(b << n); }
@@ -381,6 +402,9 @@ struct AVX512 {
   using I = __m512i;
   using F = __m512;
   static C load(const uint8_t* p, int) { return _mm512_loadu_si512(p); }
+  static void store_c(uint8_t* p, C c) { _mm512_storeu_si512(p, c); }
+  static F load_f(const float* p) { return _mm512_loadu_ps(p); }
+  static I load_i32(const int32_t* p) { return _mm512_loadu_si512(p); }
   static C band(C a, int m) { return _mm512_and_si512(a, _mm512_set1_epi8(static_cast<char>(m))); }
   static C shr(C a, int n) { return _mm512_srli_epi16(a, n); }
   static C shl_or(C a, C b, int n) { return _mm512_or_si512(a, _mm512_slli_epi16(b, n)); }
@@ -622,25 +646,331 @@ std::array<RowsFn, 4> pick(const Segment& s) {
   return s.general() ? by_bits<Back, 32, true, true>(s.bits) : by_bits<Back, 32, true, false>(s.bits);
 }
 
+// ---------------------------------------------------------------- AMX tiles
+//
+// Intel AMX (Sapphire Rapids and later): one TDPBSUD multiplies a tile of 16 rows of int8
+// activations (16 x G bytes, row-major) by a tile of G/4 quads of uint8 codes laid out [quad][16
+// columns][4] — a code block's own layout, so unpacked codes go in as they are — into 16 x 16 int32
+// sums, exactly: the work of 16 x G/4 vpdpbusd in one instruction. The integer sums are those of
+// `Rows` (running through a super-block's groups, scaled by the multipliers' steps in int32) and the
+// float steps after them are the same, so the bits are the same for every row (row invariance holds
+// by construction, as for VNNI). The tiles: C0..C3 hold the running sums of up to 4 blocks of 16
+// rows (64 rows: the codes are unpacked and loaded once for all of them), then A and B for groups
+// of 32 columns and A and B for groups of 16.
+//
+// `EmulatedTiles` runs the same instructions in plain C++, as Intel's pseudo-code defines them, so
+// the tile path's layout and arithmetic are tested on every CPU (YGG_QLINEAR=amx-emulated); the
+// hardware runs `HardwareTiles` (YGG_QLINEAR=amx) where the CPU and the kernel build have AMX.
+
+struct alignas(64) TileConfig {  // what LDTILECFG reads (palette 1)
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes per row
+  uint8_t rows[16] = {};
+};
+static_assert(sizeof(TileConfig) == 64);
+constexpr int TA32 = 4, TB32 = 5, TA16 = 6, TB16 = 7;
+
+TileConfig tile_config() {
+  TileConfig c;
+  for (int t = 0; t < 4; ++t) c.rows[t] = 16, c.colsb[t] = 64;  // 16 rows x 16 int32 sums
+  c.rows[TA32] = 16, c.colsb[TA32] = 32, c.rows[TB32] = 8, c.colsb[TB32] = 64;
+  c.rows[TA16] = 16, c.colsb[TA16] = 16, c.rows[TB16] = 4, c.colsb[TB16] = 64;
+  return c;
+}
+
+struct EmulatedTiles {
+  struct State {
+    TileConfig cfg;
+    bool on = false;
+    alignas(64) uint8_t t[8][16][64];
+  };
+  static State& raw() {
+    thread_local State s;
+    return s;
+  }
+  static State& state() {
+    State& s = raw();
+    if (!s.on) {  // what the hardware does too: a tile instruction before LDTILECFG faults
+      std::fprintf(stderr, "ygg::qlinear: a tile instruction without a tile configuration\n");
+      std::abort();
+    }
+    return s;
+  }
+  static void configure() {
+    State& s = raw();
+    s.cfg = tile_config(), s.on = true;
+    std::memset(s.t, 0, sizeof s.t);
+  }
+  static void release() { raw().on = false; }
+  template <int D> static void zero() { std::memset(state().t[D], 0, sizeof state().t[D]); }
+  template <int D> static void load(const void* p, int64_t stride) {
+    State& s = state();
+    std::memset(s.t[D], 0, sizeof s.t[D]);
+    for (int r = 0; r < s.cfg.rows[D]; ++r) std::memcpy(s.t[D][r], static_cast<const uint8_t*>(p) + r * stride, s.cfg.colsb[D]);
+  }
+  template <int D, int A, int Bt> static void dpbsud() {  // D += A (int8) x B (uint8), by quads
+    State& s = state();
+    if (s.cfg.rows[A] != s.cfg.rows[D] || s.cfg.colsb[A] / 4 != s.cfg.rows[Bt] || s.cfg.colsb[Bt] != s.cfg.colsb[D]) {
+      std::fprintf(stderr, "ygg::qlinear: tiles of mismatched shapes\n");  // #UD on the hardware
+      std::abort();
+    }
+    for (int m = 0; m < s.cfg.rows[D]; ++m)
+      for (int n = 0; n < s.cfg.colsb[D] / 4; ++n) {
+        uint32_t acc;
+        std::memcpy(&acc, s.t[D][m] + 4 * n, 4);
+        for (int k = 0; k < s.cfg.colsb[A] / 4; ++k)
+          for (int i = 0; i < 4; ++i)
+            acc += static_cast<uint32_t>(static_cast<int32_t>(static_cast<int8_t>(s.t[A][m][4 * k + i])) *
+                                         static_cast<int32_t>(s.t[Bt][k][4 * n + i]));
+        std::memcpy(s.t[D][m] + 4 * n, &acc, 4);
+      }
+  }
+  template <int D> static void store(void* p, int64_t stride) {
+    State& s = state();
+    for (int r = 0; r < s.cfg.rows[D]; ++r) std::memcpy(static_cast<uint8_t*>(p) + r * stride, s.t[D][r], s.cfg.colsb[D]);
+  }
+};
+
+#ifdef YGG_AMX
+// GCC's tile intrinsics paste their tile numbers into the assembly text: literals only, hence the
+// one case per tile a kernel uses (C: 0-3; A, B: 4, 5 for groups of 32, 6, 7 for 16).
+struct HardwareTiles {
+  static void configure() {
+    static const TileConfig c = tile_config();
+    _tile_loadconfig(&c);
+  }
+  static void release() { _tile_release(); }
+  template <int D> static void zero() {
+    static_assert(D >= 0 && D < 4);
+    if constexpr (D == 0) _tile_zero(0);
+    else if constexpr (D == 1) _tile_zero(1);
+    else if constexpr (D == 2) _tile_zero(2);
+    else _tile_zero(3);
+  }
+  template <int D> static void load(const void* p, int64_t stride) {
+    static_assert(D >= 0 && D < 8);
+    if constexpr (D == 4) _tile_loadd(4, p, stride);
+    else if constexpr (D == 5) _tile_loadd(5, p, stride);
+    else if constexpr (D == 6) _tile_loadd(6, p, stride);
+    else if constexpr (D == 7) _tile_loadd(7, p, stride);
+    else if constexpr (D == 0) _tile_loadd(0, p, stride);
+    else if constexpr (D == 1) _tile_loadd(1, p, stride);
+    else if constexpr (D == 2) _tile_loadd(2, p, stride);
+    else _tile_loadd(3, p, stride);
+  }
+  template <int D, int A, int Bt> static void dpbsud() {
+    static_assert(D >= 0 && D < 4 && ((A == TA32 && Bt == TB32) || (A == TA16 && Bt == TB16)));
+    if constexpr (A == TA32) {
+      if constexpr (D == 0) _tile_dpbsud(0, 4, 5);
+      else if constexpr (D == 1) _tile_dpbsud(1, 4, 5);
+      else if constexpr (D == 2) _tile_dpbsud(2, 4, 5);
+      else _tile_dpbsud(3, 4, 5);
+    } else {
+      if constexpr (D == 0) _tile_dpbsud(0, 6, 7);
+      else if constexpr (D == 1) _tile_dpbsud(1, 6, 7);
+      else if constexpr (D == 2) _tile_dpbsud(2, 6, 7);
+      else _tile_dpbsud(3, 6, 7);
+    }
+  }
+  template <int D> static void store(void* p, int64_t stride) {
+    static_assert(D >= 0 && D < 4);
+    if constexpr (D == 0) _tile_stored(0, p, stride);
+    else if constexpr (D == 1) _tile_stored(1, p, stride);
+    else if constexpr (D == 2) _tile_stored(2, p, stride);
+    else _tile_stored(3, p, stride);
+  }
+};
+#endif
+
+// Whether this process may use AMX: the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7), and Linux
+// granted the tile data state, which it keeps off for a process until asked (arch_prctl).
+bool amx_usable() {
+  static const bool ok = [] {
+#if defined(__x86_64__)
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d >> 24 & 1) || !(d >> 25 & 1)) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
+
+// Up to 64 rows r0.. of tile w: their float sums into acc_out [rows][T]. V: a back end of 16
+// columns (AVX-512, or the plain C++ one), for the multipliers and the float steps.
+template <class V, class Tiles, int G, int BITS, bool SC, bool GEN>
+struct TileRows {
+  template <int C>
+  static void dot(const int8_t* a, int64_t K, int32_t* out) {  // C += A(rows at a) x B; C's sums to out
+    constexpr int TA = G == 32 ? TA32 : TA16, TB = G == 32 ? TB32 : TB16;
+    Tiles::template load<TA>(a, K);
+    Tiles::template dpbsud<C, TA, TB>();
+    Tiles::template store<C>(out, T * 4);
+  }
+  static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int64_t rows,
+                  float* acc_out, Prefetch& pf) {
+    constexpr int QG = G / 4, GB = B / G, MAX_PAIRS = 256 / G / 2, TB = G == 32 ? TB32 : TB16;
+    const int S = SC ? static_cast<int>(s.S) : 32, BPS = S / B, GS = S / G;
+    const int RN = !GEN ? GS : SC ? GS / 2 : 1;
+    const int64_t K = s.K, KS = K / S;
+    const int blocks = static_cast<int>((rows + 15) / 16);
+    using I = typename V::I;
+    using F = typename V::F;
+    alignas(64) int32_t sums16[4][16][T];  // the C tiles' running sums: [block][row][column]
+    alignas(64) uint8_t unpacked[8 * 64];  // a code block as a B tile: [8 quads][16 columns][4]
+    I isum[64];
+    const int8_t* q = a.plain.data() + r0 * K;
+    for (int64_t r = 0; r < rows; ++r) V::store(acc_out + r * T, V::zerof());
+    for (int64_t sb = 0; sb < KS; ++sb) {
+      pf.advance();
+      const Record w = record(s, tile, sb);
+      const uint8_t* codes = w.codes;
+      const int32_t* sums = rs.v.data() + (r0 * rs.n) + sb * RN;  // row r's at sums + r * rs.n
+      Tiles::template zero<0>(), Tiles::template zero<1>(), Tiles::template zero<2>(), Tiles::template zero<3>();
+      for (int64_t r = 0; r < rows; ++r) isum[r] = V::zero();
+      I next = SC ? V::load_i8(w.sc, 0) : V::zero();
+      for (int bb = 0; bb < BPS; ++bb) {
+        const uint8_t* quads = codes;  // 8-bit codes are a B tile as they are
+        if constexpr (BITS != 8) {
+          typename V::C u[8];
+          unpack<V, BITS>(codes, 0, u);
+          for (int i = 0; i < 8; ++i) V::store_c(unpacked + 64 * i, u[i]);
+          quads = unpacked;
+        }
+        codes += 64 * BITS;
+        for (int gi = 0; gi < GB; ++gi) {
+          Tiles::template load<TB>(quads + gi * QG * 64, 64);
+          const int8_t* qa = q + sb * S + bb * B + gi * G;
+          dot<0>(qa, K, &sums16[0][0][0]);
+          if (blocks > 1) dot<1>(qa + 16 * K, K, &sums16[1][0][0]);
+          if (blocks > 2) dot<2>(qa + 32 * K, K, &sums16[2][0][0]);
+          if (blocks > 3) dot<3>(qa + 48 * K, K, &sums16[3][0][0]);
+          const int j = bb * GB + gi;
+          if constexpr (SC) {  // as in Rows: sum_j sc_j dot_j = sum_j (sc_j - sc_{j+1}) R_j
+            const I scv = next;
+            next = j + 1 < GS ? V::load_i8(w.sc + (j + 1) * T, 0) : V::zero();
+            const I step = V::sub(scv, next);
+            for (int64_t r = 0; r < rows; ++r) {
+              I d = V::load_i32(sums16[r / 16][r % 16]);
+              if constexpr (!GEN) d = V::sub1(d, sums[r * rs.n + j]);
+              isum[r] = V::add(isum[r], V::mullo(d, step));
+            }
+          } else {
+            for (int64_t r = 0; r < rows; ++r) {
+              I d = V::load_i32(sums16[r / 16][r % 16]);
+              if constexpr (!GEN) d = V::sub1(d, sums[r * rs.n]);
+              isum[r] = d;
+            }
+          }
+        }
+      }
+      const F D = V::load_half(w.D, 0);
+      const float* da = a.da.data() + r0 * KS + sb;  // row r's at da[r * KS]
+      if constexpr (GEN) {
+        const F M = V::load_half(w.M, 0);
+        typename V::P mn[SC ? MAX_PAIRS : 1];
+        if constexpr (SC)
+          for (int p = 0; p < GS / 2; ++p) mn[p] = V::load_pairs(w.mn + p * 2 * T, 0);
+        for (int64_t r = 0; r < rows; ++r) {
+          I imin;
+          if constexpr (SC) {
+            imin = V::zero();
+            for (int p = 0; p < GS / 2; ++p) imin = V::dot_pairs(imin, mn[p], sums[r * rs.n + p]);
+          } else {
+            imin = V::set1(sums[r * rs.n]);
+          }
+          const F t = V::fma(D, V::cvt(isum[r]), V::mul(M, V::cvt(imin)));
+          V::store(acc_out + r * T, V::fma(t, V::set1f(da[r * KS]), V::load_f(acc_out + r * T)));
+        }
+      } else {
+        for (int64_t r = 0; r < rows; ++r)
+          V::store(acc_out + r * T, V::fma(V::cvt(isum[r]), V::mul(D, V::set1f(da[r * KS])), V::load_f(acc_out + r * T)));
+      }
+    }
+  }
+};
+
+using TileFn = void (*)(const Segment&, const uint8_t*, const Activations&, const RowSums&, int64_t, int64_t, float*, Prefetch&);
+
+template <class V, class Tiles, int G, bool SC, bool GEN>
+TileFn tiles_by_bits(int64_t bits) {
+  switch (bits) {
+    case 2: return &TileRows<V, Tiles, G, 2, SC, GEN>::run;
+    case 3: return &TileRows<V, Tiles, G, 3, SC, GEN>::run;
+    case 4: return &TileRows<V, Tiles, G, 4, SC, GEN>::run;
+    case 6: return &TileRows<V, Tiles, G, 6, SC, GEN>::run;
+    default: return &TileRows<V, Tiles, G, 8, SC, GEN>::run;
+  }
+}
+
+template <class V, class Tiles>
+TileFn pick_tiles(const Segment& s) {
+  if (!s.has_sc()) return s.general() ? tiles_by_bits<V, Tiles, 32, false, true>(s.bits) : tiles_by_bits<V, Tiles, 32, false, false>(s.bits);
+  if (s.G == 16) return s.general() ? tiles_by_bits<V, Tiles, 16, true, true>(s.bits) : tiles_by_bits<V, Tiles, 16, true, false>(s.bits);
+  return s.general() ? tiles_by_bits<V, Tiles, 32, true, true>(s.bits) : tiles_by_bits<V, Tiles, 32, true, false>(s.bits);
+}
+
 template <int> using PortableOf = Portable;
 #ifdef YGG_VNNI
 template <int> using AVX512Of = AVX512;
+using Wide = AVX512;  // the back end of 16 columns the tile path scales with
+#else
+using Wide = Portable;
 #endif
 
-// Which implementation runs: the fastest this build has ("avx512-vnni", "avx2"), unless
-// YGG_QLINEAR=portable asks for the plain C++ one (tests compare them; benchmarks time them).
-const char* path() {
-  static const bool portable = [] {
+// Which implementation runs: the fastest this build has ("avx512-vnni", "avx2"), unless YGG_QLINEAR
+// asks for another: "portable" (the plain C++ one), "amx" (AMX tiles, where the CPU and this build
+// have them; else the build's fastest, as the path reported says), "amx-emulated" (the tile path
+// with its instructions emulated: tests). Tests compare them; benchmarks time them. AMX is not the
+// default yet: from which width it pays is to be measured on a Xeon (benchmarks/qlinear_kernels.py).
+enum class Path { Portable, AVX2, VNNI, AMX, AMXEmulated };
+
+Path chosen() {
+  static const Path p = [] {
     const char* e = std::getenv("YGG_QLINEAR");
-    return e != nullptr && std::strcmp(e, "portable") == 0;
-  }();
-#if defined(YGG_VNNI)
-  return portable ? "portable" : "avx512-vnni";
-#elif defined(YGG_AVX2)
-  return portable ? "portable" : "avx2";
-#else
-  return "portable";
+    const std::string want = e != nullptr ? e : "";
+    if (want == "portable") return Path::Portable;
+    if (want == "amx-emulated") return Path::AMXEmulated;
+#if defined(YGG_AMX)
+    if (want == "amx" && amx_usable()) return Path::AMX;
 #endif
+#if defined(YGG_VNNI)
+    return Path::VNNI;
+#elif defined(YGG_AVX2)
+    return Path::AVX2;
+#else
+    return Path::Portable;
+#endif
+  }();
+  return p;
+}
+
+const char* path() {
+  switch (chosen()) {
+    case Path::VNNI: return "avx512-vnni";
+    case Path::AVX2: return "avx2";
+    case Path::AMX: return "amx";
+    case Path::AMXEmulated: return "amx-emulated";
+    default: return "portable";
+  }
+}
+
+bool tiled() { return chosen() == Path::AMX || chosen() == Path::AMXEmulated; }
+
+void configure_tiles(bool on) {
+#if defined(YGG_AMX)
+  if (chosen() == Path::AMX) return on ? HardwareTiles::configure() : HardwareTiles::release();
+#endif
+  if (chosen() == Path::AMXEmulated) on ? EmulatedTiles::configure() : EmulatedTiles::release();
+}
+
+TileFn tile_function(const Segment& s) {
+#if defined(YGG_AMX)
+  if (chosen() == Path::AMX) return pick_tiles<Wide, HardwareTiles>(s);
+#endif
+  return pick_tiles<Wide, EmulatedTiles>(s);
 }
 
 // How far ahead of its place a thread asks for weight bytes (YGG_PREFETCH overrides: tuning).
@@ -653,23 +983,15 @@ int64_t prefetch_ahead() {
 }
 
 std::array<RowsFn, 4> functions(const Segment& s) {
-  const bool fast = std::strcmp(path(), "portable") != 0;
-  (void)fast;
 #if defined(YGG_VNNI)
-  if (fast) return pick<AVX512Of>(s);
+  if (chosen() == Path::VNNI) return pick<AVX512Of>(s);
 #elif defined(YGG_AVX2)
-  if (fast) return pick<AVX2>(s);
+  if (chosen() == Path::AVX2) return pick<AVX2>(s);
 #endif
   return pick<PortableOf>(s);
 }
 
-int halves() {
-#if defined(YGG_AVX2)
-  return std::strcmp(path(), "portable") != 0 ? 2 : 1;
-#else
-  return 1;
-#endif
-}
+int halves() { return chosen() == Path::AVX2 ? 2 : 1; }
 
 // ---------------------------------------------------------------- the operator
 
@@ -765,7 +1087,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
     const int i = s.S == 256 ? 0 : s.S == 128 ? 1 : s.S == 64 ? 2 : 3;
     if (by_s[i]) continue;
     Activations& a = *(by_s[i] = &scratch.acts[i]);
-    a.S = s.S;
+    a.S = s.S, a.want_plain = tiled() && !reference_only;
     switch (x.scalar_type()) {
       case at::kFloat: quantize(x.const_data_ptr<float>(), rows, K, a); break;
       case at::kBFloat16: quantize(x.const_data_ptr<c10::BFloat16>(), rows, K, a); break;
@@ -776,10 +1098,13 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
   auto acts_of = [&](const Segment& s) -> const Activations& { return *by_s[s.S == 256 ? 0 : s.S == 128 ? 1 : s.S == 64 ? 2 : 3]; };
   std::vector<RowSums>& sums = scratch.sums;
   sums.resize(segs.size());
+  const bool amx = tiled() && !reference_only;
   std::vector<std::array<RowsFn, 4>> fns;
+  std::vector<TileFn> tile_fns;
   for (size_t i = 0; i < segs.size(); ++i) {
     row_sums(segs[i], acts_of(segs[i]), rows, sums[i]);
-    fns.push_back(functions(segs[i]));
+    if (amx) tile_fns.push_back(tile_function(segs[i]));
+    else fns.push_back(functions(segs[i]));
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
@@ -800,7 +1125,8 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "qlinear_out", [&] {
     scalar_t* o = out.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, threads, 1, [&](int64_t th0, int64_t th1) {
-      alignas(64) float acc[MAX_NR * T];
+      alignas(64) float acc[TILE_ROWS * T];
+      if (amx) configure_tiles(true);  // a thread's tile state is its own
       for (int64_t th = th0; th < th1; ++th) {
         size_t si = 0;
         const uint8_t* run = bytes + split_bytes[th];
@@ -819,6 +1145,15 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
             }
             continue;
           }
+          if (amx) {  // 64 rows at a time: one pass over the tile each
+            pf.tile(w - run, s.tile_bytes, (rows + TILE_ROWS - 1) / TILE_ROWS * (s.K / s.S));
+            for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+              const int64_t nr = std::min<int64_t>(TILE_ROWS, rows - r0);
+              tile_fns[si](s, w, a, sums[si], r0, nr, acc, pf);
+              emit(o, n, bias_f.data(), acc, nr, r0, s.first_col + lt * T, cols);
+            }
+            continue;
+          }
           // rows go 8 at a time, then 4, 2, 1: one pass over the tile each
           const int64_t passes = rows / MAX_NR + __builtin_popcountll(rows % MAX_NR);
           pf.tile(w - run, s.tile_bytes, passes * (s.K / s.S));
@@ -829,6 +1164,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
           });
         }
       }
+      if (amx) configure_tiles(false);
     });
   });
   return out;
