@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import torch.nn.functional as F
 
 from ygg_compile import quantize
 from ygg_runtime import kernels
+from ygg_runtime.integrity import cpu_flags
 from dataclasses import replace
 
 from ygg_runtime.quant import GENERAL, HAS_SC, Codes, QEmbedding, QLinear, cat, pack, pack_rows, unpack
@@ -224,12 +224,7 @@ def test_the_amx_tile_path_equals_the_scalar_definition_bit_for_bit(tmp_path):
     assert got == {"path": "amx-emulated", "bad": []}
 
 
-def _cpu_has_amx() -> bool:
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
-    return "amx_tile" in flags and "amx_int8" in flags
-
-
-@pytest.mark.skipif(not _cpu_has_amx(), reason="this CPU has no AMX (amx_tile, amx_int8): the emulated path's test stands in")
+@pytest.mark.skipif(not {"amx_tile", "amx_int8"} <= cpu_flags(), reason="this CPU has no AMX (amx_tile, amx_int8): the emulated path's test stands in")
 def test_the_amx_hardware_path_equals_the_scalar_definition_bit_for_bit(tmp_path):
     """On a CPU with AMX the kernels are built with it (Inductor's ISA flags) and YGG_QLINEAR=amx runs
     the tiles themselves: the same bits as the definition, whatever the rows or threads."""
