@@ -268,16 +268,22 @@ def test_the_batched_verify_never_exceeds_the_checked_width(int8_pair, monkeypat
 
 
 def test_cost_aware_trees_shrink_as_the_batch_grows_and_stay_exact(artifact):
-    """The compiled tiny artifact with its measured profile: the verified nodes per member fall
-    as more members share the verify, and every output is still the request's own. (How many of
-    the four fit the tiny artifact's cache at once depends on the plan's step room: the test reads
-    the largest batch that formed.)"""
+    """The compiled tiny artifact, its batch's CAST allocation priced by planted costs (a verify
+    forward of n rows takes 2 + 10·n ms, whatever the batch; drafting and the step's CPU work take
+    nothing), so that a node must be nearly certain to pay for its rows on any machine (how this
+    machine's measured T(B, n) weighs a node is the objective's business, pinned in test_planning):
+    the verified nodes per member fall as more members share the verify, and every output is
+    still the request's own. (How many of the four fit the tiny artifact's cache at once depends on
+    the plan's step room: the test reads the largest batch that formed.)"""
     decoder = artifacts.load(artifact)
     prompts = [decoder.encode(p) for p in PROMPTS[:4]]
     alone = [decoder.generate(p, method="egt", max_new_tokens=16).token_ids for p in prompts]
     sizes = {}
     for size in (1, 4):
         batch = decoder.batch(max_batch=size)
+        steep = batch.curves  # the batch's own copy: the proposers keep the measured curves
+        steep.target_ms = [[2.0 + 10.0 * w for w in steep.widths] for _ in steep.contexts]
+        steep.batch, steep.draft_ms, steep.other = {"target": None, "draft": None}, [], [0.0] * len(steep.widths)
         outs = run_batch(batch, [(p, "egt", {"max_new_tokens": 16}) for p in prompts[:size]])
         assert outs == alone[:size]
         sizes[size] = batch.nodes_per_sequence()

@@ -6,7 +6,10 @@ import random
 import pytest
 
 from ygg_compile.sequoia_tree import optimal_tree
-from ygg_runtime.prune import best_subtree, expected_accepted
+from ygg_runtime.objective import Curves
+from ygg_runtime.plan import Profile
+from ygg_runtime.prune import allocate, best_subtree, expected_accepted
+from ygg_runtime.tree import TokenTree
 
 
 def random_tree(rng: random.Random, n: int, decreasing: bool) -> tuple[list[int], list[float]]:
@@ -48,6 +51,63 @@ def test_pruning_equals_top_k_by_value_when_values_decrease_along_paths():
         k = rng.randint(1, n)
         top = sorted(range(n), key=lambda v: -values[v])[:k]
         assert expected_accepted(values, best_subtree(parents, values, k)) == pytest.approx(expected_accepted(values, top))
+
+
+def linear_curves(fixed_ms: float, row_ms: float, other_row_ms: float = 0.0) -> Curves:
+    """Planted forward times T(w) = fixed_ms + row_ms·w (a batch of B costs what its rows do)."""
+    widths = list(range(1, 65))
+    return Curves(Profile(widths, [64], [[fixed_ms + row_ms * w for w in widths]],
+                          other_ms=[other_row_ms * w for w in widths]))
+
+
+def token_tree(parents: list[int], values: list[float]) -> TokenTree:
+    tree = TokenTree(0)
+    for v in range(1, len(parents)):
+        tree.add(parents[v], v, values[v] / values[parents[v]] if values[parents[v]] else 0.0)
+    tree.path_values = list(values)
+    return tree
+
+
+def cuts(parents: list[int]) -> list[list[int]]:
+    """Every root-connected node set of a tree."""
+    n = len(parents)
+    return [[0, *rest] for size in range(n) for rest in itertools.combinations(range(1, n), size)
+            if all(parents[v] in (0, *rest) for v in rest)]
+
+
+def step_rate(curves: Curves, values: list[float], nodes: int, sequences: int, draft_ms: float) -> float:
+    return sum(values) / (draft_ms + curves.t_batch("target", sequences, nodes, 64) + curves.t_other(nodes))
+
+
+def test_cast_allocation_gives_the_batch_the_best_modelled_rate_over_every_way_to_cut_its_trees():
+    """prune.allocate against brute force: no other choice of root-connected subtrees (one per
+    member, every root kept) gives more expected accepted tokens per modelled ms of the step."""
+    rng = random.Random(2)
+    for trial in range(60):
+        trees = [random_tree(rng, rng.randint(1, 5), decreasing=True) for _ in range(rng.randint(1, 3))]
+        curves = linear_curves(rng.uniform(0.5, 20), rng.uniform(0.05, 5), rng.uniform(0, 0.5))
+        draft_ms = rng.uniform(0, 5)
+        out = allocate([token_tree(p, v) for p, v in trees], curves, 64, draft_ms)
+        assert all(len(t) >= 1 and t.origin[0] == 0 for t in out)
+        got = step_rate(curves, [t.path_values[v] for t in out for v in range(len(t))], sum(map(len, out)),
+                        len(trees), draft_ms)
+        best = max(step_rate(curves, [v[i] for (_, v), c in zip(trees, combo) for i in c], sum(map(len, combo)),
+                             len(trees), draft_ms)
+                   for combo in itertools.product(*(cuts(p) for p, _ in trees)))
+        assert got == pytest.approx(best), trial
+
+
+def test_cast_allocation_shrinks_each_tree_as_more_members_share_the_verify():
+    """The same tree, alone and as one of four members of a batch whose forward costs what its
+    rows do: a node's marginal millisecond buys less in the batch, so each member verifies fewer
+    nodes; with four times as many rows costing nothing extra, every tree is verified whole."""
+    parents, values = [-1, 0, 0, 1, 1, 2, 3], [1.0, 0.6, 0.3, 0.35, 0.2, 0.1, 0.2]
+    steep = linear_curves(10.0, 1.0)
+    alone = allocate([token_tree(parents, values)], steep, 64)
+    four = allocate([token_tree(parents, values) for _ in range(4)], steep, 64)
+    assert max(map(len, four)) < len(alone[0]), (len(alone[0]), [len(t) for t in four])
+    flat = allocate([token_tree(parents, values) for _ in range(4)], linear_curves(10.0, 0.0), 64)
+    assert [len(t) for t in flat] == [len(parents)] * 4
 
 
 def complete_tree(p: list[float], depth: int) -> tuple[list[int], list[float], list[int]]:
