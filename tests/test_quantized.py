@@ -296,6 +296,19 @@ def test_a_profile_measured_with_other_weight_codes_is_not_reused():
     assert "qlinear" not in profile.fingerprint("cpu", "aot")  # float weights: the kernel's source does not count
 
 
+def test_a_profile_timed_on_another_kernel_path_is_not_reused(monkeypatch):
+    """A compile with YGG_QLINEAR=amx times the tile path: its stored T(W) is not the default
+    path's, on the same machine with the same kernel source."""
+    from ygg_compile import profile
+
+    formats = {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15}
+    here = profile.fingerprint("cpu", "aot", formats)
+    assert here["qlinear_path"] == profile.kernels.qlinear_path()
+    other = "amx" if here["qlinear_path"] != "amx" else "avx512-vnni"
+    monkeypatch.setattr(profile.kernels, "qlinear_path", lambda: other)
+    assert profile.fingerprint("cpu", "aot", formats) != here
+
+
 @pytest.mark.real
 def test_bench_serve_drives_llama_cpp_server_with_the_same_load_and_stops_it(smollm2_artifact, tmp_path):
     """`--peers llama.cpp-server`: llama-cpp-python's server on the target's GGUF, on loopback, gets

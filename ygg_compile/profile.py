@@ -253,12 +253,14 @@ def profiles_dir() -> Path:
 def fingerprint(device: str, forward: str, formats: dict[str, int] | None = None) -> dict:
     """What a profile's numbers depend on besides the model: the same fingerprint means reusable.
     forward: "aot" (the ahead-of-time compiled forwards) or "eager"; formats: the code formats of
-    quantized weights (`WeightsInfo.formats`), whose kernel source then counts too — the same file
-    held as other codes runs at other speeds."""
+    quantized weights (`WeightsInfo.formats`), whose kernel source and path then count too — the
+    same file held as other codes, or run on another of the kernel's paths (YGG_QLINEAR=amx on a
+    Xeon), runs at other speeds."""
     info = {"device": device, "forward": forward, "attention": kernels.version(device),
             "torch_version": str(torch.__version__), "threads": torch.get_num_threads()}
     if formats:
-        info |= {"qlinear": kernels.qlinear_version(), "formats": dict(sorted(formats.items()))}
+        info |= {"qlinear": kernels.qlinear_version(), "qlinear_path": kernels.qlinear_path(),
+                 "formats": dict(sorted(formats.items()))}
     if device.startswith("cuda"):
         return info | {"gpu": torch.cuda.get_device_name()}
     cpu = hardware.cpu_info()

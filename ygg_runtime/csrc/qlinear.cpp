@@ -11,6 +11,8 @@
 //     summed exactly in int32, scaled by the group's integer multiplier in int32 (one vpmulld per
 //     group), and converted to float once per 256-column super-block per row (a K-quant's own
 //     structure; llama.cpp's q4_K x q8_K does the same with activations quantized per 256);
+//     (AVX2 has no int8 dot product: vpmaddubsw sums pairs into int16, vpmaddwd widens them; so a
+//     group's products are summed in int16 first, exactly, and widened once: `AVX2::group`);
 //   - unpacks a weight block once for up to 8 rows (the unpacking runs beside the dot products);
 //   - keeps the weight stream going while it computes: tiles are contiguous records, and while a
 //     tile is multiplied (in one pass per 8 rows) the next one is prefetched into L2, spread over
@@ -130,8 +132,7 @@ struct Activations {
   std::vector<float> da;       // [rows][K/S]
   std::vector<int32_t> sum16;  // [rows][K/16]
   std::vector<int32_t> block;  // per row: its block's first row and rows (r0 << 4 | n)
-  bool want_plain = false;     // the tile path's copy too:
-  std::vector<int8_t> plain;   // [rows rounded up to 16][K], row-major (an AMX tile's rows)
+  std::vector<int8_t> plain;   // the tile path's: [rows rounded up to 16][K], row-major (an AMX tile's rows)
   int8_t at(int64_t m, int64_t k) const {  // the code of row m, column k
     const int64_t r0 = block[m] >> 4, n = block[m] & 15;
     return tiled[r0 * K + (k / 4) * n * 4 + (m - r0) * 4 + k % 4];
@@ -195,8 +196,9 @@ float quantize_block(const X* x, int64_t S, int32_t* sum16, Put&& put) {
 #endif
 }
 
+// plain: the row-major copy too (the tile path's)
 template <typename X>
-void quantize(const X* x, int64_t rows, int64_t K, Activations& a) {
+void quantize(const X* x, int64_t rows, int64_t K, Activations& a, bool plain) {
   const int64_t S = a.S;
   a.K = K;
   a.tiled.resize(rows * K);
@@ -206,7 +208,7 @@ void quantize(const X* x, int64_t rows, int64_t K, Activations& a) {
   row_blocks(rows, [&](int64_t r0, int64_t n) {
     for (int64_t m = r0; m < r0 + n; ++m) a.block[m] = static_cast<int32_t>(r0 << 4 | n);
   });
-  if (a.want_plain) {  // a tile reads 16 rows: the rows past the last are zeros, never emitted
+  if (plain) {  // a tile reads 16 rows: the rows past the last are zeros, never emitted
     a.plain.resize((rows + 15) / 16 * 16 * K);
     std::fill(a.plain.begin() + rows * K, a.plain.end(), int8_t{0});
   }
@@ -220,7 +222,7 @@ void quantize(const X* x, int64_t rows, int64_t K, Activations& a) {
                                                [&](int64_t i, const int8_t* codes) {
                                                  const int64_t quad = (b * S + i) / 4;
                                                  for (int j = 0; j < 4; ++j) std::memcpy(row + (quad + j) * n * 4, codes + 4 * j, 4);
-                                                 if (a.want_plain) std::memcpy(a.plain.data() + m * K + b * S + i, codes, 16);
+                                                 if (plain) std::memcpy(a.plain.data() + m * K + b * S + i, codes, 16);
                                                });
     }
   });
@@ -357,6 +359,7 @@ typedef uint8_t v64b __attribute__((vector_size(64)));
 
 struct Portable {
   static constexpr int L = 16;
+  static constexpr bool GROUPED = false;  // quad by quad into running sums (see AVX2::group)
   using C = v64b;  // a quad-vector of codes: L columns x 4 k
   using I = v16i;
   using F = v16f;
@@ -398,6 +401,7 @@ struct Portable {
 #ifdef YGG_VNNI
 struct AVX512 {
   static constexpr int L = 16;
+  static constexpr bool GROUPED = false;  // vpdpbusd: a quad into int32 in one instruction
   using C = __m512i;
   using I = __m512i;
   using F = __m512;
@@ -446,19 +450,39 @@ struct AVX2 {
   static C shr(C a, int n) { return _mm256_srli_epi16(a, n); }
   static C shl_or(C a, C b, int n) { return _mm256_or_si256(a, _mm256_slli_epi16(b, n)); }
   static I zero() { return _mm256_setzero_si256(); }
-  // maddubs sums code x activation pairs into int16: exact for codes below 64 (63 * 127 * 2 < 2^15);
-  // 8-bit codes go in as two nibbles.
-  static I dot(I acc, C u, const int8_t* q) {
-    int32_t quad;
-    std::memcpy(&quad, q, 4);
-    const __m256i q4 = _mm256_set1_epi32(quad), ones = _mm256_set1_epi16(1);
+  // One group's dot for one row at once (`Rows` then scales it by the group's multiplier):
+  // maddubs sums code x activation pairs into int16 (exact for codes below 64: 63 * 127 * 2 < 2^15;
+  // 8-bit codes go in as two nibbles), and the quads' int16 sums are added before one madd widens
+  // them, not a madd and an add per quad. Exact while the int16 sums stay below 2^15: 8 quads of
+  // codes below 16 (4 bits and less, and each nibble), 2 of 6-bit codes (2 * 2 * 127 * 63 = 32 004).
+  // q: the row's first quad; stride: bytes to its next.
+  static constexpr bool GROUPED = true;
+  template <int QG>
+  static I group(const C* u, const int8_t* q, int64_t stride) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    auto quad = [&](int i) {
+      int32_t v;
+      std::memcpy(&v, q + i * stride, 4);
+      return _mm256_set1_epi32(v);
+    };
     if constexpr (BITS == 8) {
       const __m256i low = _mm256_set1_epi8(15);
-      const __m256i lo = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(u, low), q4), ones);
-      const __m256i hi = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(u, 4), low), q4), ones);
-      return _mm256_add_epi32(acc, _mm256_add_epi32(lo, _mm256_slli_epi32(hi, 4)));
+      __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+      for (int i = 0; i < QG; ++i) {
+        const __m256i a = quad(i);
+        lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(u[i], low), a));
+        hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(u[i], 4), low), a));
+      }
+      return _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_slli_epi32(_mm256_madd_epi16(hi, ones), 4));
     } else {
-      return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q4), ones));
+      constexpr int PER = BITS == 6 ? 2 : QG;  // products per int16 sum
+      I acc = _mm256_setzero_si256();
+      for (int c = 0; c < QG; c += PER) {
+        __m256i p = _mm256_maddubs_epi16(u[c], quad(c));
+        for (int i = c + 1; i < c + PER; ++i) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(u[i], quad(i)));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, ones));
+      }
+      return acc;
     }
   }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
@@ -527,13 +551,58 @@ struct Prefetch {
   }
 };
 
+// The integer sums of a super-block, the same on every path. After group j a row's running sum
+// (its dots through group j, never reset: a reset per group costs a register copy per row) is
+//   R_j = dot_0 + ... + dot_j,  and  sum_j sc_j * dot_j = sum_j (sc_j - sc_{j+1}) * R_j  (sc_GS = 0)
+// exactly in integers (wrapping int32 arithmetic gives the exact sum, which fits). Folded kinds
+// take off * (asum_0 + ... + asum_j) (`RowSums`, running too) off R_j. step: sc_j - sc_{j+1}.
+template <class V, bool SC, bool GEN>
+inline typename V::I running_step(typename V::I isum, typename V::I run, typename V::I step, int32_t folded) {
+  if constexpr (!GEN) run = V::sub1(run, folded);
+  if constexpr (SC) return V::add(isum, V::mullo(run, step));
+  else return run;  // one group per super-block
+}
+
+// A super-block's float step, the same on every path: a row's integer sum scaled by the tile's D
+// (and, general kinds, its mins' sum by M), then by the row's activation scale, onto its float sum.
+// Made once per super-block for every row (the mins' multipliers widened once).
+template <class V, int G, bool SC, bool GEN>
+struct Scale {
+  using I = typename V::I;
+  using F = typename V::F;
+  F D, M;
+  typename V::P mn[SC && GEN ? 256 / G / 2 : 1];
+  int pairs;
+  Scale(const Record& w, int h, int GS) : D(V::load_half(w.D, h)), pairs(GS / 2) {
+    if constexpr (GEN) M = V::load_half(w.M, h);
+    if constexpr (SC && GEN)
+      for (int p = 0; p < pairs; ++p) mn[p] = V::load_pairs(w.mn + p * 2 * T, h);
+  }
+  // sums: the row's `RowSums` at this super-block; da: its activation scale here
+  F apply(F acc, I isum, const int32_t* sums, float da) const {
+    if constexpr (GEN) {
+      I imin;
+      if constexpr (SC) {
+        imin = V::zero();
+        for (int p = 0; p < pairs; ++p) imin = V::dot_pairs(imin, mn[p], sums[p]);
+      } else {
+        imin = V::set1(sums[0]);
+      }
+      const F t = V::fma(D, V::cvt(isum), V::mul(M, V::cvt(imin)));
+      return V::fma(t, V::set1f(da), acc);
+    } else {
+      return V::fma(V::cvt(isum), V::mul(D, V::set1f(da)), acc);
+    }
+  }
+};
+
 template <class V, int NR, int G, int BITS, bool SC, bool GEN>
 struct Rows {
   // Rows r0..r0+NR of tile w (columns of half h): their float sums into acc [NR][T] (columns 8h..).
   static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
                   float* acc_out, Prefetch& pf) {
     // super-blocks of 64 to 256 columns with multipliers (S runtime: a row of 896 takes 128), else of 32
-    constexpr int QG = G / 4, GB = B / G, CH = NR >= 8 ? 1 : 8 / NR, MAX_PAIRS = 256 / G / 2;
+    constexpr int QG = G / 4, GB = B / G, CH = NR >= 8 ? 1 : 8 / NR;
     const int S = SC ? static_cast<int>(s.S) : 32, BPS = S / B, GS = S / G;
     const int RN = !GEN ? GS : SC ? GS / 2 : 1;  // row sums per super-block (RowSums)
     const int64_t K = s.K, KS = K / S;
@@ -552,66 +621,51 @@ struct Rows {
       pf.advance();
       const Record w = record(s, tile, sb);
       const uint8_t* codes = w.codes;
-      // The products run on through the super-block's groups without a reset (a reset per group
-      // costs a register copy per row): after group j, run holds R_j = dot_0 + ... + dot_j, and
-      //   sum_j sc_j * dot_j = sum_j (sc_j - sc_{j+1}) * R_j      (sc_GS = 0)
-      // exactly in integers (wrapping int32 arithmetic gives the exact sum, which fits).
-      // Folded, R_j - off * (asum_0 + ... + asum_j) stands for R_j (the row sums run on too).
+      // The products run on through the groups (`running_step`), NR x CH chains; a back end whose
+      // quads cost more than a group's scaling (AVX2: V::group) takes each group's dot whole
+      // instead, sum_j sc_j * (dot_j - off * asum_j): the same integer.
       I run[NR][CH], isum[NR];
       for (int r = 0; r < NR; ++r) {
         isum[r] = V::zero();
         for (int c = 0; c < CH; ++c) run[r][c] = V::zero();
       }
-      I next = SC ? V::load_i8(w.sc, h) : V::zero();  // sc of the group after the current one
+      I next = SC && !V::GROUPED ? V::load_i8(w.sc, h) : V::zero();  // sc of the group after the current one
       for (int bb = 0; bb < BPS; ++bb) {
         typename V::C u[8];
         unpack<V, BITS>(codes, h, u);
         codes += 64 * BITS;
-        for (int gi = 0; gi < GB; ++gi) {
-          for (int i = 0; i < QG; ++i)  // rows innermost: NR x CH independent chains
-            for (int r = 0; r < NR; ++r) run[r][i % CH] = V::dot(run[r][i % CH], u[gi * QG + i], q + ((gi * G) / 4 + i) * NR * 4 + 4 * r);
-          const int j = bb * GB + gi;  // the group within the super-block
-          if constexpr (SC) {
-            const I scv = next;
-            next = j + 1 < GS ? V::load_i8(w.sc + (j + 1) * T, h) : V::zero();
-            const I step = V::sub(scv, next);
+        if constexpr (V::GROUPED) {
+          for (int gi = 0; gi < GB; ++gi) {
+            const int j = bb * GB + gi;
+            const I scv = SC ? V::load_i8(w.sc + j * T, h) : V::zero();
             for (int r = 0; r < NR; ++r) {
-              I d = run[r][0];
-              for (int c = 1; c < CH; ++c) d = V::add(d, run[r][c]);
-              if constexpr (!GEN) d = V::sub1(d, sums[r][j]);
-              isum[r] = V::add(isum[r], V::mullo(d, step));
+              I d = V::template group<QG>(u + gi * QG, q + ((gi * G) / 4) * NR * 4 + 4 * r, NR * 4);
+              if constexpr (!GEN) d = V::sub1(d, sums[r][j] - (j > 0 ? sums[r][j - 1] : 0));  // off * asum_j alone
+              isum[r] = SC ? V::add(isum[r], V::mullo(d, scv)) : d;
             }
-          } else {
+          }
+        } else {
+          for (int gi = 0; gi < GB; ++gi) {
+            for (int i = 0; i < QG; ++i)  // rows innermost: NR x CH independent chains
+              for (int r = 0; r < NR; ++r) run[r][i % CH] = V::dot(run[r][i % CH], u[gi * QG + i], q + ((gi * G) / 4 + i) * NR * 4 + 4 * r);
+            const int j = bb * GB + gi;  // the group within the super-block
+            I step = V::zero();
+            if constexpr (SC) {
+              const I scv = next;
+              next = j + 1 < GS ? V::load_i8(w.sc + (j + 1) * T, h) : V::zero();
+              step = V::sub(scv, next);
+            }
             for (int r = 0; r < NR; ++r) {
               I d = run[r][0];
               for (int c = 1; c < CH; ++c) d = V::add(d, run[r][c]);
-              if constexpr (!GEN) d = V::sub1(d, sums[r][0]);
-              isum[r] = d;  // one group per super-block
+              isum[r] = running_step<V, SC, GEN>(isum[r], d, step, !GEN ? sums[r][j] : 0);
             }
           }
         }
         q += B * NR;
       }
-      const F D = V::load_half(w.D, h);
-      if constexpr (GEN) {
-        const F M = V::load_half(w.M, h);
-        typename V::P mn[SC ? MAX_PAIRS : 1];  // the mins' multipliers, widened once for every row
-        if constexpr (SC)
-          for (int p = 0; p < GS / 2; ++p) mn[p] = V::load_pairs(w.mn + p * 2 * T, h);
-        for (int r = 0; r < NR; ++r) {
-          I imin;
-          if constexpr (SC) {
-            imin = V::zero();
-            for (int p = 0; p < GS / 2; ++p) imin = V::dot_pairs(imin, mn[p], sums[r][p]);
-          } else {
-            imin = V::set1(sums[r][0]);
-          }
-          const F t = V::fma(D, V::cvt(isum[r]), V::mul(M, V::cvt(imin)));
-          acc[r] = V::fma(t, V::set1f(da[r][sb]), acc[r]);
-        }
-      } else {
-        for (int r = 0; r < NR; ++r) acc[r] = V::fma(V::cvt(isum[r]), V::mul(D, V::set1f(da[r][sb])), acc[r]);
-      }
+      const Scale<V, G, SC, GEN> scale(w, h, GS);
+      for (int r = 0; r < NR; ++r) acc[r] = scale.apply(acc[r], isum[r], sums[r], da[r][sb]);
       for (int r = 0; r < NR; ++r) sums[r] += RN;
     }
     for (int r = 0; r < NR; ++r) V::store(acc_out + r * T + h * V::L, acc[r]);
@@ -733,7 +787,8 @@ struct EmulatedTiles {
 
 #ifdef YGG_AMX
 // GCC's tile intrinsics paste their tile numbers into the assembly text: literals only, hence the
-// one case per tile a kernel uses (C: 0-3; A, B: 4, 5 for groups of 32, 6, 7 for 16).
+// one case per tile a kernel uses (C: 0-3, zeroed and stored; A, B: 4, 5 for groups of 32, 6, 7
+// for 16, loaded).
 struct HardwareTiles {
   static void configure() {
     static const TileConfig c = tile_config();
@@ -748,15 +803,11 @@ struct HardwareTiles {
     else _tile_zero(3);
   }
   template <int D> static void load(const void* p, int64_t stride) {
-    static_assert(D >= 0 && D < 8);
+    static_assert(D >= 4 && D < 8);
     if constexpr (D == 4) _tile_loadd(4, p, stride);
     else if constexpr (D == 5) _tile_loadd(5, p, stride);
     else if constexpr (D == 6) _tile_loadd(6, p, stride);
-    else if constexpr (D == 7) _tile_loadd(7, p, stride);
-    else if constexpr (D == 0) _tile_loadd(0, p, stride);
-    else if constexpr (D == 1) _tile_loadd(1, p, stride);
-    else if constexpr (D == 2) _tile_loadd(2, p, stride);
-    else _tile_loadd(3, p, stride);
+    else _tile_loadd(7, p, stride);
   }
   template <int D, int A, int Bt> static void dpbsud() {
     static_assert(D >= 0 && D < 4 && ((A == TA32 && Bt == TB32) || (A == TA16 && Bt == TB16)));
@@ -811,16 +862,15 @@ struct TileRows {
   }
   static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int64_t rows,
                   float* acc_out, Prefetch& pf) {
-    constexpr int QG = G / 4, GB = B / G, MAX_PAIRS = 256 / G / 2, TB = G == 32 ? TB32 : TB16;
+    constexpr int QG = G / 4, GB = B / G, TB = G == 32 ? TB32 : TB16;
     const int S = SC ? static_cast<int>(s.S) : 32, BPS = S / B, GS = S / G;
     const int RN = !GEN ? GS : SC ? GS / 2 : 1;
     const int64_t K = s.K, KS = K / S;
     const int blocks = static_cast<int>((rows + 15) / 16);
     using I = typename V::I;
-    using F = typename V::F;
     alignas(64) int32_t sums16[4][16][T];  // the C tiles' running sums: [block][row][column]
     alignas(64) uint8_t unpacked[8 * 64];  // a code block as a B tile: [8 quads][16 columns][4]
-    I isum[64];
+    I isum[TILE_ROWS];
     const int8_t* q = a.plain.data() + r0 * K;
     for (int64_t r = 0; r < rows; ++r) V::store(acc_out + r * T, V::zerof());
     for (int64_t sb = 0; sb < KS; ++sb) {
@@ -848,46 +898,20 @@ struct TileRows {
           if (blocks > 2) dot<2>(qa + 32 * K, K, &sums16[2][0][0]);
           if (blocks > 3) dot<3>(qa + 48 * K, K, &sums16[3][0][0]);
           const int j = bb * GB + gi;
-          if constexpr (SC) {  // as in Rows: sum_j sc_j dot_j = sum_j (sc_j - sc_{j+1}) R_j
+          I step = V::zero();
+          if constexpr (SC) {
             const I scv = next;
             next = j + 1 < GS ? V::load_i8(w.sc + (j + 1) * T, 0) : V::zero();
-            const I step = V::sub(scv, next);
-            for (int64_t r = 0; r < rows; ++r) {
-              I d = V::load_i32(sums16[r / 16][r % 16]);
-              if constexpr (!GEN) d = V::sub1(d, sums[r * rs.n + j]);
-              isum[r] = V::add(isum[r], V::mullo(d, step));
-            }
-          } else {
-            for (int64_t r = 0; r < rows; ++r) {
-              I d = V::load_i32(sums16[r / 16][r % 16]);
-              if constexpr (!GEN) d = V::sub1(d, sums[r * rs.n]);
-              isum[r] = d;
-            }
+            step = V::sub(scv, next);
           }
+          for (int64_t r = 0; r < rows; ++r)  // the C tiles hold R_j, as Rows' chains do
+            isum[r] = running_step<V, SC, GEN>(isum[r], V::load_i32(sums16[r / 16][r % 16]), step, !GEN ? sums[r * rs.n + j] : 0);
         }
       }
-      const F D = V::load_half(w.D, 0);
+      const Scale<V, G, SC, GEN> scale(w, 0, GS);
       const float* da = a.da.data() + r0 * KS + sb;  // row r's at da[r * KS]
-      if constexpr (GEN) {
-        const F M = V::load_half(w.M, 0);
-        typename V::P mn[SC ? MAX_PAIRS : 1];
-        if constexpr (SC)
-          for (int p = 0; p < GS / 2; ++p) mn[p] = V::load_pairs(w.mn + p * 2 * T, 0);
-        for (int64_t r = 0; r < rows; ++r) {
-          I imin;
-          if constexpr (SC) {
-            imin = V::zero();
-            for (int p = 0; p < GS / 2; ++p) imin = V::dot_pairs(imin, mn[p], sums[r * rs.n + p]);
-          } else {
-            imin = V::set1(sums[r * rs.n]);
-          }
-          const F t = V::fma(D, V::cvt(isum[r]), V::mul(M, V::cvt(imin)));
-          V::store(acc_out + r * T, V::fma(t, V::set1f(da[r * KS]), V::load_f(acc_out + r * T)));
-        }
-      } else {
-        for (int64_t r = 0; r < rows; ++r)
-          V::store(acc_out + r * T, V::fma(V::cvt(isum[r]), V::mul(D, V::set1f(da[r * KS])), V::load_f(acc_out + r * T)));
-      }
+      for (int64_t r = 0; r < rows; ++r)
+        V::store(acc_out + r * T, scale.apply(V::load_f(acc_out + r * T), isum[r], sums + r * rs.n, da[r * KS]));
     }
   }
 };
@@ -1087,11 +1111,12 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
     const int i = s.S == 256 ? 0 : s.S == 128 ? 1 : s.S == 64 ? 2 : 3;
     if (by_s[i]) continue;
     Activations& a = *(by_s[i] = &scratch.acts[i]);
-    a.S = s.S, a.want_plain = tiled() && !reference_only;
+    a.S = s.S;
+    const bool plain = tiled() && !reference_only;
     switch (x.scalar_type()) {
-      case at::kFloat: quantize(x.const_data_ptr<float>(), rows, K, a); break;
-      case at::kBFloat16: quantize(x.const_data_ptr<c10::BFloat16>(), rows, K, a); break;
-      case at::kHalf: quantize(x.const_data_ptr<c10::Half>(), rows, K, a); break;
+      case at::kFloat: quantize(x.const_data_ptr<float>(), rows, K, a, plain); break;
+      case at::kBFloat16: quantize(x.const_data_ptr<c10::BFloat16>(), rows, K, a, plain); break;
+      case at::kHalf: quantize(x.const_data_ptr<c10::Half>(), rows, K, a, plain); break;
       default: TORCH_CHECK(false, "ygg::qlinear: float32, bfloat16 or float16 inputs only");
     }
   }
@@ -1155,7 +1180,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
             continue;
           }
           // rows go 8 at a time, then 4, 2, 1: one pass over the tile each
-          const int64_t passes = rows / MAX_NR + __builtin_popcountll(rows % MAX_NR);
+          const int64_t passes = (rows / MAX_NR + __builtin_popcountll(rows % MAX_NR)) * halves();  // a half: a pass
           pf.tile(w - run, s.tile_bytes, passes * (s.K / s.S));
           row_blocks(rows, [&](int64_t r0, int64_t nr) {
             const int idx = nr == 8 ? 3 : nr == 4 ? 2 : nr == 2 ? 1 : 0;
