@@ -19,6 +19,8 @@ from ygg_compile.convert import to_runtime
 from ygg_runtime import proposers
 from ygg_runtime.engine import generate
 from ygg_runtime.model import Transformer, from_state
+from ygg_runtime.objective import Curves
+from ygg_runtime.plan import Profile
 from ygg_runtime.runner import ModelRunner
 from ygg_runtime.ui import Reporter
 
@@ -197,3 +199,11 @@ class Served:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         return self.proc.stderr.read()
+
+
+def linear_curves(fixed_ms: float, row_ms: float, other_row_ms: float = 0.0) -> Curves:
+    """Planted costs: a target forward of w rows takes fixed_ms + row_ms·w whatever the batch (no
+    batch factors), drafting takes nothing (no drafter curve), a step's CPU work other_row_ms·w."""
+    widths = list(range(1, 65))
+    return Curves(Profile(widths, [64], [[fixed_ms + row_ms * w for w in widths]],
+                          other_ms=[other_row_ms * w for w in widths]))

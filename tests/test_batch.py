@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from helpers import METHODS, SEQUOIA_TREE, decode, noised_runtime, runner
+from helpers import METHODS, SEQUOIA_TREE, decode, linear_curves, noised_runtime, runner
 from ygg_compile import invariance, quantize
 from ygg_compile.convert import convert_state, to_runtime
 from ygg_runtime import artifact as artifacts
@@ -281,9 +281,7 @@ def test_cost_aware_trees_shrink_as_the_batch_grows_and_stay_exact(artifact):
     sizes = {}
     for size in (1, 4):
         batch = decoder.batch(max_batch=size)
-        steep = batch.curves  # the batch's own copy: the proposers keep the measured curves
-        steep.target_ms = [[2.0 + 10.0 * w for w in steep.widths] for _ in steep.contexts]
-        steep.batch, steep.draft_ms, steep.other = {"target": None, "draft": None}, [], [0.0] * len(steep.widths)
+        batch.curves = linear_curves(2.0, 10.0)  # the batch's allocation only: the proposers keep the measured curves
         outs = run_batch(batch, [(p, "egt", {"max_new_tokens": 16}) for p in prompts[:size]])
         assert outs == alone[:size]
         sizes[size] = batch.nodes_per_sequence()

@@ -5,9 +5,9 @@ import random
 
 import pytest
 
+from helpers import linear_curves
 from ygg_compile.sequoia_tree import optimal_tree
 from ygg_runtime.objective import Curves
-from ygg_runtime.plan import Profile
 from ygg_runtime.prune import allocate, best_subtree, expected_accepted
 from ygg_runtime.tree import TokenTree
 
@@ -51,13 +51,6 @@ def test_pruning_equals_top_k_by_value_when_values_decrease_along_paths():
         k = rng.randint(1, n)
         top = sorted(range(n), key=lambda v: -values[v])[:k]
         assert expected_accepted(values, best_subtree(parents, values, k)) == pytest.approx(expected_accepted(values, top))
-
-
-def linear_curves(fixed_ms: float, row_ms: float, other_row_ms: float = 0.0) -> Curves:
-    """Planted forward times T(w) = fixed_ms + row_ms·w (a batch of B costs what its rows do)."""
-    widths = list(range(1, 65))
-    return Curves(Profile(widths, [64], [[fixed_ms + row_ms * w for w in widths]],
-                          other_ms=[other_row_ms * w for w in widths]))
 
 
 def token_tree(parents: list[int], values: list[float]) -> TokenTree:
