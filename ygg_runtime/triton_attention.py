@@ -64,6 +64,7 @@ def _attend(q, cache, lo, hi, tree, out, layer, T, scale, stride_qh, stride_qw, 
             stride_cs, stride_tw, stride_oh, stride_ow, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
             DP: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr):
     """Program (w, h): row w's attention for the G query heads of kv head h (module docstring)."""
+    scale = tl.cast(scale, tl.float32)  # AOTInductor passes a float argument as fp64 (a launch, as fp32): the same value
     w = tl.program_id(0)
     h = tl.program_id(1)
     g = tl.arange(0, GP)
@@ -133,14 +134,13 @@ def attention_cuda(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, s
     _, heads, width, dim = q.shape
     kv = k.shape[1]
     out = torch.empty_like(q)
-    bits = tree.view(torch.uint8)
     dp = _padded(dim)
     wrap_triton(_write_kv)[(width, kv)](
         k, v, cache, slots, layer, k.stride(1), k.stride(2), v.stride(1), v.stride(2), cache.stride(0),
         cache.stride(1), cache.stride(2), cache.stride(3), D=dim, DP=dp)
     wrap_triton(_attend)[(width, kv)](
-        q, cache, lo, hi, bits, out, layer, tree.shape[1], dim ** -0.5, q.stride(1), q.stride(2), cache.stride(0),
-        cache.stride(1), cache.stride(2), cache.stride(3), bits.stride(0), out.stride(1), out.stride(2),
+        q, cache, lo, hi, tree, out, layer, tree.shape[1], dim ** -0.5, q.stride(1), q.stride(2), cache.stride(0),
+        cache.stride(1), cache.stride(2), cache.stride(3), tree.stride(0), out.stride(1), out.stride(2),
         G=heads // kv, GP=_padded(heads // kv), D=dim, DP=dp, BLOCK=BLOCK_N, CHUNK=TREE_CHUNK)
     return out
 
