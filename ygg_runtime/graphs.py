@@ -33,19 +33,28 @@ WARMUP = 2  # runs of a forward before its capture (kernels compiled, workspaces
 
 class ForwardInputs:
     """tokens, positions, slots, lo, hi [width] and heads [heads] as int64, then tree [width,
-    window] as bool, in one byte buffer on the host (pinned for a GPU)."""
+    window] as bool, in one byte buffer on the host (pinned for a GPU). Each input starts on a
+    16-byte boundary (ALIGN): a GPU graph compiled ahead of time was built from separate, aligned
+    example tensors, and its kernels may load an input as if it were (Inductor copies a misaligned
+    input before its own kernels run, an AOTInductor graph does not)."""
+
+    ALIGN = 16
 
     def __init__(self, width: int, heads: int, window: int, pin: bool = False):
         self.width, self.heads, self.window = width, heads, window
-        self._tree_at = 8 * (5 * width + heads)
+        step = self.ALIGN // 8
+        self._at = [i * -(-width // step) * step for i in range(6)]  # int64 offsets of the five [W] inputs and heads
+        self._tree_at = 8 * (self._at[5] + -(-heads // step) * step)
         self.host = torch.zeros(self._tree_at + width * window, dtype=torch.uint8, pin_memory=pin)
         self.tree = self.host[self._tree_at :].view(torch.bool).view(width, window)
 
     def set_ints(self, tokens: list[int], positions: list[int], slots: list[int], lo: list[int], hi: list[int],
                  heads: list[int]) -> None:
         """Write the integer inputs (each of its length: the width, or the heads)."""
-        values = torch.tensor(tokens + positions + slots + lo + hi + heads, dtype=torch.int64)
-        self.host[: self._tree_at].view(torch.int64).copy_(values)
+        flat: list[int] = []  # one copy into the buffer, zeros in the gaps
+        for at, values in zip(self._at, (tokens, positions, slots, lo, hi, heads)):
+            flat += [0] * (at - len(flat)) + values
+        self.host[: 8 * len(flat)].view(torch.int64).copy_(torch.tensor(flat, dtype=torch.int64))
 
     def args(self, buffer: Tensor | None = None) -> tuple[Tensor, ...]:
         """The forward's inputs (tokens [1, W], positions, slots, lo, hi, tree, heads) as views of
@@ -54,8 +63,8 @@ class ForwardInputs:
         w = self.width
         ints = buffer[: self._tree_at].view(torch.int64)
         tree = buffer[self._tree_at :].view(torch.bool).view(w, self.window)
-        return (ints[:w].view(1, w), ints[w : 2 * w], ints[2 * w : 3 * w], ints[3 * w : 4 * w], ints[4 * w : 5 * w],
-                tree, ints[5 * w :])
+        tokens, positions, slots, lo, hi = (ints[at : at + w] for at in self._at[:5])
+        return tokens.view(1, w), positions, slots, lo, hi, tree, ints[self._at[5] : self._at[5] + self.heads]
 
     def on(self, device: torch.device) -> tuple[Tensor, ...]:
         """The inputs on `device`, in one copy that does not wait (the host buffer is pinned off the
