@@ -119,3 +119,56 @@ def test_greedy_output_through_the_compiled_forwards_is_the_targets_own(tmp_path
         assert out == hf_greedy(hf, prompt, 32), method
         assert calls[0] == len(prompt) - 1 and set(calls[1:]) <= {2, 4}
         assert target.compiled_forwards - compiled == len(calls)  # every forward ran compiled
+
+
+def test_a_package_whose_loader_crashes_is_reported_with_its_signal_and_a_good_one_loads(compiled, monkeypatch):
+    """The loader is tried in a child process: a crash there (torch 2.11's AOTInductor loader
+    segfaults on every CUDA package on the H200 image) is a reason naming the signal, not the end
+    of the compile; the tiny model's real package loads in the child, and a device kind not in
+    CHILD_LOAD is not tried at all."""
+    from ygg_compile import aot
+
+    _, path, _ = compiled
+    monkeypatch.setattr(aot, "CHILD_LOAD", ("cpu",))
+    assert aot.load_failure(path, "cpu") is None
+    monkeypatch.setattr(aot, "LOAD_IN_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert "crashed loading it (SIGSEGV)" in aot.load_failure(path, "cpu")
+    monkeypatch.setattr(aot, "LOAD_IN_CHILD", "raise RuntimeError('no such kernel')")
+    assert aot.load_failure(path, "cpu").endswith("failed: RuntimeError: no such kernel")
+    monkeypatch.setattr(aot, "CHILD_LOAD", ("cuda",))
+    assert aot.load_failure(path, "cpu") is None
+
+
+def test_a_compile_whose_packages_cannot_load_here_runs_eager_and_says_why(tmp_path, monkeypatch):
+    """Where the loader dies on the target's package, the compile goes on without compiled
+    forwards: no package in the artifact, the drafter not compiled, the plan and the decoder say
+    why, and every method still gives `ar`'s tokens."""
+    import ygg_runtime
+    from ygg_compile import aot
+    from ygg_compile.build import compile_artifact
+    from ygg_compile.options import CompileOptions
+
+    compiled_roles = []
+
+    def placeholder(model, path, progress=None):  # the package's bytes do not matter: it never loads
+        compiled_roles.append(path.parent.name)
+        path.write_bytes(b"not a package")
+        return 0.1, 1
+
+    monkeypatch.setattr(aot, "compile_model", placeholder)
+    monkeypatch.setattr(aot, "CHILD_LOAD", ("cpu",))
+    monkeypatch.setattr(aot, "LOAD_IN_CHILD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    target = tiny.hf_model("llama", seed=40)
+    tok = tiny.byte_tokenizer()
+    dirs = {role: tiny.save_pair_dir(tmp_path / role, model, tok)
+            for role, model in (("target", target), ("draft", tiny.noised(target, 0.05, seed=41)))}
+    out = tmp_path / "artifact"
+    plan = compile_artifact(CompileOptions(draft=str(dirs["draft"]), target=str(dirs["target"]), output=out, device="cpu",
+                                           dtype="float32", profiles=tmp_path / "profiles", max_context=256, quick=True))
+    assert compiled_roles == ["target"] and plan.aot is None and "SIGSEGV" in plan.aot_skipped
+    assert not list(out.rglob(aot.PACKAGE))
+    dec = ygg_runtime.load(out)
+    assert dec.plan.aot_skipped == plan.aot_skipped and "the compile left its compiled forwards out" in dec.forwards
+    prompt = list(b"def quicksort(xs):\n")
+    ar = dec.generate(prompt, max_new_tokens=24, method="ar").token_ids
+    assert all(dec.generate(prompt, max_new_tokens=24, method=m).token_ids == ar for m in ("chain", "egt", "pld"))

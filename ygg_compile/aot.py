@@ -17,6 +17,10 @@ than eager at a 2 k-slot cache), and the cache `ygg serve` sizes by memory holds
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -83,6 +87,37 @@ def compile_model(model: Transformer, path: Path, progress: Callable[[int, int],
     if progress:
         progress(2, 2)
     return round(time.time() - start, 1), narrowest
+
+
+# Device kinds whose AOTInductor loader is first tried in a child process: torch 2.11.0+cu130's
+# segfaults loading any CUDA package on the H200 image (a two-layer MLP too, weights in the .so or
+# not: DESIGN.md §11), which would take the compile down with it, without a word. A CPU package
+# has always loaded (and a child costs seconds a model, in every compile of the suite).
+CHILD_LOAD = ("cuda",)
+# What the child runs: the runtime's own loader, on the package at argv[1] for device kind argv[2].
+LOAD_IN_CHILD = ("import sys; from pathlib import Path; from ygg_runtime.compiled import load_graph, register_ops; "
+                 "register_ops(sys.argv[2]); load_graph(Path(sys.argv[1]), keep_unpacked=False)")
+
+
+def load_failure(path: Path, device: str) -> str | None:
+    """Why this machine's torch cannot load the compiled package `path`, found by loading it in a
+    child process (on device kinds in CHILD_LOAD), or None: it loads (or is not tried)."""
+    kind = torch.device(device).type
+    if kind not in CHILD_LOAD:
+        return None
+    root = str(Path(__file__).resolve().parent.parent)  # the child imports ygg_runtime from where this one did
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
+    try:
+        proc = subprocess.run([sys.executable, "-c", LOAD_IN_CHILD, str(path), kind], capture_output=True, text=True,
+                              env=env, timeout=600)
+    except subprocess.TimeoutExpired:
+        return f"torch {torch.__version__}'s AOTInductor loader did not load it in 10 minutes"
+    if proc.returncode == 0:
+        return None
+    if proc.returncode < 0:
+        return f"torch {torch.__version__}'s AOTInductor loader crashed loading it ({signal.Signals(-proc.returncode).name})"
+    lines = proc.stderr.strip().splitlines()
+    return f"torch {torch.__version__}'s AOTInductor loader failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
 
 
 # Compiler flags whose /proc/cpuinfo name is not the flag itself without its "-m".

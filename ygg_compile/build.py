@@ -135,6 +135,7 @@ class _Build:
     runners: dict[str, ModelRunner] = field(default_factory=dict)
     codec: TextCodec | None = None
     aot_info: AOTInfo | None = None
+    aot_skipped: str | None = None  # why the asked-for compiled forwards were left out
     vocab: dict = field(default_factory=dict)  # the drafter's head, as cut
     # invariance, profile, calibrate, plan
     exact: dict[str, ExactnessRecord] = field(default_factory=dict)
@@ -213,12 +214,19 @@ def _aot(b: _Build) -> None:
     seconds: dict[str, float] = {}  # AOT compile time per model
     narrowest: dict[str, int] = {}  # its narrowest compiled width
     if opts.aot:
-        _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds, narrowest)
+        b.aot_skipped = _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds, narrowest, b.device)
     special = sorted(set(b.tokenizer.all_special_ids) | set(b.tok_info.eos_token_ids))
     b.vocab = _cut_draft_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special, opts, tmp, phase, b.ui,
                               b.stored.calib if b.stored else None)
-    if opts.aot:
-        _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds, narrowest)
+    if opts.aot and not b.aot_skipped:
+        b.aot_skipped = _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds, narrowest, b.device)
+    if b.aot_skipped:  # neither model's package goes into the artifact: every forward runs eager
+        for role, runner in b.runners.items():
+            runner.compiled = None
+            (tmp / role / aot.PACKAGE).unlink(missing_ok=True)
+        b.ui.note(f"the forwards are not compiled ahead of time: {b.aot_skipped}; they run eager"
+                  + (", captured as CUDA graphs" if b.device.startswith("cuda") else ""))
+    elif opts.aot:
         b.aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(b.device), min_width=narrowest)
 
 
@@ -291,6 +299,7 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
         max_context=b.max_context,
         cache_slots=b.cache_slots,
         aot=b.aot_info,
+        aot_skipped=b.aot_skipped,
         kernel=b.kernel,
         exactness=b.exact,
         method=opts.method,
@@ -518,17 +527,22 @@ def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
 
 
 def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, seconds: dict[str, float],
-                     narrowest: dict[str, int]) -> None:
+                     narrowest: dict[str, int], device: str) -> str | None:
     """A model's forward compiled ahead of time into <role>/model.pt2; its runner uses it from here
-    on, so profiling and calibration time the forwards `ygg run` will run."""
+    on, so profiling and calibration time the forwards `ygg run` will run. Returns why this
+    machine's torch cannot load the package (`aot.load_failure`), or None."""
     label = f"compiling the {role}'s forward ahead of time (AOTInductor, widths 1..{MAX_WIDTH})"
     with phase("aot", label):
         report = lambda done, total: ui.progress(label, done, total, unit="stages")  # noqa: E731
         path = tmp / role / aot.PACKAGE
         seconds[role], narrowest[role] = aot.compile_model(runners[role].model, path, report)
+        why = aot.load_failure(path, device)
+        if why:
+            return f"the {role}'s package: {why}"
         if narrowest[role] > 1:
             ui.note(f"{role}: export could not keep a one-row forward in the compiled graph; one-row forwards run eager")
         runners[role].compiled = CompiledForward(path, runners[role].model, narrowest[role])
+    return None
 
 
 def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCodec, texts_in: list[str], tokens: int,

@@ -91,7 +91,9 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     tok = plan.tokenizer
     codec = TextCodec(directory / tok.file, tok.chat_prefix, tok.chat_suffix)
     forwards = ("compiled ahead of time" if aot is not None else
-                "eager (--eager: kernels built from source)" if eager else "eager (the artifact has no compiled forwards)")
+                "eager (--eager: kernels built from source)" if eager else
+                f"eager (the compile left its compiled forwards out: {plan.aot_skipped})" if plan.aot_skipped else
+                "eager (the artifact has no compiled forwards)")
     if device.startswith("cuda"):
         forwards += ", replayed as CUDA graphs (one per forward width)"
     return Decoder(

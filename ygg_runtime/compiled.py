@@ -77,6 +77,16 @@ def load_graph(path: Path, keep_unpacked: bool):
             shutil.rmtree(unpacked, ignore_errors=True)
 
 
+def register_ops(device_type: str) -> None:
+    """Register the ops a graph of this device kind calls, before it is loaded: the C++ kernel on a
+    CPU; on a GPU the Triton one (compiled into the package; registered all the same, should a
+    graph call it)."""
+    if device_type == "cpu":
+        kernels.load()
+    else:
+        kernels.gpu_attention()
+
+
 def constants(model: Transformer) -> dict[str, Tensor]:
     """Every tensor a compiled graph may read, by the name export gives it (tied weights under
     both names)."""
@@ -87,10 +97,7 @@ class CompiledForward:
     """Runs a forward through the compiled graph; same arguments and results as the model."""
 
     def __init__(self, path: Path, model: Transformer, min_width: int = 1):
-        if model.device.type == "cpu":
-            kernels.load()  # the graph calls ygg::attention: it must be registered before loading
-        else:
-            kernels.gpu_attention()  # compiled into the package; registered all the same, should a graph call it
+        register_ops(model.device.type)
         self.min_width, self.max_width = min_width, MAX_WIDTH
         shared = constants(model)
         try:

@@ -384,6 +384,8 @@ class Plan:
     # before the field gets the default (nothing compiled depends on the rule)
     sampling: str = SAMPLING
     gpu: GPUInfo | None = None  # the GPU of a --device cuda artifact (None: a CPU artifact)
+    # why the compile left out the compiled forwards it was asked for (this torch could not load them)
+    aot_skipped: str | None = None
 
     def to_dict(self) -> dict:
         return plain(self)
