@@ -102,3 +102,19 @@ def test_every_method_reads_once_per_drafter_level_and_once_for_its_verdict(mode
     proposer = build(method, params, Drafter(draft, target.vocab_size) if method != "ar" else None)
     steps = step_reads(target, proposer, reads, n=24)
     assert all(mine == every == reads_per_step for _, mine, every in steps)
+
+
+@pytest.mark.parametrize("width,heads", [(1, 1), (3, 2), (5, 5), (8, 3)])
+def test_a_forwards_inputs_each_start_on_a_16_byte_boundary_of_their_one_buffer(width, heads):
+    """A graph compiled ahead of time for a GPU may load its inputs as aligned (its examples were);
+    the one buffer a forward's inputs travel in keeps each of them so, and each holds its values."""
+    from ygg_runtime.graphs import ForwardInputs
+
+    inputs = ForwardInputs(width, heads, window=7)
+    values = [[100 * k + i for i in range(width)] for k in range(5)]
+    inputs.set_ints(*values, heads=[900 + i for i in range(heads)])
+    inputs.tree[:] = torch.ones(width, 7, dtype=torch.bool).tril()
+    args = inputs.args()
+    assert all(a.storage_offset() * a.element_size() % ForwardInputs.ALIGN == 0 for a in args)
+    assert [a.flatten().tolist() for a in args[:5]] == values and args[6].tolist() == [900 + i for i in range(heads)]
+    assert torch.equal(args[5], torch.ones(width, 7, dtype=torch.bool).tril())
