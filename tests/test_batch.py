@@ -505,3 +505,19 @@ def test_a_mixed_forward_computes_logits_on_a_checked_number_of_rows():
     heads, at = head_rows([chunk, verify, verify], 12, first)
     assert heads[:2] == [10, 11] and len(heads) == 4 and at == [None, 0, 1]
     assert head_rows([verify, verify], 2, first) == ([0, 1], [0, 1])  # all wanted: every row, as before
+
+
+def test_batched_forward_timing_fits_the_smallest_cache_a_compile_makes():
+    """`ygg compile --max-context 1` gives a cache of 1 + a probe tree's room: CAST's batched
+    forwards are still timed there at every width (they crashed below ~520 slots: each of the
+    eight regions was sized for the widest forward, though a sequence gets at most half of it)."""
+    import tiny
+    from helpers import to_runtime
+
+    from ygg_compile import calibrate, profile
+    from ygg_runtime.params import WIDTHS
+
+    small = runner(to_runtime(tiny.hf_model("llama", seed=3)), 1 + calibrate.PROBE_ROOM)
+    got = profile.batch_times(small, WIDTHS, context=256, repeats=1, warmup=0)
+    assert got["context"] >= 1 and got["sequences"] == list(profile.BATCH_SEQUENCES)
+    assert all((ms is None) == (w < b) for b, row in zip(got["sequences"], got["ms"]) for w, ms in zip(WIDTHS, row))

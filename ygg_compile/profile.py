@@ -97,15 +97,18 @@ def batch_times(runner: ModelRunner, widths: tuple[int, ...], context: int, sequ
                 repeats: int = 3, warmup: int = 1) -> dict:
     """CAST's f(B, c, n): median ms of one forward carrying n new tokens spread evenly over B
     sequences (n / B each, a causal chain), each in its own cache region after `context` tokens,
-    for every measured width n >= B (`ygg_runtime.batch` runs such forwards). The context is
-    lowered where B regions would not fit the cache. Returns {"context", "sequences", "widths",
+    for every measured width n >= B (`ygg_runtime.batch` runs such forwards). A region holds the
+    context and the most one sequence of a batch gets (widest / min B); the context is lowered
+    where the regions would not fit the cache (the smallest a compile makes, max_context 1 plus a
+    probe tree's room, holds eight of 1 + 64 / 2). Returns {"context", "sequences", "widths",
     "ms": [per B: ms per width, None below B]}."""
     widest = max(widths)
-    context = max(1, min(context, runner.max_len // max(sequences) - widest))
+    most = widest // min(sequences)  # the most tokens one sequence of a batched forward gets
+    context = max(1, min(context, runner.max_len // max(sequences) - most))
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, runner.vocab_size, (widest,), generator=gen).tolist()
     compiled, runner.widths = runner.widths, ()
-    length = context + widest
+    length = context + most
     regions = [runner.region(i * length, length) for i in range(max(sequences))]
     samples: dict[tuple[int, int], list[float]] = {(b, w): [] for b in sequences for w in widths if w >= b}
     try:
