@@ -92,7 +92,7 @@ class Check:
             got = {"status": f"FAILED: {got['failed']}" if got.get("failed") else "ok", **got}
         except Exception as e:  # one line here, the traceback in the log: the next section still runs
             got = {"status": f"FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
-            self.log.write(traceback.format_exc())
+            self.trace(name)
         got["seconds"] = round(time.time() - t, 1)
         self.results[name] = got
         self.say(f"[{name}] {got['status']} ({got['seconds']} s)")
@@ -217,9 +217,10 @@ def compile_pair(check: Check, dirs: dict, out: Path, device: torch.device, **op
     except Exception as e:
         if not opts.aot:
             raise
+        why = f"{type(e).__name__}: {first_line(e)}"
         check.trace(f"AOT compile of {out}")
-        check.say(f"  AOT failed ({type(e).__name__}: {first_line(e)}); compiling without it")
-        return compile_artifact(dataclasses.replace(opts, aot=False), Reporter()), f"{type(e).__name__}: {first_line(e)}"
+        check.say(f"  AOT failed ({why}); compiling without it")
+        return compile_artifact(dataclasses.replace(opts, aot=False), Reporter()), why
 
 
 def decode_all(dec, prompts: list, n: int, methods=METHODS) -> dict:

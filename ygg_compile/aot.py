@@ -105,19 +105,20 @@ def load_failure(path: Path, device: str) -> str | None:
     kind = torch.device(device).type
     if kind not in CHILD_LOAD:
         return None
+    loader = f"torch {torch.__version__}'s AOTInductor loader"
     root = str(Path(__file__).resolve().parent.parent)  # the child imports ygg_runtime from where this one did
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
     try:
         proc = subprocess.run([sys.executable, "-c", LOAD_IN_CHILD, str(path), kind], capture_output=True, text=True,
                               env=env, timeout=600)
     except subprocess.TimeoutExpired:
-        return f"torch {torch.__version__}'s AOTInductor loader did not load it in 10 minutes"
+        return f"{loader} did not load it in 10 minutes"
     if proc.returncode == 0:
         return None
     if proc.returncode < 0:
-        return f"torch {torch.__version__}'s AOTInductor loader crashed loading it ({signal.Signals(-proc.returncode).name})"
+        return f"{loader} crashed loading it ({signal.Signals(-proc.returncode).name})"
     lines = proc.stderr.strip().splitlines()
-    return f"torch {torch.__version__}'s AOTInductor loader failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
+    return f"{loader} failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
 
 
 # Compiler flags whose /proc/cpuinfo name is not the flag itself without its "-m".

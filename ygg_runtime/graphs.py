@@ -42,9 +42,10 @@ class ForwardInputs:
 
     def __init__(self, width: int, heads: int, window: int, pin: bool = False):
         self.width, self.heads, self.window = width, heads, window
-        step = self.ALIGN // 8
-        self._at = [i * -(-width // step) * step for i in range(6)]  # int64 offsets of the five [W] inputs and heads
-        self._tree_at = 8 * (self._at[5] + -(-heads // step) * step)
+        step = self.ALIGN // 8  # int64s to a boundary
+        padded = lambda n: -(-n // step) * step  # noqa: E731  (n int64s, rounded up to a boundary)
+        self._at = [i * padded(width) for i in range(6)]  # int64 offsets of the five [W] inputs and heads
+        self._tree_at = 8 * (self._at[5] + padded(heads))
         self.host = torch.zeros(self._tree_at + width * window, dtype=torch.uint8, pin_memory=pin)
         self.tree = self.host[self._tree_at :].view(torch.bool).view(width, window)
 
