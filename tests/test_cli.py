@@ -175,6 +175,10 @@ def test_runtime_never_imports_compile_time_libraries(artifact):
         "d.generate('hello', max_new_tokens=4, method='egt')\n"
         "bad = [m for m in sys.modules if m.split('.')[0] in ('transformers', 'sklearn', 'ygg_compile')]\n"
         "assert not bad, bad\n"
+        # torch's compilers either: importing them costs ~3 s of every start (the compiled forwards
+        # load through the C++ loader, not Inductor's Python wrapper)
+        "slow = [m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules]\n"
+        "assert not slow, slow\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -14,9 +14,9 @@ import atexit
 import os
 import shutil
 import tempfile
-import warnings
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from ygg_runtime import kernels
@@ -48,14 +48,15 @@ def _sweep(root: Path) -> None:
             pass
 
 
-def load_graph(path: Path, keep_unpacked: bool):
-    """torch's package loader, unpacking into a directory of ours rather than its own
+def load_graph(path: Path, keep_unpacked: bool) -> torch._C._aoti.AOTIModelPackageLoader:
+    """torch's C++ package loader, unpacking into a directory of ours rather than its own
     `$TMPDIR/aotinductor_*` (which a killed process leaves behind, a few MB to hundreds a load).
     On a CPU the shared library is mapped once loaded, so the directory goes at once; a GPU
     graph loads its kernels' binaries on first use, so there it goes when the process exits, or,
-    if it is killed, at the next load on this machine."""
-    from torch._inductor.package import load_package
-
+    if it is killed, at the next load on this machine. Not `torch._inductor.package.load_package`,
+    its Python wrapper: importing it imports Inductor and Dynamo (~3 s of every `ygg` start on a
+    2-core EPYC, besides ~0.6 s probing the compiler's vector ISAs for a device check that only
+    warns), and its call re-parses the graph's call spec on every forward."""
     root = unpack_root()
     root.mkdir(parents=True, exist_ok=True)
     _sweep(root)
@@ -63,9 +64,7 @@ def load_graph(path: Path, keep_unpacked: bool):
     before = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = unpacked  # the C++ loader unpacks under temp_directory_path(), read now
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # torch's own deprecations
-            return load_package(str(path), model_name=GRAPH)
+        return torch._C._aoti.AOTIModelPackageLoader(str(path), GRAPH, False, 1, -1)  # one runner, current device
     finally:
         if before is None:
             del os.environ["TMPDIR"]
@@ -109,7 +108,7 @@ class CompiledForward:
         if missing:
             raise YggError(f"{path} was compiled for another model (it expects {missing[0]}): recompile")
         try:
-            self.graph.load_constants({n: shared[n] for n in names}, check_full_update=True, user_managed=True)
+            self.graph.load_constants({n: shared[n] for n in names}, False, True, user_managed=True)  # active set, all of them
         except Exception as e:  # same names, other shapes (another model size)
             raise YggError(f"{path} does not fit this model or cache: {first_line(e)}: recompile") from None
 
@@ -119,5 +118,5 @@ class CompiledForward:
 
     def __call__(self, tokens: Tensor, positions: Tensor, slots: Tensor, lo: Tensor, hi: Tensor, tree: Tensor,
                  cache: Tensor, heads: Tensor) -> tuple[Tensor, Tensor]:
-        logits, hidden = self.graph(tokens, positions, slots, lo, hi, tree, cache, heads)
+        logits, hidden = self.graph.run([tokens, positions, slots, lo, hi, tree, cache, heads])
         return logits, hidden

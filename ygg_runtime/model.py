@@ -131,7 +131,9 @@ class Transformer(nn.Module):
     def __init__(self, a: ModelArgs):
         super().__init__()
         self.args = a
-        self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
+        # Its weight given, not drawn: nn.Embedding's normal_ init on the meta device imports
+        # torch._dynamo (~2.5 s of every `ygg` process's start) for values the weights replace.
+        self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim, _weight=torch.empty(a.vocab_size, a.dim))
         self.layers = nn.ModuleList(Block(a, i) for i in range(a.n_layers))
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.output = nn.Linear(a.dim, a.head_rows or a.vocab_size, bias=False)
