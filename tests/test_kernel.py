@@ -149,6 +149,26 @@ def test_kernel_is_cached_and_refuses_a_missing_compiler(monkeypatch, tmp_path):
         kernels.build(tmp_path / "other")
 
 
+def test_the_instruction_set_flags_are_inductors_and_probed_once_per_machine(monkeypatch, tmp_path):
+    """The kernels are built with the flags Inductor compiles this machine's code with; asking
+    Inductor costs seconds (its import, a probe compile per ISA), so the answer is cached, and asked
+    again where what decides it changes (here ATEN_CPU_CAPABILITY)."""
+    from torch._inductor import cpu_vec_isa
+
+    monkeypatch.setenv("YGG_CACHE", str(tmp_path))
+    want = [f for f in cpu_vec_isa.pick_vec_isa().build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
+    assert kernels.isa_flags() == want and len(list((tmp_path / "kernels").glob("isa-*.json"))) == 1
+
+    def probe():
+        raise AssertionError("asked Inductor again")
+
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", probe)
+    assert kernels.isa_flags() == want  # from the cache
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    with pytest.raises(AssertionError, match="asked Inductor again"):
+        kernels.isa_flags()
+
+
 def test_processes_needing_the_same_build_compile_it_once(tmp_path):
     """Two processes that find no library (two compiles, or the suite's two workers, on a fresh
     machine) take turns on a lock: one runs the compiler, the other loads its library. The

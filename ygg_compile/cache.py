@@ -71,6 +71,8 @@ def _describe(kind: str, p: Path) -> str:
             return f"{Path(src['gguf']).name} in {src['dtype']}"
         except (OSError, ValueError, KeyError):
             return "float32, made by an earlier version (compiles no longer use it)"
+    if kind == "kernels" and p.suffix == ".json":
+        return f"{p.name}: the instruction-set flags they are built with here"
     return p.name
 
 

@@ -43,7 +43,9 @@ Quantized weights run on CPUs only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -54,8 +56,8 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.errors import YggError, first_line, out_of_space
-from ygg_runtime.files import locked
-from ygg_runtime.integrity import cache_dir
+from ygg_runtime.files import locked, write_atomic
+from ygg_runtime.integrity import cache_dir, cpu_flags
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "attention.cpp", CSRC / "qlinear.cpp", CSRC / "roofline.cpp")
@@ -80,11 +82,27 @@ def qlinear_version() -> str:
     return hashlib.sha256(SOURCES[1].read_bytes()).hexdigest()[:12]
 
 
-def isa_flags() -> list[str]:
-    """The compiler's instruction-set flags: those Inductor builds this machine's code with."""
+def isa_flags(cxx: str | None = None) -> list[str]:
+    """The compiler's instruction-set flags: those Inductor builds this machine's code with. Asking
+    Inductor imports it (and Dynamo) and compiles a probe program per instruction set: ~5 s of every
+    process that builds or finds the kernels, on the 2-core EPYC. So the answer is kept in the cache,
+    keyed by all it depends on: the CPU's flags, torch, the compiler and ATEN_CPU_CAPABILITY (which
+    caps Inductor's pick)."""
+    cxx = cxx or _compiler()
+    asked = (sorted(cpu_flags()), torch.__version__, _compiler_version(cxx), os.environ.get("ATEN_CPU_CAPABILITY"))
+    key = hashlib.sha256(repr(asked).encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"isa-{key}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    return [f for f in pick_vec_isa().build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
+    flags = [f for f in pick_vec_isa().build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
+    with contextlib.suppress(OSError):  # a cache that cannot be written costs the probe next time, nothing else
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(flags).encode())
+    return flags
 
 
 def _compiler() -> str:
@@ -94,6 +112,11 @@ def _compiler() -> str:
     return cxx
 
 
+def _compiler_version(cxx: str) -> list[str]:
+    """The first line `cxx --version` prints: which compiler, and which release of it."""
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+
+
 def build(cache: Path | None = None, isa: list[str] | None = None) -> Path:
     """The kernels compiled for this machine (or for the instruction-set flags `isa`, which tests
     use to build the portable paths): reused from `cache` when the same sources, torch, compiler and
@@ -101,9 +124,9 @@ def build(cache: Path | None = None, isa: list[str] | None = None) -> Path:
     interrupted build never leaves a broken library; processes that need the same build take turns
     on a lock, so the second loads what the first built rather than building it again)."""
     cxx = _compiler()
-    flags = ["-O3", "-std=c++20", "-fPIC", "-fopenmp", *(isa_flags() if isa is None else isa),
+    flags = ["-O3", "-std=c++20", "-fPIC", "-fopenmp", *(isa_flags(cxx) if isa is None else isa),
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    version = _compiler_version(cxx)
     sources = b"".join(p.read_bytes() for p in SOURCES)
     key = hashlib.sha256(sources + repr((torch.__version__, flags, version)).encode()).hexdigest()[:16]
     root = Path(cache) if cache is not None else cache_dir() / "kernels"
