@@ -156,14 +156,15 @@ def test_the_instruction_set_flags_are_inductors_and_probed_once_per_machine(mon
     from torch._inductor import cpu_vec_isa
 
     monkeypatch.setenv("YGG_CACHE", str(tmp_path))
-    want = [f for f in cpu_vec_isa.pick_vec_isa().build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
-    assert kernels.isa_flags() == want and len(list((tmp_path / "kernels").glob("isa-*.json"))) == 1
+    isa = cpu_vec_isa.pick_vec_isa()
+    want = [f for f in isa.build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
+    assert kernels.vector_isa() == (str(isa) or None, want) and len(list((tmp_path / "kernels").glob("isa-*.json"))) == 1
 
     def probe():
         raise AssertionError("asked Inductor again")
 
     monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", probe)
-    assert kernels.isa_flags() == want  # from the cache
+    assert kernels.isa_flags() == want and kernels.vector_isa()[0] == (str(isa) or None)  # from the cache
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     with pytest.raises(AssertionError, match="asked Inductor again"):
         kernels.isa_flags()

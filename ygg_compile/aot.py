@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ygg_runtime import kernels
 from ygg_runtime.compiled import GRAPH, MAX_WIDTH
 from ygg_runtime.model import Transformer
 
@@ -131,8 +132,6 @@ def cpu_requirements(device: str) -> dict:
     /proc/cpuinfo names them) that code needs: recorded in the plan, checked by `ygg run`."""
     if not device.startswith("cpu"):
         return {"isa": None, "cpu_flags": []}
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    isa = pick_vec_isa()
-    flags = [f.removeprefix("-m") for f in isa.build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
-    return {"isa": str(isa) or None, "cpu_flags": sorted({_CPUINFO_NAMES.get(f, f.replace("-", "_")) for f in flags})}
+    isa, flags = kernels.vector_isa()
+    names = (f.removeprefix("-m") for f in flags)
+    return {"isa": isa, "cpu_flags": sorted({_CPUINFO_NAMES.get(f, f.replace("-", "_")) for f in names})}

@@ -83,26 +83,33 @@ def qlinear_version() -> str:
 
 
 def isa_flags(cxx: str | None = None) -> list[str]:
-    """The compiler's instruction-set flags: those Inductor builds this machine's code with. Asking
-    Inductor imports it (and Dynamo) and compiles a probe program per instruction set: ~5 s of every
-    process that builds or finds the kernels, on the 2-core EPYC. So the answer is kept in the cache,
-    keyed by all it depends on: the CPU's flags, torch, the compiler and ATEN_CPU_CAPABILITY (which
-    caps Inductor's pick)."""
+    """The compiler's instruction-set flags: those Inductor builds this machine's code with."""
+    return vector_isa(cxx)[1]
+
+
+def vector_isa(cxx: str | None = None) -> tuple[str | None, list[str]]:
+    """The vector instruction set Inductor builds this machine's code for (None: none) and its
+    compiler flags. Asking Inductor imports it (and Dynamo) and compiles a probe program per
+    instruction set: ~5 s of every process that builds or finds the kernels, on the 2-core EPYC. So
+    the answer is kept in the cache, keyed by all it depends on: the CPU's flags, torch, the
+    compiler and ATEN_CPU_CAPABILITY (which caps Inductor's pick)."""
     cxx = cxx or _compiler()
     asked = (sorted(cpu_flags()), torch.__version__, _compiler_version(cxx), os.environ.get("ATEN_CPU_CAPABILITY"))
     key = hashlib.sha256(repr(asked).encode()).hexdigest()[:16]
     path = cache_dir() / "kernels" / f"isa-{key}.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        found = json.loads(path.read_text())
+        return found["isa"], found["flags"]
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
-    flags = [f for f in pick_vec_isa().build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
+    isa = pick_vec_isa()
+    flags = [f for f in isa.build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
     with contextlib.suppress(OSError):  # a cache that cannot be written costs the probe next time, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(flags).encode())
-    return flags
+        write_atomic(path, json.dumps({"isa": str(isa) or None, "flags": flags}).encode())
+    return str(isa) or None, flags
 
 
 def _compiler() -> str:
