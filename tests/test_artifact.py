@@ -144,6 +144,27 @@ def test_refuses_a_cpu_lacking_an_instruction_set_the_compiled_code_uses(copy, p
     assert ygg("run", prompt_file, "-a", copy, "-n", 4, "--eager").returncode == 0  # built here from source
 
 
+def test_a_ctrl_c_a_library_turns_into_another_error_still_stops_the_compile_as_interrupted(pair, tmp_path, monkeypatch):
+    """torch.export's fake tensors caught the KeyboardInterrupt of a Ctrl-C during the AOT compile
+    and raised a TypeError of their own (seen once in the test below, whose Ctrl-C lands where the
+    compile happens to be): the compile must still end as interrupted, leaving nothing."""
+    from ygg_compile import build
+    from ygg_compile.options import CompileOptions
+
+    def swallowing(b):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs here
+        except KeyboardInterrupt:
+            raise TypeError("unsupported operand type(s) for +: 'FakeTensor' and 'float'") from None
+
+    monkeypatch.setattr(build, "_resolve", swallowing)
+    out = tmp_path / "out" / "art"
+    with pytest.raises(KeyboardInterrupt):
+        build.compile_artifact(CompileOptions(draft=str(pair["draft"]), target=str(pair["target"]), output=out))
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
 def test_ctrl_c_during_compile_leaves_nothing_at_the_output(pair, tmp_path):
     out = tmp_path / "out" / "art"
     proc = subprocess.Popen([YGG, "compile", "--draft", pair["draft"], "--target", pair["target"], "-o", str(out),

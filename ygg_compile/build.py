@@ -86,9 +86,14 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
 
     with _interrupts() as interrupted, _staging(out) as tmp:
         b = _Build(opts, ui, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor, stored)
-        for stage in (_resolve, _convert, _aot, _invariance, _profile, _calibrate, _plan):
-            stage(b)
-        return _write(b, started, phases)
+        try:
+            for stage in (_resolve, _convert, _aot, _invariance, _profile, _calibrate, _plan):
+                stage(b)
+            return _write(b, started, phases)
+        except Exception:
+            if interrupted.is_set():  # a library turned our KeyboardInterrupt into an error of its own
+                raise KeyboardInterrupt from None  # (torch.export's fake tensors: a TypeError)
+            raise
 
 
 def _checked(opts: CompileOptions) -> CompileOptions:
