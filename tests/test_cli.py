@@ -218,11 +218,15 @@ def test_compile_reuses_a_matching_profile_and_reprofile_measures_again(tmp_path
             "--max-context", 256, "--calib", small_calib, "--calib-tokens", 8, "--no-aot", "--quick"]
     first = ygg(*args, "-o", tmp_path / "first")
     assert first.returncode == 0, first.stderr
-    again = ygg(*args, "-o", tmp_path / "a")
+    out = tmp_path / "a"
+    again = ygg(*args, "-o", out)
+    if "disagrees with this machine" in again.stderr.replace("\n", " "):  # the first measured under the other
+        out = tmp_path / "a2"  # worker's load (3.1 against 1.0 ms once): measured anew, as it must be, then reused
+        again = ygg(*args, "-o", out)
     assert again.returncode == 0, again.stderr
     said = again.stderr.replace("\n", " ")
     assert said.count("reusing the measured profile") == 2 and "measuring its latency profile" not in said
-    plan = yaml.safe_load((tmp_path / "a" / "plan.yaml").read_text())
+    plan = yaml.safe_load((out / "plan.yaml").read_text())
     assert plan["calibration"]["prompts"] == 2 and plan["calibration"]["source"] == str(small_calib)
     filed = plan["profile"]["files"]["target"]  # under the store: the plan names no directory of this machine
     stored = Path(os.environ["YGG_PROFILES"]) / filed
