@@ -4,10 +4,14 @@ child process of its own (a segfault ends the child, not the probe), on the GPU 
     python3 benchmarks/aoti_load_probe.py [-o FILE]
 
 Cases: `mlp` (two linear layers, nothing of ours; the weights in the .so, or left out and handed
-over as user-managed constants, as ygg's packages are), and `ygg` (a two-layer `Transformer` through
-`ygg_compile.aot.compile_model` and `ygg_runtime.compiled.CompiledForward`, its weights left out or
-in the .so). On the H200 image (torch 2.11.0+cu130) every case compiled and then segfaulted in
-`load_package` (DESIGN.md §11); on torch 2.13.0+cpu every case loads and matches eager. Run it on a
+over as user-managed constants, as ygg's packages are), loaded by `load_package`, Inductor's Python
+wrapper; and `ygg` (a two-layer `Transformer` through `ygg_compile.aot.compile_model` and
+`ygg_runtime.compiled.CompiledForward`, its weights left out or in the .so), loaded by torch's C++
+`AOTIModelPackageLoader` directly, as `ygg run` loads since the wrapper's imports were found to cost
+~3 s a start (the wrapper also reads the device's information first). On the H200 image (torch
+2.11.0+cu130) every case compiled and then segfaulted, when all of them loaded through `load_package`
+(DESIGN.md §11); whether the C++ loader alone does too is not measured yet: this probe's two kinds of
+case now tell them apart. On torch 2.13.0+cpu every case loads and matches eager. Run it on a
 GPU of a new torch before trusting `ygg compile --device cuda` with AOT (which tries the loader in a
 child too: `ygg_compile.aot.load_failure`). About 40 s a case on an H200.
 """
