@@ -44,6 +44,7 @@ Quantized weights run on CPUs only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -119,8 +120,10 @@ def _compiler() -> str:
     return cxx
 
 
+@functools.cache
 def _compiler_version(cxx: str) -> list[str]:
-    """The first line `cxx --version` prints: which compiler, and which release of it."""
+    """The first line `cxx --version` prints: which compiler, and which release of it (asked once a
+    process: the ISA cache's key and the build's both need it)."""
     return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
 
 

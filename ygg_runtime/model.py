@@ -131,9 +131,12 @@ class Transformer(nn.Module):
     def __init__(self, a: ModelArgs):
         super().__init__()
         self.args = a
-        # Its weight given, not drawn: nn.Embedding's normal_ init on the meta device imports
-        # torch._dynamo (~2.5 s of every `ygg` process's start) for values the weights replace.
-        self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim, _weight=torch.empty(a.vocab_size, a.dim))
+        # Drawn as nn.Embedding draws it, but not on the meta device (`from_state`, whose weights
+        # replace it): normal_ there imports torch._dynamo, ~2.5 s of every `ygg` process's start.
+        weight = torch.empty(a.vocab_size, a.dim)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)
+        self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim, _weight=weight)
         self.layers = nn.ModuleList(Block(a, i) for i in range(a.n_layers))
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.output = nn.Linear(a.dim, a.head_rows or a.vocab_size, bias=False)
