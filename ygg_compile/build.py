@@ -176,34 +176,35 @@ def _convert(b: _Build) -> None:
     A GGUF model whose artifact holds integer codes is dequantized once and cached in the
     artifact's dtype (the next compile reuses it); one whose artifact holds the float weights is
     dequantized in memory as it is converted: the artifact is the only copy on disk."""
-    phase, held, dtype = b.phase, b.held, b.dtype
-    with phase("convert", None):  # dequantizing a GGUF model not cached yet shows its own bar
-        b.srcs = {role: sources.materialize(src, dtype, b.ui.progress) if held[role] != "float" else sources.cached(src, dtype)
-                  for role, src in b.srcs.items()}
-    target, draft = b.srcs["target"], b.srcs["draft"]
-    with phase("convert", "comparing tokenizers"):
-        b.tokenizer = _shared_tokenizer(draft, target)
-    for role, src in (("target", target), ("draft", draft)):
-        weights = held[role]
-        label = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
-        with phase("convert", f"converting {role} ({src.spec}) to {label}"):
-            b.models[role] = _convert_model(src, role, dtype, b.tmp / role, weights, b.ui)
-    _check_vocab(b.tokenizer, b.models, b.ui)
-    if b.stored is not None:  # before any model is compiled: a calibration this pair cannot use is refused now
-        dims = {role: ModelArgs.load(b.tmp / role / "config.json").dim for role in b.models}
-        for note in calibration_file.check_fits(b.stored, b.models, dims):
-            b.ui.note(note)
-    big, small = b.models["draft"].parameters, b.models["target"].parameters
-    if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
-        b.ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
-                  f"({small / 1e6:.1f}M): speculation will not beat plain decoding; swapped --draft and --target?")
-    b.max_context = min(b.opts.max_context, *(m.max_position for m in b.models.values()))
-    # Room past max_context for the calibration probe's wide trees (slots, not positions);
-    # `ygg run` sets up the same cache, which the compiled graphs are built around.
-    b.cache_slots = b.max_context + calibrate.PROBE_ROOM
-    with phase("convert", "writing tokenizer"):
-        b.tok_info = _write_tokenizer(b.tokenizer, target, b.tmp)
-        b.tok_info.eos_token_ids = sorted(set(b.tok_info.eos_token_ids) | set(b.models["target"].eos_token_ids))
+    with sources.reading_gguf():  # a GGUF file is parsed once for its config, weights, tokenizer and blocks
+        phase, held, dtype = b.phase, b.held, b.dtype
+        with phase("convert", None):  # dequantizing a GGUF model not cached yet shows its own bar
+            b.srcs = {role: sources.materialize(src, dtype, b.ui.progress) if held[role] != "float" else sources.cached(src, dtype)
+                      for role, src in b.srcs.items()}
+        target, draft = b.srcs["target"], b.srcs["draft"]
+        with phase("convert", "comparing tokenizers"):
+            b.tokenizer = _shared_tokenizer(draft, target)
+        for role, src in (("target", target), ("draft", draft)):
+            weights = held[role]
+            label = str(dtype).removeprefix('torch.') if weights == "float" else f"{weights} codes ({'from the GGUF file' if src.gguf else 'quantized'})"
+            with phase("convert", f"converting {role} ({src.spec}) to {label}"):
+                b.models[role] = _convert_model(src, role, dtype, b.tmp / role, weights, b.ui)
+        _check_vocab(b.tokenizer, b.models, b.ui)
+        if b.stored is not None:  # before any model is compiled: a calibration this pair cannot use is refused now
+            dims = {role: ModelArgs.load(b.tmp / role / "config.json").dim for role in b.models}
+            for note in calibration_file.check_fits(b.stored, b.models, dims):
+                b.ui.note(note)
+        big, small = b.models["draft"].parameters, b.models["target"].parameters
+        if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
+            b.ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
+                      f"({small / 1e6:.1f}M): speculation will not beat plain decoding; swapped --draft and --target?")
+        b.max_context = min(b.opts.max_context, *(m.max_position for m in b.models.values()))
+        # Room past max_context for the calibration probe's wide trees (slots, not positions);
+        # `ygg run` sets up the same cache, which the compiled graphs are built around.
+        b.cache_slots = b.max_context + calibrate.PROBE_ROOM
+        with phase("convert", "writing tokenizer"):
+            b.tok_info = _write_tokenizer(b.tokenizer, target, b.tmp)
+            b.tok_info.eos_token_ids = sorted(set(b.tok_info.eos_token_ids) | set(b.models["target"].eos_token_ids))
 
 
 def _aot(b: _Build) -> None:
