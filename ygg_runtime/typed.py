@@ -5,6 +5,7 @@ command line reads plans before it imports torch."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any
@@ -12,6 +13,13 @@ from typing import Any
 from ygg_runtime.errors import YggError
 
 RECOMPILE = ": recompile with `ygg compile`"  # what fixes a plan a field of which is wrong
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved annotations: resolving them evaluates every one (~1 ms a class), and
+    each request's method parameters are built anew."""
+    return typing.get_type_hints(cls)
 
 
 def build(tp: Any, value: Any, where: str, path: str = "", advice: str = RECOMPILE) -> Any:
@@ -31,7 +39,7 @@ def build(tp: Any, value: Any, where: str, path: str = "", advice: str = RECOMPI
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             bad(where, path, "a mapping", value, advice)
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         kwargs = {}
         for f in dataclasses.fields(tp):
             sub = f"{path}.{f.name}" if path else f.name
