@@ -20,8 +20,8 @@ def compiled(tmp_path_factory):
     model = to_runtime(tiny.hf_model("qwen2", seed=40))  # qkv bias and tied embeddings: both traps
     model.setup_cache(CACHE)
     path = tmp_path_factory.mktemp("aot") / "model.pt2"
-    seconds, narrowest = compile_model(model, path)
-    assert seconds > 0 and narrowest == 1  # one-row forwards are in the graph on the CPU
+    result = compile_model(model, path)
+    assert result.seconds > 0 and result.narrowest == 1  # one-row forwards are in the graph on the CPU
     return model, path, CompiledForward(path, model)
 
 
@@ -65,6 +65,40 @@ def test_one_compiled_graph_serves_a_cache_of_any_size(compiled):
     want, _ = model(tokens, positions, *view, big.clone())
     got, _ = fwd(tokens, positions, *view, big, torch.arange(4))
     assert (got - want).abs().max() < 1e-4
+
+
+def test_a_second_compile_of_the_same_graph_reuses_the_cached_package_and_another_graph_does_not(compiled, tmp_path,
+                                                                                                 monkeypatch):
+    """The package holds no weights: another model of the same architecture exports the same graph,
+    takes the package the fixture's compile left in the cache (Inductor not called) and gives its
+    own eager logits through it; a model one layer deeper is another graph, and is compiled."""
+    import torch._inductor
+
+    from ygg_compile import aot
+    from ygg_runtime.integrity import cache_dir
+
+    model, path, _ = compiled
+
+    def refused(*a, **k):
+        raise RuntimeError("Inductor was called")
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", refused)
+    other = to_runtime(tiny.hf_model("qwen2", seed=41))
+    other.setup_cache(CACHE)
+    got = compile_model(other, tmp_path / "model.pt2")
+    assert got.reused and got.narrowest == 1
+    assert any(cache_dir().joinpath(aot.GRAPHS).glob("qwen2-*.pt2"))
+    tokens, positions = torch.tensor([[3, 4, 5]]), torch.arange(3)
+    view = (torch.arange(3), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long),
+            torch.ones(3, 3, dtype=torch.bool).tril())
+    want, _ = other(tokens, positions, *view, other.kv.data.zero_().clone())
+    logits, _ = CompiledForward(tmp_path / "model.pt2", other)(tokens, positions, *view, other.kv.data.zero_(),
+                                                                torch.arange(3))
+    assert (logits - want).abs().max() < 1e-4
+    deeper = to_runtime(tiny.hf_model("qwen2", seed=41, num_hidden_layers=3))
+    deeper.setup_cache(CACHE)
+    with pytest.raises(RuntimeError, match="Inductor was called"):
+        compile_model(deeper, tmp_path / "deeper.pt2")
 
 
 def test_a_package_refuses_another_models_weights_in_one_line(compiled):
@@ -153,7 +187,7 @@ def test_a_compile_whose_packages_cannot_load_here_runs_eager_and_says_why(tmp_p
     def placeholder(model, path, progress=None):  # the package's bytes do not matter: it never loads
         compiled_roles.append(path.parent.name)
         path.write_bytes(b"not a package")
-        return 0.1, 1
+        return aot.Compiled(0.1, 1, False)
 
     monkeypatch.setattr(aot, "compile_model", placeholder)
     monkeypatch.setattr(aot, "CHILD_LOAD", ("cpu",))

@@ -8,7 +8,7 @@ import json
 import torch
 from helpers import assert_one_line_error, ygg
 
-from ygg_compile import sources
+from ygg_compile import aot, sources
 from ygg_runtime.files import locked
 
 
@@ -35,6 +35,8 @@ def _fill(root) -> dict:
     (root / "packages" / "qwen.sha256").write_text("ab" * 32 + "\n")
     (root / "kernels").mkdir()
     (root / "kernels" / "kernels-0123456789abcdef.so").write_bytes(bytes(400_000))
+    (root / aot.GRAPHS).mkdir()
+    (root / aot.GRAPHS / f"llama-{'9f' * 16}.pt2").write_bytes(bytes(600_000))
     (root / "profiles" / "cpu-x").mkdir(parents=True)
     (root / "profiles" / "cpu-x" / "a.yaml").write_text("widths: [1]\n")
     (root / "verified.json").write_text("{}")
@@ -49,7 +51,7 @@ def test_cache_ls_lists_every_kind_and_clear_removes_them_but_what_is_being_writ
     assert ls.returncode == 0, ls.stderr
     out = ls.stdout
     for needle in ("qwen.gguf in bfloat16", "3.0 MB", "made by an earlier version", "unfinished",
-                   "kernels-0123456789abcdef.so", "1 profile(s)", "hash record", "8 entries"):
+                   "kernels-0123456789abcdef.so", f"llama-{'9f' * 16}.pt2", "1 profile(s)", "hash record", "9 entries"):
         assert needle in out, (needle, out)
     assert "packages" in out and "2.0 MB" in out
 
@@ -64,7 +66,7 @@ def test_cache_ls_lists_every_kind_and_clear_removes_them_but_what_is_being_writ
 
     everything = ygg("cache", "clear")  # the writer is gone now
     assert everything.returncode == 0, everything.stderr
-    assert "removed 5 entries (conversions 1, packages 1, kernels 1, profiles 1, checks 1)" in everything.stdout
+    assert "removed 6 entries (conversions 1, packages 1, kernels 1, graphs 1, profiles 1, checks 1)" in everything.stdout
     assert not c["alive"].exists() and not (root / "packages" / "qwen.gguf").exists()
     assert not (root / "packages" / "qwen.sha256").exists() and not (root / "verified.json").exists()
     assert "0 entries" in ygg("cache", "ls").stdout
@@ -72,4 +74,4 @@ def test_cache_ls_lists_every_kind_and_clear_removes_them_but_what_is_being_writ
 
 def test_cache_clear_of_an_unknown_kind_is_one_line(tmp_path):
     assert_one_line_error(ygg("cache", "clear", "weights", env={"YGG_CACHE": str(tmp_path)}),
-                          "unknown cache kind 'weights'", "conversions, packages, kernels, profiles, checks")
+                          "unknown cache kind 'weights'", "conversions, packages, kernels, graphs, profiles, checks")

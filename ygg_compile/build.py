@@ -207,13 +207,22 @@ def _convert(b: _Build) -> None:
             b.tok_info.eos_token_ids = sorted(set(b.tok_info.eos_token_ids) | set(b.models["target"].eos_token_ids))
 
 
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """`dst` as a hard link to `src` where both are on one file system (the cache's kernels: a
+    rebuild renames a new file in, never writes this one), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy(src, dst)
+
+
 def _aot(b: _Build) -> None:
     """The native kernels, both models loaded, their forwards compiled ahead of time, and the
     drafter's head cut (between the two compiles: the drafter is compiled as it will run)."""
     tmp, phase, opts = b.tmp, b.phase, b.opts
     if b.device.startswith("cpu"):
         with phase("aot", "building the native kernels (row-invariant attention, quantized linear)"):
-            shutil.copy(kernels.load(), tmp / kernels.LIBRARY)
+            _link_or_copy(kernels.load(), tmp / kernels.LIBRARY)
         b.kernel = KernelInfo(kernels.LIBRARY, **aot.cpu_requirements(b.device))
     b.runners = _load_runners(tmp, b.device, b.cache_slots)
     b.codec = TextCodec(tmp / b.tok_info.file, b.tok_info.chat_prefix, b.tok_info.chat_suffix)
@@ -380,8 +389,8 @@ def _staging(out: Path) -> Iterator[Path]:
     except YggError:
         raise
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
-            raise _no_space(out, e.strerror, e.filename) from e
+        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):  # a copy's error names its source, then the file written
+            raise _no_space(out, e.strerror, e.filename2 or e.filename) from e
         if e.filename is None or not Path(e.filename).is_relative_to(out.parent):
             raise
         raise YggError(f"cannot write to {out.parent}: {e.strerror or e}") from e
@@ -541,7 +550,10 @@ def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, s
     with phase("aot", label):
         report = lambda done, total: ui.progress(label, done, total, unit="stages")  # noqa: E731
         path = tmp / role / aot.PACKAGE
-        seconds[role], narrowest[role] = aot.compile_model(runners[role].model, path, report)
+        compiled = aot.compile_model(runners[role].model, path, report)
+        seconds[role], narrowest[role] = compiled.seconds, compiled.narrowest
+        if compiled.reused:
+            ui.note(f"{role}: the same graph was compiled before on this machine: its package reused from the cache")
         why = aot.load_failure(path, device)
         if why:
             return f"the {role}'s package: {why}"

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ygg_compile.aot import GRAPHS
 from ygg_compile.sources import CONVERSIONS, SOURCE_FILE
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import locked
@@ -22,6 +23,7 @@ KINDS = {
     "conversions": (CONVERSIONS, "GGUF models dequantized for compile (and the benchmark's transformers peers)"),
     "packages": ("packages", "packaged models' GGUF files, assembled from their pip packages' parts"),
     "kernels": ("kernels", "the native kernels built for this machine and torch"),
+    "graphs": (GRAPHS, "compiled forwards (AOTInductor packages, no weights) a compile of the same graph reuses"),
     "profiles": ("profiles", "latency profiles measured here (used when no checkout's profiles/ is)"),
     "checks": ("verified.json", "which artifact files were hashed and found intact"),
 }
@@ -58,7 +60,8 @@ def entries(root: Path | None = None) -> list[Entry]:
 
 
 def _unfinished(p: Path) -> bool:
-    """A writer's temporary: a conversion's `.tmp-*`, a package's `.partial`, a kernel build's `tmp*`."""
+    """A writer's temporary: a conversion's `.tmp-*`, a package's `.partial`, a kernel build's or a
+    compiled graph's `tmp*`."""
     return p.name.startswith((".", "tmp")) or p.suffix == ".partial"
 
 
@@ -79,10 +82,10 @@ def _describe(kind: str, p: Path) -> str:
 def _writer_alive(e: Entry) -> bool:
     """Whether an unfinished entry may still be written. A conversion's temporary directory
     (`.tmp-NAME-XXXXXXXX`) and a package's `.partial` file are written under the lock of the name
-    they will be renamed to: alive while that lock is held. A kernel build takes no lock but lasts
-    seconds, so a temporary younger than ten minutes counts. Any other leftover counts as alive
+    they will be renamed to: alive while that lock is held. A kernel build or a compiled graph's
+    copy takes no lock but lasts seconds, so a temporary younger than ten minutes counts. Any other leftover counts as alive
     while any lock in its directory is held."""
-    if e.kind == "kernels":
+    if e.kind in ("kernels", "graphs"):
         return time.time() - e.used < 600
     if m := re.fullmatch(r"\.tmp-(.+)-[a-z0-9_]{8}", e.path.name):
         targets = [e.path.with_name(m.group(1))]

@@ -120,6 +120,11 @@ def _compiler() -> str:
     return cxx
 
 
+def compiler_version() -> list[str]:
+    """This machine's C++ compiler and its release: part of the key of whatever it builds."""
+    return _compiler_version(_compiler())
+
+
 @functools.cache
 def _compiler_version(cxx: str) -> list[str]:
     """The first line `cxx --version` prints: which compiler, and which release of it (asked once a
