@@ -83,6 +83,8 @@ def test_a_second_compile_of_the_same_graph_reuses_the_cached_package_and_anothe
         raise RuntimeError("Inductor was called")
 
     monkeypatch.setattr(torch._inductor, "aot_compile", refused)
+    # as an earlier aot_compile of this process leaves it (the fixture's may have been the cache's)
+    monkeypatch.setattr(torch._inductor.config.aot_inductor, "metadata", {"AOTI_DEVICE_KEY": "cpu", "AOTI_CPU_ISA": "X"})
     other = to_runtime(tiny.hf_model("qwen2", seed=41))
     other.setup_cache(CACHE)
     got = compile_model(other, tmp_path / "model.pt2")

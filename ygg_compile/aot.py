@@ -127,9 +127,11 @@ def graph_key(program: torch.export.ExportedProgram, model: Transformer) -> str:
         machine = (device.type, torch.version.cuda, torch.cuda.get_device_capability(device))
     from torch._inductor import config
 
+    # aot_compile writes the machine it built for into aot_inductor.metadata and leaves it there: a
+    # process's second compile would see other settings than its first (the machine is keyed above)
+    settings = sorted((k, v) for k, v in config.save_config_portable().items() if k != "aot_inductor.metadata")
     parts = (program.graph_module.code, str(program.graph_signature), str(program.range_constraints), inputs, weights,
-             Path(__file__).read_bytes(), OPTIONS, torch.__version__, sorted(config.save_config_portable().items()),
-             torch.get_num_threads(), machine)
+             Path(__file__).read_bytes(), OPTIONS, torch.__version__, settings, torch.get_num_threads(), machine)
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
