@@ -22,9 +22,9 @@ import hashlib
 import os
 import shutil
 import signal
-import tempfile
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -121,10 +121,11 @@ def graph_key(program: torch.export.ExportedProgram, model: Transformer) -> str:
     tensors = {**program.state_dict, **program.constants}
     weights = [(k, tuple(v.shape), str(v.dtype), tuple(v.stride()), v.device.type) for k, v in sorted(tensors.items())]
     device = model.device
+    machine = [device.type, kernels.compiler_version()]  # the C++ compiler builds the wrapper on any device
     if device.type == "cpu":
-        machine = (sorted(cpu_flags()), kernels.vector_isa(), kernels.compiler_version())
+        machine += [sorted(cpu_flags()), kernels.vector_isa()]
     else:
-        machine = (device.type, torch.version.cuda, torch.cuda.get_device_capability(device))
+        machine += [torch.version.cuda, torch.cuda.get_device_capability(device)]
     from torch._inductor import config
 
     # aot_compile writes the machine it built for into aot_inductor.metadata and leaves it there: a
