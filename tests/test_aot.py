@@ -83,11 +83,11 @@ def test_a_second_compile_of_the_same_graph_reuses_the_cached_package_and_anothe
         raise RuntimeError("Inductor was called")
 
     monkeypatch.setattr(torch._inductor, "aot_compile", refused)
-    # as an earlier aot_compile of this process leaves it (the fixture's may have been the cache's)
-    monkeypatch.setattr(torch._inductor.config.aot_inductor, "metadata", {"AOTI_DEVICE_KEY": "cpu", "AOTI_CPU_ISA": "X"})
     other = to_runtime(tiny.hf_model("qwen2", seed=41))
     other.setup_cache(CACHE)
-    got = compile_model(other, tmp_path / "model.pt2")
+    # as an earlier aot_compile of this process leaves it (the fixture's may have been the cache's)
+    with torch._inductor.config.patch({"aot_inductor.metadata": {"AOTI_DEVICE_KEY": "cpu", "AOTI_CPU_ISA": "X"}}):
+        got = compile_model(other, tmp_path / "model.pt2")
     assert got.reused and got.narrowest == 1
     assert any(cache_dir().joinpath(aot.GRAPHS).glob("qwen2-*.pt2"))
     tokens, positions = torch.tensor([[3, 4, 5]]), torch.arange(3)
