@@ -24,7 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -35,6 +34,7 @@ import torch
 
 from ygg_runtime import kernels
 from ygg_runtime.compiled import GRAPH, MAX_WIDTH
+from ygg_runtime.files import write_atomic
 from ygg_runtime.integrity import cache_dir, cpu_flags
 from ygg_runtime.model import Transformer
 
@@ -137,19 +137,11 @@ def graph_key(program: torch.export.ExportedProgram, model: Transformer) -> str:
 
 
 def _keep(package: Path, cached: Path) -> None:
-    """A copy of the package for the next compile of the same graph, written under a temporary
-    name and renamed (a reader never sees half of one); a cache that cannot be written costs the
-    next compile its time, nothing else."""
+    """A copy of the package for the next compile of the same graph (`write_atomic`: a reader never
+    sees half of one); a cache that cannot be written costs the next compile its time, nothing else."""
     with contextlib.suppress(OSError):
         cached.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="tmp", suffix=".pt2", dir=cached.parent)
-        os.close(fd)
-        try:
-            shutil.copyfile(package, tmp)
-            os.replace(tmp, cached)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        write_atomic(cached, package.read_bytes())
 
 
 # Device kinds whose AOTInductor loader is first tried in a child process: torch 2.11.0+cu130's

@@ -60,8 +60,8 @@ def entries(root: Path | None = None) -> list[Entry]:
 
 
 def _unfinished(p: Path) -> bool:
-    """A writer's temporary: a conversion's `.tmp-*`, a package's `.partial`, a kernel build's or a
-    compiled graph's `tmp*`."""
+    """A writer's temporary: a conversion's `.tmp-*`, a package's `.partial`, a kernel build's `tmp*`,
+    a compiled graph's `.NAME.PID.tmp`."""
     return p.name.startswith((".", "tmp")) or p.suffix == ".partial"
 
 
@@ -83,8 +83,8 @@ def _writer_alive(e: Entry) -> bool:
     """Whether an unfinished entry may still be written. A conversion's temporary directory
     (`.tmp-NAME-XXXXXXXX`) and a package's `.partial` file are written under the lock of the name
     they will be renamed to: alive while that lock is held. A kernel build or a compiled graph's
-    copy takes no lock but lasts seconds, so a temporary younger than ten minutes counts. Any other leftover counts as alive
-    while any lock in its directory is held."""
+    copy takes no lock but lasts seconds, so a temporary younger than ten minutes counts. Any other
+    leftover counts as alive while any lock in its directory is held."""
     if e.kind in ("kernels", "graphs"):
         return time.time() - e.used < 600
     if m := re.fullmatch(r"\.tmp-(.+)-[a-z0-9_]{8}", e.path.name):

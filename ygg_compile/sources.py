@@ -387,10 +387,10 @@ def reading_gguf() -> Iterator[None]:
     _readers = {}
 
     def reader(path, mode: str = "r"):
+        if mode != "r":  # a writable mapping is not shared
+            return reader_class(path, mode)
         st = Path(path).stat()
         key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
-        if mode != "r":
-            return reader_class(path, mode)
         if key not in _readers:
             _readers[key] = reader_class(path, mode)
         return _readers[key]
