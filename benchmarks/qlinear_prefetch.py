@@ -1,0 +1,135 @@
+"""How far ahead `ygg::qlinear` should ask for weight bytes, by forward width, on this machine: the
+1.5B target's linears (28 layers of wqkv, wo, w13, w2, 4-bit codes in Q4_K's format) in huge pages as
+a loaded model holds them, timed at each width with each YGG_PREFETCH distance (0: each line asked
+for only where it is about to be read, so only the hardware prefetchers run ahead), beside the read
+bandwidth measured in the same process between the timings (this VM's bandwidth moves between runs,
+so each time is set against its own). The distance is fixed per process: each setting runs in a
+child of its own, settings alternating round by round, medians kept, ratios paired per round.
+
+    .venv/bin/python benchmarks/qlinear_prefetch.py [--distances 0,16384,65536,262144] [--widths 1,2,4,8,16]
+        [--rounds 4] [--repeats 7] [-o DIR]
+
+Writes DIR/qlinear_prefetch.json and .md (DIR defaults to benchmarks/results/<device>-prefetch/).
+Run it alone on the machine: item 2 of issue 46 (T(1) at its floor) asks where a one-row forward
+loses time against the weight stream, and the answer differs by CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from qlinear_kernels import LAYERS, SHAPES, random_codes  # noqa: E402
+
+from ygg_runtime import kernels  # noqa: E402
+from ygg_runtime.quant import pack  # noqa: E402
+
+DEFAULT = 65536  # the kernel's distance when YGG_PREFETCH is unset (csrc/qlinear.cpp, prefetch_ahead)
+
+
+def child(widths: list[int], repeats: int) -> dict:
+    """This process's distance: ms per forward at each width, and the read bandwidth between them."""
+    g = torch.Generator().manual_seed(0)
+    layers = [[{k: kernels.huge_copy(v) if k == "data" else v for k, v in pack(random_codes(n, k, 4, g)).items()}
+               for n, k in SHAPES] for _ in range(LAYERS)]
+    nbytes = sum(p["data"].numel() for layer in layers for p in layer)
+    x = {w: {k: torch.randn(w, k, generator=g).to(torch.bfloat16) for k in {k for _, k in SHAPES}} for w in widths}
+
+    def forward(w: int) -> float:
+        start = time.perf_counter()
+        for layer in layers:
+            for p, (_, k) in zip(layer, SHAPES):
+                kernels.qlinear(x[w][k], p["data"], p["layout"], None)
+        return 1000 * (time.perf_counter() - start)
+
+    for w in widths:
+        forward(w)
+    ms = {w: [] for w in widths}
+    bandwidth = []
+    for _ in range(repeats):
+        bandwidth.append(kernels.read_bandwidth(1 << 29, 3))
+        for w in widths:
+            ms[w].append(forward(w))
+    return {"ms": {w: statistics.median(v) for w, v in ms.items()}, "bandwidth": statistics.median(bandwidth),
+            "bytes": nbytes, "path": kernels.qlinear_path()}
+
+
+def markdown(r: dict) -> str:
+    widths, dists = r["widths"], r["distances"]
+    lines = [f"### qlinear's prefetch distance by width: {r['cpu']}", "",
+             f"ms per forward of the 1.5B target's linears at 4 bits ({r['bytes'] / 1e6:.0f} MB in huge pages, "
+             f"28 layers), {r['threads']} threads, path {r['path']}, torch {r['torch']}; median of {r['rounds']} rounds "
+             f"(each a child process per distance, settings alternating) of {r['repeats']} repeats. In brackets: the "
+             f"time over the default distance's ({DEFAULT} bytes), paired per round, median. Read bandwidth measured "
+             f"beside the timings: median {r['bandwidth_gbs']:.1f} GB/s (rounds {min(r['bandwidth_each']):.1f}–"
+             f"{max(r['bandwidth_each']):.1f}); 'x floor' = time / (bytes / that round's bandwidth), median.", "",
+             "| YGG_PREFETCH | " + " | ".join(f"M={w}" for w in widths) + " | M=1 x floor |",
+             "|---|" + "---|" * (len(widths) + 1)]
+    for d in dists:
+        cells = [f"{r['ms'][str(d)][str(w)]:.1f} ({r['vs_default'][str(d)][str(w)]:.2f})" for w in widths]
+        lines.append(f"| {d} | " + " | ".join(cells) + f" | {r['of_floor_m1'][str(d)]:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--distances", default="0,16384,65536,262144")
+    ap.add_argument("--widths", default="1,2,4,8,16")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("-o", "--out", type=Path)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    widths = [int(w) for w in args.widths.split(",")]
+    if args.child:
+        print(json.dumps(child(widths, args.repeats)))
+        return
+    from ygg_compile import hardware
+
+    dists = [int(d) for d in args.distances.split(",")]
+    if DEFAULT not in dists:
+        dists.append(DEFAULT)
+    runs: dict[int, list[dict]] = {d: [] for d in dists}
+    for rnd in range(args.rounds):
+        for d in dists if rnd % 2 == 0 else dists[::-1]:
+            env = {**os.environ, "YGG_PREFETCH": str(d)}
+            proc = subprocess.run([sys.executable, __file__, "--child", "--widths", args.widths, "--repeats", str(args.repeats)],
+                                  env=env, capture_output=True, text=True)
+            if proc.returncode:
+                raise SystemExit(f"the child for YGG_PREFETCH={d} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+            runs[d].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(f"round {rnd + 1} YGG_PREFETCH={d}: " + " ".join(f"M={w} {runs[d][-1]['ms'][str(w)]:.1f}" for w in widths)
+                  + f" ms, {runs[d][-1]['bandwidth'] / 1e9:.1f} GB/s", flush=True)
+    bw = [run["bandwidth"] for d in dists for run in runs[d]]
+    nbytes = runs[dists[0]][0]["bytes"]
+    result = {
+        "cpu": hardware.cpu_info().model, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "path": runs[dists[0]][0]["path"], "rounds": args.rounds, "repeats": args.repeats, "widths": widths,
+        "distances": dists, "bytes": nbytes, "bandwidth_gbs": statistics.median(bw) / 1e9,
+        "bandwidth_each": [round(b / 1e9, 1) for b in bw],
+        "ms": {str(d): {str(w): statistics.median(run["ms"][str(w)] for run in runs[d]) for w in widths} for d in dists},
+        "vs_default": {str(d): {str(w): statistics.median(a["ms"][str(w)] / b["ms"][str(w)] for a, b in zip(runs[d], runs[DEFAULT]))
+                                for w in widths} for d in dists},
+        "of_floor_m1": {str(d): statistics.median(run["ms"][str(widths[0])] / (1000 * nbytes / run["bandwidth"]) for run in runs[d])
+                        for d in dists},
+        "runs": {str(d): runs[d] for d in dists},
+    }
+    out = args.out or Path("benchmarks/results") / f"{hardware.device_slug('cpu')}-prefetch"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qlinear_prefetch.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / "qlinear_prefetch.md").write_text(markdown(result))
+    print(markdown(result))
+    print(f"wrote {out}/qlinear_prefetch.json and .md")
+
+
+if __name__ == "__main__":
+    main()
