@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qlinear_kernels import LAYERS, SHAPES, random_codes  # noqa: E402
+from qlinear_kernels import LAYERS, SHAPES, random_codes
 
-from ygg_runtime import kernels  # noqa: E402
-from ygg_runtime.quant import pack  # noqa: E402
+from ygg_runtime import kernels
+from ygg_runtime.quant import pack
 
 DEFAULT = 65536  # the kernel's distance when YGG_PREFETCH is unset (csrc/qlinear.cpp, prefetch_ahead)
 
@@ -66,12 +66,12 @@ def child(widths: list[int], repeats: int) -> dict:
 def markdown(r: dict) -> str:
     widths, dists = r["widths"], r["distances"]
     lines = [f"### qlinear's prefetch distance by width: {r['cpu']}", "",
-             f"ms per forward of the 1.5B target's linears at 4 bits ({r['bytes'] / 1e6:.0f} MB in huge pages, "
+             (f"ms per forward of the 1.5B target's linears at 4 bits ({r['bytes'] / 1e6:.0f} MB in huge pages, "
              f"28 layers), {r['threads']} threads, path {r['path']}, torch {r['torch']}; median of {r['rounds']} rounds "
              f"(each a child process per distance, settings alternating) of {r['repeats']} repeats. In brackets: the "
              f"time over the default distance's ({DEFAULT} bytes), paired per round, median. Read bandwidth measured "
              f"beside the timings: median {r['bandwidth_gbs']:.1f} GB/s (rounds {min(r['bandwidth_each']):.1f}–"
-             f"{max(r['bandwidth_each']):.1f}); 'x floor' = time / (bytes / that round's bandwidth), median.", "",
+             f"{max(r['bandwidth_each']):.1f}); 'x floor' = time / (bytes / that round's bandwidth), median."), "",
              "| YGG_PREFETCH | " + " | ".join(f"M={w}" for w in widths) + " | M=1 x floor |",
              "|---|" + "---|" * (len(widths) + 1)]
     for d in dists:
@@ -103,7 +103,7 @@ def main() -> None:
         for d in dists if rnd % 2 == 0 else dists[::-1]:
             env = {**os.environ, "YGG_PREFETCH": str(d)}
             proc = subprocess.run([sys.executable, __file__, "--child", "--widths", args.widths, "--repeats", str(args.repeats)],
-                                  env=env, capture_output=True, text=True)
+                                  check=False, env=env, capture_output=True, text=True)
             if proc.returncode:
                 raise SystemExit(f"the child for YGG_PREFETCH={d} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
             runs[d].append(json.loads(proc.stdout.strip().splitlines()[-1]))
