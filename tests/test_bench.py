@@ -203,3 +203,16 @@ def test_inspect_without_a_prompt_and_a_step_beyond_the_generation(artifact, tmp
     assert "modelled step ms" in proc.stdout and (tmp_path / "tw_curves.png").exists()
     proc = ygg("inspect", artifact, "--prompt", "Hi", "-n", 2, "--step", 50, "-o", tmp_path)
     assert_one_line_error(proc, "--step")
+
+
+def test_every_contestant_of_a_full_bench_draws_in_a_colour_of_its_own():
+    """The speed-up bars index contestants past `ar` in their order; those without a colour of their
+    own once took matplotlib's C0..C9, which the named ones use (egt-eager drew in llama.cpp's pink)."""
+    from matplotlib.colors import to_hex
+
+    from ygg_compile import plots
+
+    names = ["chain", "specinfer", "pld", "sequoia", "egt", "egt-nograft", "egt-eager", "egt-ahead", "ar-eager", "hf",
+             "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-pld"]
+    colours = [to_hex(plots._color(n, i)) for i, n in enumerate(names)] + [to_hex(plots._color("ar", 0))]
+    assert len(set(colours)) == len(colours), colours

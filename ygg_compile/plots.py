@@ -31,8 +31,13 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
+# Contestants without a colour of their own (egt-eager, egt-nograft, ar-eager, ...) take tab20's light
+# shades, none of which a named one has (matplotlib's C0..C9 are those: egt-eager drew in llama.cpp's pink).
+OTHERS = ("#98df8a", "#aec7e8", "#ffbb78", "#c5b0d5", "#ff9896", "#c49c94", "#dbdb8d", "#9edae5", "#c7c7c7")
+
+
 def _color(name: str, i: int) -> str:
-    return COLORS.get(name, f"C{i % 10}")
+    return COLORS.get(name, OTHERS[i % len(OTHERS)])
 
 
 def speedup_bars(summary: list[dict]) -> bytes:
