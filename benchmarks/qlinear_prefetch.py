@@ -22,13 +22,12 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qlinear_kernels import LAYERS, SHAPES, random_codes
+from qlinear_kernels import LAYERS, SHAPES, forward_ms, inputs, random_codes
 
 from ygg_runtime import kernels
 from ygg_runtime.quant import pack
@@ -42,23 +41,20 @@ def child(widths: list[int], repeats: int) -> dict:
     layers = [[{k: kernels.huge_copy(v) if k == "data" else v for k, v in pack(random_codes(n, k, 4, g)).items()}
                for n, k in SHAPES] for _ in range(LAYERS)]
     nbytes = sum(p["data"].numel() for layer in layers for p in layer)
-    x = {w: {k: torch.randn(w, k, generator=g).to(torch.bfloat16) for k in {k for _, k in SHAPES}} for w in widths}
+    x = torch.randn(max(widths), max(k for _, k in SHAPES), generator=g).to(torch.bfloat16)
+    xs = {w: inputs(x[:w]) for w in widths}
 
-    def forward(w: int) -> float:
-        start = time.perf_counter()
-        for layer in layers:
-            for p, (_, k) in zip(layer, SHAPES):
-                kernels.qlinear(x[w][k], p["data"], p["layout"], None)
-        return 1000 * (time.perf_counter() - start)
+    def layer(x: dict, i: int) -> list:
+        return [kernels.qlinear(x[k], p["data"], p["layout"], None) for p, (_, k) in zip(layers[i], SHAPES)]
 
     for w in widths:
-        forward(w)
+        forward_ms(layer, xs[w])
     ms = {w: [] for w in widths}
     bandwidth = []
     for _ in range(repeats):
         bandwidth.append(kernels.read_bandwidth(1 << 29, 3))
         for w in widths:
-            ms[w].append(forward(w))
+            ms[w].append(forward_ms(layer, xs[w]))
     return {"ms": {w: statistics.median(v) for w, v in ms.items()}, "bandwidth": statistics.median(bandwidth),
             "bytes": nbytes, "path": kernels.qlinear_path()}
 
@@ -67,12 +63,12 @@ def markdown(r: dict) -> str:
     widths, dists = r["widths"], r["distances"]
     lines = [f"### qlinear's prefetch distance by width: {r['cpu']}", "",
              (f"ms per forward of the 1.5B target's linears at 4 bits ({r['bytes'] / 1e6:.0f} MB in huge pages, "
-             f"28 layers), {r['threads']} threads, path {r['path']}, torch {r['torch']}; median of {r['rounds']} rounds "
+             f"{LAYERS} layers), {r['threads']} threads, path {r['path']}, torch {r['torch']}; median of {r['rounds']} rounds "
              f"(each a child process per distance, settings alternating) of {r['repeats']} repeats. In brackets: the "
              f"time over the default distance's ({DEFAULT} bytes), paired per round, median. Read bandwidth measured "
              f"beside the timings: median {r['bandwidth_gbs']:.1f} GB/s (rounds {min(r['bandwidth_each']):.1f}–"
              f"{max(r['bandwidth_each']):.1f}); 'x floor' = time / (bytes / that round's bandwidth), median."), "",
-             "| YGG_PREFETCH | " + " | ".join(f"M={w}" for w in widths) + " | M=1 x floor |",
+             "| YGG_PREFETCH | " + " | ".join(f"M={w}" for w in widths) + f" | M={widths[0]} x floor |",
              "|---|" + "---|" * (len(widths) + 1)]
     for d in dists:
         cells = [f"{r['ms'][str(d)][str(w)]:.1f} ({r['vs_default'][str(d)][str(w)]:.2f})" for w in widths]
