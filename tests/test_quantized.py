@@ -5,13 +5,14 @@ eager), and a real GGUF file's own blocks kept, checked and decoded as the file 
 import json
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 from helpers import METHODS, Notes, assert_one_line_error, decode, noised_runtime, runner, ygg
 
-from ygg_compile import invariance, quantize
+from ygg_compile import inspection, invariance, quantize
 from ygg_compile.convert import convert_state, to_runtime
 from ygg_runtime.errors import YggError
 from ygg_runtime.model import from_state
@@ -190,6 +191,9 @@ def test_a_gguf_files_own_blocks_are_kept_and_every_method_equals_plain_decoding
     assert four.formats == {"requantized 4-bit": 2, "Q4_1 4-bit": 7 * 30}
     assert four.fallbacks == ["tok_embeddings: Q8_0 -> int4 (requantized, lossy)", "output: Q8_0 -> int4 (requantized, lossy)"]
     assert quantize.fallbacks_line(four.fallbacks) == "2 not as in the file: Q8_0 -> int4 (requantized, lossy) ×2"
+    said = [inspection.weights_summary(SimpleNamespace(weights=w), "bfloat16") for w in (info, four)]
+    assert said[0].startswith("4/8-bit codes (at most int8), the GGUF file's own quantization — Q8_0 8-bit ×2")
+    assert said[1].startswith("4-bit codes (at most int4), the GGUF file's numbers where the kind holds them")
     target = runner(from_state(args, state))
     assert invariance.check(target, [1, 2, 4, 8, 16, 32, 64]).min_width == 1
     draft = runner(noised_runtime(to_runtime(smollm2_hf, torch.bfloat16), 0.1, seed=3))

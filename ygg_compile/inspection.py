@@ -8,6 +8,7 @@ objective's predicted speed-up next to the measured one, and one drafted tree is
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -169,7 +170,10 @@ def weights_summary(m, dtype: str) -> str:
                "the GGUF file's numbers where the kind holds them" if w.numbers == "gguf" else
                "quantized by ygg compile from the float checkpoint: lossy against it")
     formats = ", ".join(f"{k} ×{n}" for k, n in w.formats.items())
-    line = f"{w.kind} codes, {numbers} — {formats}; {w.bytes / 1e9:.2f} GB"
+    # a GGUF file's codes keep their own widths (Q4_K and Q6_K: 4 and 6 bits), `kind` is only their cap
+    bits = sorted({int(b) for b in re.findall(r"(\d+)-bit", " ".join(w.formats))})
+    held = f"{'/'.join(map(str, bits))}-bit codes (at most {w.kind})" if w.numbers == "gguf" and bits else f"{w.kind} codes"
+    line = f"{held}, {numbers} — {formats}; {w.bytes / 1e9:.2f} GB"
     if w.numbers == "gguf":
         line += f"; decoded = converted checkpoint within {w.max_rel_error:.1e} of max |w|"
     if w.fallbacks:

@@ -290,7 +290,8 @@ def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf
             report.max_rel_error = max(report.max_rel_error, _check(parts, reference, ours))
             for i, part in enumerate(parts):
                 if part.bits > bits or not (rows or holdable(part)):  # requantized from its exact values
-                    report.fallbacks.append(f"{ours}: {part.kind} -> int{bits} (requantized, lossy)")
+                    which = f"{ours} ({names[i]})" if len(parts) > 1 else ours  # which part of a fused layer
+                    report.fallbacks.append(f"{which}: {part.kind} -> int{bits} (requantized, lossy)")
                     parts[i] = quantize(part.dequantize(), bits)
         elif not fits_kernel(tuple(reference.shape)):
             why = "+".join(source.types.get(n, "missing") for n in names) if source else "float"
