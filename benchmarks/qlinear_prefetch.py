@@ -35,17 +35,19 @@ from ygg_runtime.quant import pack
 DEFAULT = 65536  # the kernel's distance when YGG_PREFETCH is unset (csrc/qlinear.cpp, prefetch_ahead)
 
 
-def child(widths: list[int], repeats: int) -> dict:
-    """This process's distance: ms per forward at each width, and the read bandwidth between them."""
+def child(widths: list[int], repeats: int, bits: int = 4, shapes: tuple = SHAPES, layers: int = LAYERS) -> dict:
+    """This process's kernel (its distance, or its library: qlinear_ab.py): ms per forward (LAYERS
+    layers of `shapes`, taken round-robin from `layers` distinct ones: 1 keeps a small one in cache)
+    at each width, and the read bandwidth between them."""
     g = torch.Generator().manual_seed(0)
-    layers = [[{k: kernels.huge_copy(v) if k == "data" else v for k, v in pack(random_codes(n, k, 4, g)).items()}
-               for n, k in SHAPES] for _ in range(LAYERS)]
-    nbytes = sum(p["data"].numel() for layer in layers for p in layer)
+    held = [[{k: kernels.huge_copy(v) if k == "data" else v for k, v in pack(random_codes(n, k, bits, g)).items()}
+             for n, k in shapes] for _ in range(layers)]
+    nbytes = sum(p["data"].numel() for layer in held for p in layer) * LAYERS // layers  # read per forward
     x = torch.randn(max(widths), max(k for _, k in SHAPES), generator=g).to(torch.bfloat16)
     xs = {w: inputs(x[:w]) for w in widths}
 
     def layer(x: dict, i: int) -> list:
-        return [kernels.qlinear(x[k], p["data"], p["layout"], None) for p, (_, k) in zip(layers[i], SHAPES)]
+        return [kernels.qlinear(x[k], p["data"], p["layout"], None) for p, (_, k) in zip(held[i % layers], shapes)]
 
     for w in widths:
         forward_ms(layer, xs[w])
