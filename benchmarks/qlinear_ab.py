@@ -62,7 +62,7 @@ def ratios(before: list[dict], after: list[dict], w: str, same_only: bool) -> li
 
 def markdown(r: dict) -> str:
     widths = [str(w) for w in r["widths"]]
-    what = ("one wo (1536 x 1536) 112 times, held in the caches" if r["in_cache"] else
+    what = (f"one wo (1536 x 1536) {LAYERS * len(IN_CACHE)} times, held in the caches" if r["in_cache"] else
             f"the 1.5B target's linears ({LAYERS} layers: wqkv, wo, w13, w2) in huge pages")
     lines = [f"### ygg::qlinear, {r['before']} against {r['after']}: {r['cpu']}", "",
              (f"ms per forward of {what}, {r['threads']} threads, path {r['path']}, torch {r['torch']}; {r['rounds']} rounds, "
