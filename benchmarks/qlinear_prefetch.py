@@ -1,7 +1,9 @@
 """How far ahead `ygg::qlinear` should ask for weight bytes, by forward width, on this machine: the
 1.5B target's linears (28 layers of wqkv, wo, w13, w2, 4-bit codes in Q4_K's format) in huge pages as
 a loaded model holds them, timed at each width with each YGG_PREFETCH distance (0: each line asked
-for only where it is about to be read, so only the hardware prefetchers run ahead), beside the read
+for only where it is about to be read, so only the hardware prefetchers run ahead) and with the
+kernel's own choice ("default", YGG_PREFETCH unset: a few lines ahead where a call reads each tile
+in one pass, a tile ahead where it takes several; csrc/qlinear.cpp, prefetch_ahead), beside the read
 bandwidth measured in the same process between the timings (this VM's bandwidth moves between runs,
 so each time is set against its own). The distance is fixed per process: each setting runs in a
 child of its own, settings alternating round by round, medians kept, ratios paired per round.
@@ -32,7 +34,7 @@ from qlinear_kernels import LAYERS, SHAPES, forward_ms, inputs, random_codes
 from ygg_runtime import kernels
 from ygg_runtime.quant import pack
 
-DEFAULT = 65536  # the kernel's distance when YGG_PREFETCH is unset (csrc/qlinear.cpp, prefetch_ahead)
+DEFAULT = "default"  # the setting that leaves YGG_PREFETCH unset: the kernel's own distance by width
 
 
 def child(widths: list[int], repeats: int, bits: int = 4, shapes: tuple = SHAPES, layers: int = LAYERS) -> dict:
@@ -67,7 +69,7 @@ def markdown(r: dict) -> str:
              (f"ms per forward of the 1.5B target's linears at 4 bits ({r['bytes'] / 1e6:.0f} MB in huge pages, "
              f"{LAYERS} layers), {r['threads']} threads, path {r['path']}, torch {r['torch']}; median of {r['rounds']} rounds "
              f"(each a child process per distance, settings alternating) of {r['repeats']} repeats. In brackets: the "
-             f"time over the default distance's ({DEFAULT} bytes), paired per round, median. Read bandwidth measured "
+             f"time over the kernel's own distance's (YGG_PREFETCH unset), paired per round, median. Read bandwidth measured "
              f"beside the timings: median {r['bandwidth_gbs']:.1f} GB/s (rounds {min(r['bandwidth_each']):.1f}–"
              f"{max(r['bandwidth_each']):.1f}); 'x floor' = time / (bytes / that round's bandwidth), median."), "",
              "| YGG_PREFETCH | " + " | ".join(f"M={w}" for w in widths) + f" | M={widths[0]} x floor |",
@@ -93,13 +95,15 @@ def main() -> None:
         return
     from ygg_compile import hardware
 
-    dists = [int(d) for d in args.distances.split(",")]
+    dists = [d.strip() for d in args.distances.split(",")]
     if DEFAULT not in dists:
         dists.append(DEFAULT)
-    runs: dict[int, list[dict]] = {d: [] for d in dists}
+    runs: dict[str, list[dict]] = {d: [] for d in dists}
     for rnd in range(args.rounds):
         for d in dists if rnd % 2 == 0 else dists[::-1]:
-            env = {**os.environ, "YGG_PREFETCH": str(d)}
+            env = {k: v for k, v in os.environ.items() if k != "YGG_PREFETCH"}
+            if d != DEFAULT:
+                env["YGG_PREFETCH"] = d
             proc = subprocess.run([sys.executable, __file__, "--child", "--widths", args.widths, "--repeats", str(args.repeats)],
                                   check=False, env=env, capture_output=True, text=True)
             if proc.returncode:

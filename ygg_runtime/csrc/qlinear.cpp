@@ -16,7 +16,10 @@
 //   - unpacks a weight block once for up to 8 rows (the unpacking runs beside the dot products);
 //   - keeps the weight stream going while it computes: tiles are contiguous records, and while a
 //     tile is multiplied (in one pass per 8 rows) the next one is prefetched into L2, spread over
-//     the passes, so memory and arithmetic overlap instead of adding up.
+//     the passes, so memory and arithmetic overlap instead of adding up. A call that reads each
+//     tile in one pass (1, 2, 4 or 8 rows) asks only a few lines ahead: its reads are one sequential
+//     stream, which the hardware prefetchers follow alone, and asking a tile ahead as well only
+//     took their line buffers (`prefetch_ahead`).
 //
 // The weight format (`ygg_runtime.quant` documents and packs it): a weight matrix is one or more
 // row segments (the parts of a fused q/k/v or gate/up matrix keep their own formats), each
@@ -81,6 +84,7 @@ constexpr int B = 32;      // columns of k per code block (8 quads of 4)
 constexpr int MAX_NR = 8;  // rows that share one unpacked weight block
 constexpr int TILE_ROWS = 64;  // rows the AMX path multiplies per pass (4 tiles of 16)
 constexpr int PREFETCH_LOCALITY = 2;  // __builtin_prefetch's: into L2 (and the L3)
+constexpr int64_t PREFETCH_NEAR = 4096, PREFETCH_FAR = 65536;  // bytes ahead: one pass a tile, or several
 
 enum Flags : int64_t { HAS_SC = 1, GENERAL = 2 };  // a segment's layout[5]
 
@@ -1000,13 +1004,19 @@ TileFn tile_function(const Segment& s) {
   return pick_tiles<Wide, EmulatedTiles>(s);
 }
 
-// How far ahead of its place a thread asks for weight bytes (YGG_PREFETCH overrides: tuning).
-int64_t prefetch_ahead() {
-  static const int64_t ahead = [] {
+// How far ahead of its place a thread asks for weight bytes. Where a call reads each tile in one
+// pass (1, 2, 4 or 8 rows on the AVX-512 path), its reads are one sequential stream and the
+// hardware prefetchers keep it going: asking a tile (64 kB) ahead too cost the Zen 5 EPYC's compiled
+// target 11-16 % at 1-2 rows; 4 kB is best at 1-8 (docs/measured.md). Where a tile takes several
+// passes (3, 5-7 or more than 8 rows; AVX2's two halves), the next tile must be asked for while the
+// current one is multiplied from cache: 64 kB (4 kB took 1.6-1.8x as long at 3-16 rows). The AMX path keeps 64 kB: not measured on AMX hardware.
+// YGG_PREFETCH fixes one distance for every call (tuning: benchmarks/qlinear_prefetch.py).
+int64_t prefetch_ahead(bool one_pass) {
+  static const int64_t forced = [] {
     const char* e = std::getenv("YGG_PREFETCH");
-    return e != nullptr ? std::atoll(e) : int64_t{65536};
+    return e != nullptr ? std::atoll(e) : int64_t{-1};
   }();
-  return ahead;
+  return forced >= 0 ? forced : one_pass ? PREFETCH_NEAR : PREFETCH_FAR;
 }
 
 std::array<RowsFn, 4> functions(const Segment& s) {
@@ -1148,6 +1158,9 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
   }
   const uint8_t* bytes = data.const_data_ptr<uint8_t>();
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tiles)));
+  // rows go 8 at a time, then 4, 2, 1: one pass over a tile each (AVX2: each half a pass)
+  const int64_t passes = (rows / MAX_NR + __builtin_popcountll(rows % MAX_NR)) * halves();
+  const int64_t ahead = prefetch_ahead(!amx && passes == 1);
   std::vector<int64_t> split, split_bytes;
   split_runs(segs, data.numel(), threads, split, split_bytes);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "qlinear_out", [&] {
@@ -1158,7 +1171,7 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
       for (int64_t th = th0; th < th1; ++th) {
         size_t si = 0;
         const uint8_t* run = bytes + split_bytes[th];
-        Prefetch pf{run, split_bytes[th + 1] - split_bytes[th], 0, 0, 0, prefetch_ahead()};
+        Prefetch pf{run, split_bytes[th + 1] - split_bytes[th], 0, 0, 0, ahead};
         for (int64_t t = split[th]; t < split[th + 1]; ++t) {
           while (t >= segs[si].first_tile + segs[si].tiles) ++si;
           const Segment& s = segs[si];
@@ -1182,8 +1195,6 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& data, const at::Tensor&
             }
             continue;
           }
-          // rows go 8 at a time, then 4, 2, 1: one pass over the tile each
-          const int64_t passes = (rows / MAX_NR + __builtin_popcountll(rows % MAX_NR)) * halves();  // a half: a pass
           pf.tile(w - run, s.tile_bytes, passes * (s.K / s.S));
           row_blocks(rows, [&](int64_t r0, int64_t nr) {
             const int idx = nr == 8 ? 3 : nr == 4 ? 2 : nr == 2 ? 1 : 0;
