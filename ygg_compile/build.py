@@ -716,7 +716,7 @@ def _plan_methods(calib, agreement, profile: Profile, opts: CompileOptions, use_
                 policy, report = predictor_training.plan_policy(trained, calib, agreement, replays, curves, egt, verify)
                 report |= trained.metrics
                 if not report["used"]:
-                    report["why"] = ("slower than the fixed depth on held-out prompts"
+                    report["why"] = (f"not {predictor_training.MIN_GAIN}× the fixed depth's speed-up on held-out prompts"
                                      + ("; used anyway: --force-predictor" if opts.force_predictor else ""))
                 if report["used"] or opts.force_predictor:
                     predictor_training.save(trained, tmp / predictor_training.FILE)
