@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qlinear_kernels import LAYERS, SHAPES
-from qlinear_prefetch import child
+from qlinear_prefetch import child, run_child
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CACHE = ((1536, 1536),) * 4  # wo four times a layer: 1.3-2.4 MB, the two cores' L2 and the L3 hold it
@@ -46,13 +46,10 @@ def tree(rev: str, root: Path) -> tuple[Path, str]:
     return path, commit
 
 
-def run_child(src: Path, cache: Path, args: argparse.Namespace, bits: int) -> dict:
+def revision_child(src: Path, cache: Path, args: argparse.Namespace, bits: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "YGG_CACHE": str(cache)}
     cmd = [sys.executable, __file__, "--child", "--bits", str(bits), "--widths", args.widths, "--repeats", str(args.repeats)]
-    proc = subprocess.run(cmd + (["--in-cache"] if args.in_cache else []), check=False, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"the child under {src} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_child(cmd + (["--in-cache"] if args.in_cache else []), env, f"under {src}")
 
 
 def ratios(before: list[dict], after: list[dict], w: str, same_only: bool) -> list[float]:
@@ -117,7 +114,7 @@ def main() -> None:
             for rnd in range(args.rounds):
                 for b in bits:
                     for side in ("before", "after") if rnd % 2 == 0 else ("after", "before"):
-                        run = run_child(trees[side][0], root / f"cache-{side}", args, b)
+                        run = revision_child(trees[side][0], root / f"cache-{side}", args, b)
                         runs[b][side].append(run)
                         print(f"round {rnd + 1} {b}-bit {side}: " + " ".join(f"M={w} {run['ms'][str(w)]:.2f}" for w in widths)
                               + f" ms, {run['bandwidth'] / 1e9:.1f} GB/s", flush=True)

@@ -63,6 +63,14 @@ def child(widths: list[int], repeats: int, bits: int = 4, shapes: tuple = SHAPES
             "bytes": nbytes, "path": kernels.qlinear_path()}
 
 
+def run_child(cmd: list[str], env: dict, what: str) -> dict:
+    """A child process's result: the JSON of its last line; its failure one line naming `what`."""
+    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"the child {what} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def markdown(r: dict) -> str:
     widths, dists = r["widths"], r["distances"]
     lines = [f"### qlinear's prefetch distance by width: {r['cpu']}", "",
@@ -104,11 +112,8 @@ def main() -> None:
             env = {k: v for k, v in os.environ.items() if k != "YGG_PREFETCH"}
             if d != DEFAULT:
                 env["YGG_PREFETCH"] = d
-            proc = subprocess.run([sys.executable, __file__, "--child", "--widths", args.widths, "--repeats", str(args.repeats)],
-                                  check=False, env=env, capture_output=True, text=True)
-            if proc.returncode:
-                raise SystemExit(f"the child for YGG_PREFETCH={d} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-            runs[d].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            runs[d].append(run_child([sys.executable, __file__, "--child", "--widths", args.widths, "--repeats", str(args.repeats)],
+                                     env, f"for YGG_PREFETCH={d}"))
             print(f"round {rnd + 1} YGG_PREFETCH={d}: " + " ".join(f"M={w} {runs[d][-1]['ms'][str(w)]:.1f}" for w in widths)
                   + f" ms, {runs[d][-1]['bandwidth'] / 1e9:.1f} GB/s", flush=True)
     bw = [run["bandwidth"] for d in dists for run in runs[d]]
