@@ -250,9 +250,12 @@ def test_a_client_that_disconnects_mid_stream_frees_its_sequence(server):
 
 
 def test_metrics_move_with_the_load_and_agree_with_the_responses(server):
+    """The counters match the responses. `chain` drafts k tokens every step whatever the machine: egt's
+    depth is planned from the costs measured here, and on the tiny pair it may plan plain decoding, where
+    only a graft drafts (once: 3 drafts, none accepted), so the spec-decode counters would not move."""
     before = server.metrics()
     with ThreadPoolExecutor(4) as pool:
-        done = [f.result(timeout=TIMEOUT) for f in [pool.submit(complete, server, p, 32, method="egt") for p in PROMPTS[:4]]]
+        done = [f.result(timeout=TIMEOUT) for f in [pool.submit(complete, server, p, 32, method="chain") for p in PROMPTS[:4]]]
     after = server.metrics()
 
     def delta(name: str) -> float:
