@@ -387,8 +387,8 @@ struct Portable {
   static I load_i8(const int8_t* p, int) { I r; for (int l = 0; l < L; ++l) r[l] = p[l]; return r; }
   using P = std::array<int16_t, 2 * L>;  // group pairs of multipliers: [L][2] int16
   static P load_pairs(const int8_t* mn, int) { P p; for (int i = 0; i < 2 * L; ++i) p[i] = mn[i]; return p; }
-  static I dot_pairs(I acc, const P& mn, int32_t pair) {  // x (lo, hi) int16
-    const int32_t lo = static_cast<int16_t>(pair & 0xffff), hi = static_cast<int16_t>(static_cast<uint32_t>(pair) >> 16);
+  static I dot_pairs(I acc, const P& mn, const int32_t* pair) {  // x (lo, hi) int16
+    const int32_t lo = static_cast<int16_t>(*pair & 0xffff), hi = static_cast<int16_t>(static_cast<uint32_t>(*pair) >> 16);
     for (int l = 0; l < L; ++l) acc[l] += mn[2 * l] * lo + mn[2 * l + 1] * hi;
     return acc;
   }
@@ -432,7 +432,11 @@ struct AVX512 {
   static I load_i8(const int8_t* p, int) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   using P = __m512i;
   static P load_pairs(const int8_t* mn, int) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn))); }
-  static I dot_pairs(I acc, P mn, int32_t pair) { return _mm512_dpwssd_epi32(acc, mn, _mm512_set1_epi32(pair)); }
+  // The pair broadcast from memory, as `dot`'s quad: a super-block's mins cost 4 of these a row.
+  static I dot_pairs(I acc, P mn, const int32_t* pair) {
+    asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(mn), "m"(*reinterpret_cast<const Quad*>(pair)));
+    return acc;
+  }
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static F cvt(I a) { return _mm512_cvtepi32_ps(a); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -499,7 +503,7 @@ struct AVX2 {
   static I load_i8(const int8_t* p, int h) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h))); }
   using P = __m256i;
   static P load_pairs(const int8_t* mn, int h) { return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mn + 16 * h))); }
-  static I dot_pairs(I acc, P mn, int32_t pair) { return _mm256_add_epi32(acc, _mm256_madd_epi16(mn, _mm256_set1_epi32(pair))); }
+  static I dot_pairs(I acc, P mn, const int32_t* pair) { return _mm256_add_epi32(acc, _mm256_madd_epi16(mn, _mm256_set1_epi32(*pair))); }
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static F cvt(I a) { return _mm256_cvtepi32_ps(a); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
@@ -573,12 +577,14 @@ inline typename V::I running_step(typename V::I isum, typename V::I run, typenam
 // A super-block's float step, the same on every path: a row's integer sum scaled by the tile's D
 // (and, general kinds, its mins' sum by M), then by the row's activation scale, onto its float sum.
 // Made once per super-block for every row (the mins' multipliers widened once).
-template <class V, int G, bool SC, bool GEN>
+// WHOLE: every super-block holds 256 columns (a K-quant's), so its mins' pairs are a constant count.
+template <class V, int G, bool SC, bool GEN, bool WHOLE = false>
 struct Scale {
   using I = typename V::I;
   using F = typename V::F;
   F D, M;
-  typename V::P mn[SC && GEN ? 256 / G / 2 : 1];
+  static constexpr int PAIRS = 256 / G / 2;  // a whole super-block's group pairs (an even number)
+  typename V::P mn[SC && GEN ? PAIRS : 1];
   int pairs;
   Scale(const Record& w, int h, int GS) : D(V::load_half(w.D, h)), pairs(GS / 2) {
     if constexpr (GEN) M = V::load_half(w.M, h);
@@ -589,9 +595,11 @@ struct Scale {
   F apply(F acc, I isum, const int32_t* sums, float da) const {
     if constexpr (GEN) {
       I imin;
-      if constexpr (SC) {
-        imin = V::zero();
-        for (int p = 0; p < pairs; ++p) imin = V::dot_pairs(imin, mn[p], sums[p]);
+      if constexpr (SC) {  // in two chains, unrolled where the count is known (docs/measured.md)
+        I i[2] = {V::zero(), V::zero()};
+        const int n = WHOLE ? PAIRS : pairs;
+        for (int p = 0; p < n; ++p) i[p % 2] = V::dot_pairs(i[p % 2], mn[p], sums + p);
+        imin = V::add(i[0], i[1]);
       } else {
         imin = V::set1(sums[0]);
       }
@@ -608,6 +616,13 @@ struct Rows {
   // Rows r0..r0+NR of tile w (columns of half h): their float sums into acc [NR][T] (columns 8h..).
   static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
                   float* acc_out, Prefetch& pf) {
+    if constexpr (SC && GEN)
+      if (s.S == 256) return body<true>(s, tile, a, rs, r0, h, acc_out, pf);
+    body<false>(s, tile, a, rs, r0, h, acc_out, pf);
+  }
+  template <bool WHOLE>
+  static void body(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
+                   float* acc_out, Prefetch& pf) {
     // super-blocks of 64 to 256 columns with multipliers (S runtime: a row of 896 takes 128), else of 32
     constexpr int QG = G / 4, GB = B / G, CH = NR >= 8 ? 1 : 8 / NR;
     const int S = SC ? static_cast<int>(s.S) : 32, BPS = S / B, GS = S / G;
@@ -671,7 +686,7 @@ struct Rows {
         }
         q += B * NR;
       }
-      const Scale<V, G, SC, GEN> scale(w, h, GS);
+      const Scale<V, G, SC, GEN, WHOLE> scale(w, h, GS);
       for (int r = 0; r < NR; ++r) acc[r] = scale.apply(acc[r], isum[r], sums[r], da[r][sb]);
       for (int r = 0; r < NR; ++r) sums[r] += RN;
     }
@@ -1005,12 +1020,13 @@ TileFn tile_function(const Segment& s) {
 }
 
 // How far ahead of its place a thread asks for weight bytes. Where a call reads each tile in one
-// pass (1, 2, 4 or 8 rows on the AVX-512 path), its reads are one sequential stream and the
-// hardware prefetchers keep it going: asking a tile (64 kB) ahead too cost the Zen 5 EPYC's compiled
-// target 11-16 % at 1-2 rows; 4 kB is best at 1-8 (docs/measured.md). Where a tile takes several
-// passes (3, 5-7 or more than 8 rows; AVX2's two halves), the next tile must be asked for while the
-// current one is multiplied from cache: 64 kB (4 kB took 1.6-1.8x as long at 3-16 rows). The AMX path keeps 64 kB: not measured on AMX hardware.
-// YGG_PREFETCH fixes one distance for every call (tuning: benchmarks/qlinear_prefetch.py).
+// pass (1, 2, 4 or 8 rows on the AVX-512 and plain C++ paths), its reads are one sequential stream
+// and the hardware prefetchers keep it going: asking a tile (64 kB) ahead too cost the Zen 5 EPYC's
+// compiled target 11-16 % at 1-2 rows; 4 kB is best at 1-8 (docs/measured.md). Where a tile takes
+// several passes (3, 5-7 or more than 8 rows; AVX2's two halves), the next tile must be asked for
+// while the current one is multiplied from cache: 64 kB (4 kB took 1.6-1.8x as long at 3-16 rows).
+// The AMX path keeps 64 kB: not measured on AMX hardware. YGG_PREFETCH fixes one distance for
+// every call (tuning: benchmarks/qlinear_prefetch.py).
 int64_t prefetch_ahead(bool one_pass) {
   static const int64_t forced = [] {
     const char* e = std::getenv("YGG_PREFETCH");
