@@ -577,13 +577,14 @@ inline typename V::I running_step(typename V::I isum, typename V::I run, typenam
 // A super-block's float step, the same on every path: a row's integer sum scaled by the tile's D
 // (and, general kinds, its mins' sum by M), then by the row's activation scale, onto its float sum.
 // Made once per super-block for every row (the mins' multipliers widened once).
-// WHOLE: every super-block holds 256 columns (a K-quant's), so its mins' pairs are a constant count.
-template <class V, int G, bool SC, bool GEN, bool WHOLE = false>
+// NP: the mins' group pairs of a super-block when known at compile time (256 columns: a K-quant's;
+// 128: a row of 896), so that their products unroll; 0: counted at run time.
+template <class V, int G, bool SC, bool GEN, int NP = 0>
 struct Scale {
   using I = typename V::I;
   using F = typename V::F;
   F D, M;
-  static constexpr int PAIRS = 256 / G / 2;  // a whole super-block's group pairs (an even number)
+  static constexpr int PAIRS = 256 / G / 2;  // the most group pairs a super-block has
   typename V::P mn[SC && GEN ? PAIRS : 1];
   int pairs;
   Scale(const Record& w, int h, int GS) : D(V::load_half(w.D, h)), pairs(GS / 2) {
@@ -597,7 +598,7 @@ struct Scale {
       I imin;
       if constexpr (SC) {  // in two chains, unrolled where the count is known (docs/measured.md)
         I i[2] = {V::zero(), V::zero()};
-        const int n = WHOLE ? PAIRS : pairs;
+        const int n = NP ? NP : pairs;
         for (int p = 0; p < n; ++p) i[p % 2] = V::dot_pairs(i[p % 2], mn[p], sums + p);
         imin = V::add(i[0], i[1]);
       } else {
@@ -616,11 +617,13 @@ struct Rows {
   // Rows r0..r0+NR of tile w (columns of half h): their float sums into acc [NR][T] (columns 8h..).
   static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
                   float* acc_out, Prefetch& pf) {
-    if constexpr (SC && GEN)
-      if (s.S == 256) return body<true>(s, tile, a, rs, r0, h, acc_out, pf);
-    body<false>(s, tile, a, rs, r0, h, acc_out, pf);
+    if constexpr (SC && GEN) {
+      if (s.S == 256) return body<256 / G / 2>(s, tile, a, rs, r0, h, acc_out, pf);
+      if (s.S == 128) return body<128 / G / 2>(s, tile, a, rs, r0, h, acc_out, pf);
+    }
+    body<0>(s, tile, a, rs, r0, h, acc_out, pf);
   }
-  template <bool WHOLE>
+  template <int NP>
   static void body(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
                    float* acc_out, Prefetch& pf) {
     // super-blocks of 64 to 256 columns with multipliers (S runtime: a row of 896 takes 128), else of 32
@@ -686,7 +689,7 @@ struct Rows {
         }
         q += B * NR;
       }
-      const Scale<V, G, SC, GEN, WHOLE> scale(w, h, GS);
+      const Scale<V, G, SC, GEN, NP> scale(w, h, GS);
       for (int r = 0; r < NR; ++r) acc[r] = scale.apply(acc[r], isum[r], sums[r], da[r][sb]);
       for (int r = 0; r < NR; ++r) sums[r] += RN;
     }
