@@ -97,13 +97,17 @@ def main() -> None:
     ap.add_argument("-o", "--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    widths = [int(w) for w in args.widths.split(",")]
+    widths = [int(w) for w in args.widths.split(",") if w.strip().isdigit() and int(w) > 0]
+    if len(widths) != len(args.widths.split(",")):
+        ap.error(f"--widths must be positive integers, not {args.widths!r}")
     if args.child:
         print(json.dumps(child(widths, args.repeats)))
         return
     from ygg_compile import hardware
 
     dists = [d.strip() for d in args.distances.split(",")]
+    if bad := [d for d in dists if not d.isdigit() and d != DEFAULT]:  # the kernel would read a word as 0
+        ap.error(f"--distances must be byte counts (or {DEFAULT!r}), not {', '.join(bad)}")
     if DEFAULT not in dists:
         dists.append(DEFAULT)
     runs: dict[str, list[dict]] = {d: [] for d in dists}
