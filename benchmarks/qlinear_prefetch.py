@@ -97,9 +97,10 @@ def main() -> None:
     ap.add_argument("-o", "--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    widths = [int(w) for w in args.widths.split(",") if w.strip().isdigit() and int(w) > 0]
-    if len(widths) != len(args.widths.split(",")):
+    parts = [w.strip() for w in args.widths.split(",")]
+    if not all(w.isdigit() and int(w) > 0 for w in parts):
         ap.error(f"--widths must be positive integers, not {args.widths!r}")
+    widths = [int(w) for w in parts]
     if args.child:
         print(json.dumps(child(widths, args.repeats)))
         return
