@@ -1,6 +1,10 @@
 """The row-invariant attention kernel (ygg_runtime/csrc/attention.cpp): right against a plain
 float64 reference, and a row's bits independent of everything but its own query and visible keys."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -128,6 +132,52 @@ def test_a_prefix_range_and_tree_window_give_the_bits_of_the_same_view_as_a_mask
     v = torch.cat([prefix[1], new_v[0]], 1)[None]
     assert torch.equal(attend(q, k, v, mask), outs[0])
     assert (outs[0].double() - reference(q, k, v, mask)).abs().max() < 2e-2
+
+
+def _calls() -> list[tuple]:
+    """Calls of every kind the lanes could split differently: 1 to 8 heads a block (GQA groups of 3,
+    6, 7 and 12), head dims of 128, 64 and 40 (not a multiple of the vector), 1 to 17 rows, rows
+    seeing a prefix, a tree window, both or nothing, keys ending mid-block, every dtype."""
+    g = torch.Generator().manual_seed(7)
+    calls = []
+    for dtype in (torch.bfloat16, torch.float32, torch.float16):
+        for heads, kv, d in ((12, 2, 128), (14, 2, 64), (9, 3, 40), (24, 2, 64)):
+            for w, committed in ((1, 0), (1, 37), (3, 300), (17, 121)):
+                q = (torch.randn(1, w, heads, d, generator=g) * 3).to(dtype).transpose(1, 2)
+                new_k, new_v = (torch.randn(1, kv, w, d, generator=g).to(dtype) for _ in range(2))
+                cache = torch.randn(2, 2, kv, committed + w + 21, d, generator=g).to(dtype)
+                tree = torch.rand(w, w + 5, generator=g) < 0.5
+                tree[torch.arange(w), torch.arange(w) + 5] = True  # each row sees itself
+                tree[0] = False  # and the first sees its prefix alone (nothing when there is none)
+                slots = torch.arange(committed + 5, committed + 5 + w)
+                calls.append((q, new_k, new_v, cache, 1, slots, torch.full((w,), min(3, committed)), torch.full((w,), committed), tree))
+    return calls
+
+
+def _attend_all(calls: list[tuple]) -> list[torch.Tensor]:
+    return [kernels.attention(*c[:3], c[3].clone(), *c[4:]) for c in calls]
+
+
+def test_an_avx2_build_gives_this_builds_bits(tmp_path):
+    """The library built without AVX-512, as for an AVX2 CPU (8-lane vectors where this machine may
+    have 16), computes every row with the same bits: the kernel's arithmetic is lane by lane, so
+    the vector width never enters. Built into the suite's kernel cache (test_quant's AVX2 test
+    builds the same library)."""
+    lib = kernels.build(isa=["-mavx2", "-mfma", "-mf16c"])
+    calls = _calls()
+    torch.save(calls, tmp_path / "calls.pt")
+    script = (f"import torch; from ygg_runtime import kernels; kernels.load(r'{lib}');"
+              f"import tests.test_kernel as t; torch.save(t._attend_all(torch.load(r'{tmp_path / 'calls.pt'}')), "
+              f"r'{tmp_path / 'out.pt'}')")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root,
+                          env={**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert proc.returncode == 0, proc.stderr
+    theirs = torch.load(tmp_path / "out.pt")
+    ours = _attend_all(calls)
+    assert len(theirs) == len(ours) == 48
+    assert all(torch.equal(a.view(torch.int16) if a.element_size() == 2 else a.view(torch.int32),
+                           b.view(torch.int16) if b.element_size() == 2 else b.view(torch.int32)) for a, b in zip(theirs, ours))
 
 
 def test_a_row_outside_the_cache_is_refused():

@@ -16,8 +16,10 @@
 //   out[d] = (sum of e_j * v_j[d], visible slots ascending) / den.
 // The t-th visible slot of a row is its t-th position (the prefix, then its ancestors by depth),
 // so holes, other rows, the call's width and where the sequence sits in the cache never enter.
-// Accumulation is in float32. Work is shared across the rows of a task only as data (keys
-// converted once), never as sums.
+// Accumulation is in float32, every product-sum one fused multiply-add. Work is shared across the
+// rows of a task only as data (keys converted once), never as sums. Lanes are 16 wide on every
+// machine, taken as one AVX-512 register or two AVX2 ones: each operation is lane by lane, so every
+// build gives the same bits (tests/test_kernel.py).
 //
 // What a row sees is given compactly, not as a mask over the cache: its sequence's committed
 // prefix, slots [lo, hi) (a sequence owns a contiguous region), and its tree window, slots
@@ -33,56 +35,215 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
 constexpr int L = 16;   // slots per score block, lanes of the denominator
-constexpr int HB = 8;   // query heads scored and accumulated together
-constexpr int DC = 64;  // head dimensions accumulated together in the value pass
+constexpr int HB = 8;   // query heads scored and accumulated together, at most
 constexpr int64_t MAX_ROWS = 32;  // query rows per task
 
-typedef float vf __attribute__((vector_size(64)));  // 16 floats, whatever the target's vector width
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint16_t vh __attribute__((vector_size(32)));
+// The machine's own vectors: VW lanes (16 with AVX-512, 8 with AVX2). The kernel's lanes are
+// 16 wide whatever the machine; each op is lane-wise, so a 16-lane block taken as 16 / VW native
+// vectors gives the same bits (wider generic vectors would live in memory: GCC has no register
+// for them).
+#if defined(__AVX512F__)
+constexpr int VW = 16, REGS = 32;
+#elif defined(__AVX2__)
+constexpr int VW = 8, REGS = 16;
+#else
+constexpr int VW = 4, REGS = 16;
+#endif
+constexpr int NV = L / VW;  // native vectors to a 16-lane block
+typedef float vn __attribute__((vector_size(VW * 4)));
+typedef int32_t vni __attribute__((vector_size(VW * 4)));
+typedef uint16_t vnh __attribute__((vector_size(VW * 2)));
 
-inline vf load16(const float* p) { vf x; std::memcpy(&x, p, sizeof x); return x; }
-inline void store16(float* p, vf x) { std::memcpy(p, &x, sizeof x); }
+inline vn load(const float* p) { vn x; std::memcpy(&x, p, sizeof x); return x; }
+inline void store(float* p, vn x) { std::memcpy(p, &x, sizeof x); }
+inline vn splat(float x) { return vn{} + x; }
 
-// 16 consecutive elements as float32 (exact for every input type).
-inline vf to_f32(const float* p) { return load16(p); }
-inline vf to_f32(const c10::BFloat16* p) {
-  vh h;
+// VW consecutive elements as float32 (exact for every input type).
+inline vn to_f32(const float* p) { return load(p); }
+inline vn to_f32(const c10::BFloat16* p) {
+  vnh h;
   std::memcpy(&h, p, sizeof h);
-  vi w = __builtin_convertvector(h, vi) << 16;
-  vf x;
-  std::memcpy(&x, &w, sizeof x);
+  return reinterpret_cast<vn>(__builtin_convertvector(h, vni) << 16);
+}
+inline vn to_f32(const c10::Half* p) {
+  vn x;
+  for (int l = 0; l < VW; ++l) x[l] = static_cast<float>(p[l]);
   return x;
 }
-inline vf to_f32(const c10::Half* p) {
-  float t[L];
-  for (int l = 0; l < L; ++l) t[l] = static_cast<float>(p[l]);
-  return load16(t);
+
+// a * b + c rounded once, lane by lane: every product-sum below is written as one, so the
+// arithmetic is the same whatever the compiler contracts (and equal to what GCC's default
+// contraction made of the plain expressions this kernel used to write).
+inline vn fma(vn a, vn b, vn c) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vn>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b), reinterpret_cast<__m512>(c)));
+#elif defined(__AVX2__) && defined(__FMA__)
+  return reinterpret_cast<vn>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b), reinterpret_cast<__m256>(c)));
+#else
+  vn r;
+  for (int l = 0; l < VW; ++l) r[l] = std::fma(a[l], b[l], c[l]);
+  return r;
+#endif
 }
 
-// e^x for x <= 0 (Cephes' expf polynomial); elementwise, so vectorising it changes no result.
-inline float exp_neg(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float y = p * (r * r) + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return y * scale;
+// e^x for x <= 0 (Cephes' expf polynomial), lane by lane: each lane's operations are those of
+// the scalar form, in its order, so a lane's result does not depend on its neighbours.
+inline vn exp_neg(vn x) {
+  x = x < -87.0f ? splat(-87.0f) : x;
+  const vn y = fma(x, splat(1.44269504088896341f), splat(0.5f));
+  vn n = __builtin_convertvector(__builtin_convertvector(y, vni), vn);  // toward zero; then floor:
+  n = n + __builtin_convertvector(n > y, vn);                           // true is -1
+  vn r = fma(-n, splat(0.693359375f), x);
+  r = fma(n, splat(2.12194440e-4f), r);
+  vn p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  const vn e = fma(p, r * r, r) + 1.0f;
+  return e * reinterpret_cast<vn>((__builtin_convertvector(n, vni) + 127) << 23);
 }
+
+// Slots j0 .. j0+15 of a layer's keys (zeros past `count`), transposed to kT [D][16] in float32:
+// a slot per lane, so a score is a lane's own sum over d. The transposition moves values, exactly.
+template <typename T>
+void transpose_keys(const T* k, int64_t kss, int64_t count, int64_t D, float* kT) {
+  int64_t d0 = 0;
+#ifdef __AVX512F__
+  if constexpr (!std::is_same_v<T, c10::Half>) {
+    for (; d0 + L <= D; d0 += L) {
+      __m512 r[L];
+      for (int j = 0; j < L; ++j) r[j] = j < count ? reinterpret_cast<__m512>(to_f32(k + j * kss + d0)) : _mm512_setzero_ps();
+      __m512 t[L], u[L];
+      for (int i = 0; i < L; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+      for (int i = 0; i < L; i += 4)
+        for (int h = 0; h < 2; ++h) {
+          const __m512d a = _mm512_castps_pd(t[i + h]), b = _mm512_castps_pd(t[i + h + 2]);
+          u[i + h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), u[i + h + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+      // u[4m + o], rows 4m..4m+3: in its 128-bit part p, column 4p + c(o), c = (0, 2, 1, 3)[o]
+      for (int i = 0; i < 8; ++i) {
+        const int m = i / 4 * 8 + i % 4;  // rows 0-3 with 4-7 (i < 4), 8-11 with 12-15
+        t[i] = _mm512_shuffle_f32x4(u[m], u[m + 4], 0x88), t[i + 8] = _mm512_shuffle_f32x4(u[m], u[m + 4], 0xdd);
+      }
+      for (int o = 0; o < 4; ++o)
+        for (int h = 0; h < 2; ++h) {  // t[o + 8h]: rows 0-7, t[o + 8h + 4]: rows 8-15
+          const int c = (o & 1) * 2 + (o >> 1) + 4 * h, a = o + 8 * h;
+          _mm512_storeu_ps(kT + (d0 + c) * L, _mm512_shuffle_f32x4(t[a], t[a + 4], 0x88));
+          _mm512_storeu_ps(kT + (d0 + c + 8) * L, _mm512_shuffle_f32x4(t[a], t[a + 4], 0xdd));
+        }
+    }
+  }
+#elif defined(__AVX2__)
+  if constexpr (!std::is_same_v<T, c10::Half>) {
+    for (; d0 + 8 <= D; d0 += 8)
+      for (int half = 0; half < 2; ++half) {  // slots 8 half .. 8 half + 7: an 8 x 8 transposition
+        __m256 r[8], t[8], u[8];
+        for (int j = 0; j < 8; ++j) {
+          const int64_t slot = 8 * half + j;
+          r[j] = slot < count ? reinterpret_cast<__m256>(to_f32(k + slot * kss + d0)) : _mm256_setzero_ps();
+        }
+        for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        for (int i = 0; i < 8; i += 4)  // u[i + c]: column c (and c + 4) of rows i .. i+3
+          for (int h = 0; h < 2; ++h)
+            u[i + 2 * h] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0x44), u[i + 2 * h + 1] = _mm256_shuffle_ps(t[i + h], t[i + h + 2], 0xee);
+        for (int c = 0; c < 4; ++c) {
+          _mm256_storeu_ps(kT + (d0 + c) * L + 8 * half, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+          _mm256_storeu_ps(kT + (d0 + c + 4) * L + 8 * half, _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+        }
+      }
+  }
+#endif
+  for (int64_t d = d0; d < D; ++d)
+    for (int j = 0; j < L; ++j) kT[d * L + j] = j < count ? static_cast<float>(k[j * kss + d]) : 0.0f;
+}
+
+// Scores of a block of 16 slots for NH heads of one row: lane j sums q[d] * k_j[d], d ascending.
+// qr: the row's queries [d][GP heads] from its first head here; out: head i's 16 at out + i * hs.
+template <int NH>
+void score(const float* qr, int64_t GP, const float* kT, int64_t D, float scale, float* out, int64_t hs) {
+  vn a[NH][NV] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    vn kd[NV];
+    for (int c = 0; c < NV; ++c) kd[c] = load(kT + d * L + c * VW);
+    for (int i = 0; i < NH; ++i) {
+      const vn q = splat(qr[d * GP + i]);
+      for (int c = 0; c < NV; ++c) a[i][c] = fma(q, kd[c], a[i][c]);
+    }
+  }
+  for (int i = 0; i < NH; ++i)
+    for (int c = 0; c < NV; ++c) store(out + i * hs + c * VW, a[i][c] * scale);
+}
+
+// out[d] = sum over the row's visible slots t (ascending) of e_t * v_t[d], for NH heads and head
+// dimensions d0 .. d0+nd (nd <= C x VW): e [NH][np] the heads' weights, jr the slots.
+template <typename T, int NH, int C>
+void weigh(const float* e, int64_t np, const T* v, int64_t kss, const int64_t* jr, int64_t n, int64_t d0, int64_t nd,
+           float* out /* [NH][C x VW] */) {
+  vn acc[NH][C] = {};
+  for (int64_t t = 0; t < n; ++t) {
+    const T* vr = v + jr[t] * kss + d0;
+    vn vv[C];
+    for (int c = 0; c < C; ++c) {
+      if ((c + 1) * VW <= nd) {
+        vv[c] = to_f32(vr + c * VW);
+      } else {  // a head dimension that is not a multiple of the vector: pad with zeros
+        vv[c] = vn{};
+        for (int l = 0; c * VW + l < nd; ++l) vv[c][l] = static_cast<float>(vr[c * VW + l]);
+      }
+    }
+    for (int i = 0; i < NH; ++i) {
+      const vn w = splat(e[i * np + t]);
+      for (int c = 0; c < C; ++c) acc[i][c] = fma(w, vv[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < NH; ++i)
+    for (int c = 0; c < C; ++c) store(out + i * C * VW + c * VW, acc[i][c]);
+}
+
+// The head count of a block as a compile-time constant (its sums stay in registers).
+template <template <int> class F, typename... A>
+void by_heads(int64_t nh, A&&... a) {
+  switch (nh) {
+    case 1: return F<1>::run(a...);
+    case 2: return F<2>::run(a...);
+    case 3: return F<3>::run(a...);
+    case 4: return F<4>::run(a...);
+    case 5: return F<5>::run(a...);
+    case 6: return F<6>::run(a...);
+    case 7: return F<7>::run(a...);
+    default: return F<8>::run(a...);
+  }
+}
+template <int NH>
+struct Score {
+  template <typename... A> static void run(A... a) { score<NH>(a...); }
+};
+template <int NH>
+struct Weigh {  // C vectors of dimensions at a time: as many (up to 4) as keep NH x C sums in registers
+  static constexpr int C = (NH + 1) * 4 + 1 <= REGS ? 4 : (NH + 1) * 2 + 1 <= REGS ? 2 : 1, DC = C * VW;
+  template <typename T>
+  static void run(const float* e, int64_t np, const T* v, int64_t kss, const int64_t* jr, int64_t n, int64_t D,
+                  const float* den, T* o, int64_t osh) {
+    float tmp[NH * DC];
+    for (int64_t d0 = 0; d0 < D; d0 += DC) {
+      const int64_t nd = std::min<int64_t>(DC, D - d0);
+      weigh<T, NH, C>(e, np, v, kss, jr, n, d0, nd, tmp);
+      for (int i = 0; i < NH; ++i)
+        for (int64_t d = 0; d < nd; ++d) o[i * osh + d0 + d] = static_cast<T>(n ? tmp[i * DC + d] / den[i] : 0.0f);
+    }
+  }
+};
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::Tensor& lo, const at::Tensor& hi,
@@ -159,77 +320,52 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
       sc.resize(R * GP * NB * L);
       for (size_t m = 0; m < merged.size(); ++m) {
         for (int64_t b = merged[m].first; b <= merged[m].second; ++b) {
-          const int64_t j0 = b * L, j1 = std::min<int64_t>(S, j0 + L), bi = offset[m] + b - merged[m].first;
-          std::fill(kT.begin(), kT.end(), 0.0f);
-          for (int64_t j = j0; j < j1; ++j) {
-            const T* kr = kp + g * ksh + j * kss;
-            for (int64_t d = 0; d < D; ++d) kT[d * L + (j - j0)] = static_cast<float>(kr[d]);
-          }
+          const int64_t j0 = b * L, bi = offset[m] + b - merged[m].first;
+          transpose_keys(kp + g * ksh + j0 * kss, kss, std::min<int64_t>(L, S - j0), D, kT.data());
           for (int64_t r = 0; r < R; ++r) {
             if (b < spans[r].first || b > spans[r].second) continue;  // not this row's
-            for (int64_t i0 = 0; i0 < GP; i0 += HB) {
-              vf a[HB] = {};
-              const float* qr = qf.data() + r * D * GP + i0;
-              for (int64_t d = 0; d < D; ++d) {
-                const vf kd = load16(kT.data() + d * L);
-                for (int i = 0; i < HB; ++i) a[i] += qr[d * GP + i] * kd;
-              }
-              for (int i = 0; i < HB; ++i) store16(sc.data() + ((r * GP + i0 + i) * NB + bi) * L, a[i] * scale);
-            }
+            for (int64_t i0 = 0; i0 < G; i0 += HB)
+              by_heads<Score>(std::min<int64_t>(HB, G - i0), qf.data() + r * D * GP + i0, GP,
+                              static_cast<const float*>(kT.data()), D, scale, sc.data() + ((r * GP + i0) * NB + bi) * L, NB * L);
           }
         }
       }
       // 2 and 3, row by row: the softmax over the row's visible slots, then its weighted values.
       for (int64_t r = 0; r < R; ++r) {
         const int64_t* jr = js.data() + first[r];
-        const int64_t n = first[r + 1] - first[r], np = (n + L - 1) / L * L, base = spans[r].first;
+        const int64_t n = first[r + 1] - first[r], np = (n + L - 1) / L * L, base = spans[r].first * L;
+        const int64_t prefix = std::max<int64_t>(0, hip[r0 + r] - lop[r0 + r]);  // its first slots, contiguous
         e.assign(G * np, 0.0f);
         std::vector<float> den(G, 0.0f);
         for (int64_t i = 0; i < G; ++i) {
-          const float* s = sc.data() + ((r * GP + i) * NB + at[r]) * L;
+          const float* s = sc.data() + ((r * GP + i) * NB + at[r]) * L;  // s[j - base]: slot j's score
           float* ei = e.data() + i * np;
-          for (int64_t t = 0; t < n; ++t) ei[t] = s[(jr[t] / L - base) * L + jr[t] % L];
+          if (prefix) std::memcpy(ei, s + (jr[0] - base), prefix * sizeof(float));
+          for (int64_t t = prefix; t < n; ++t) ei[t] = s[jr[t] - base];
+          vn mv = splat(-INFINITY);
+          for (int64_t t = 0; t < np; t += VW) {
+            vn x = load(ei + t);
+            for (int64_t l = std::max<int64_t>(0, n - t); l < VW; ++l) x[l] = -INFINITY;  // lanes past the row's slots
+            mv = x > mv ? x : mv;
+          }
           float m = -INFINITY;
-          for (int64_t t = 0; t < n; ++t) m = std::max(m, ei[t]);
-          for (int64_t t = 0; t < n; ++t) ei[t] = exp_neg(ei[t] - m);
-          vf lanes = {};
-          for (int64_t t = 0; t < np; t += L) lanes += load16(ei + t);
+          for (int l = 0; l < VW; ++l) m = std::max(m, mv[l]);
+          vn lanes[NV] = {};  // lane l of the 16: lanes[l / VW][l % VW]
+          for (int64_t t = 0; t < np; t += VW) {
+            vn x = exp_neg(load(ei + t) - m);
+            for (int64_t l = std::max<int64_t>(0, n - t); l < VW; ++l) x[l] = 0.0f;
+            store(ei + t, x);
+            lanes[t / VW % NV] += x;
+          }
           float h[L];
-          store16(h, lanes);
+          for (int c = 0; c < NV; ++c) store(h + c * VW, lanes[c]);
           for (int w = L / 2; w >= 1; w /= 2)
             for (int l = 0; l < w; ++l) h[l] += h[l + w];
           den[i] = h[0];
         }
-        for (int64_t i0 = 0; i0 < G; i0 += HB) {
-          const int64_t nh = std::min<int64_t>(HB, G - i0);
-          for (int64_t d0 = 0; d0 < D; d0 += DC) {
-            const int64_t nd = std::min<int64_t>(DC, D - d0);
-            vf acc[HB][DC / L] = {};
-            for (int64_t t = 0; t < n; ++t) {
-              const T* vr = vp + g * ksh + jr[t] * kss + d0;
-              vf vv[DC / L];
-              for (int c = 0; c < DC / L; ++c) {
-                if ((c + 1) * L <= nd) {
-                  vv[c] = to_f32(vr + c * L);
-                } else {  // a head dimension that is not a multiple of 16: pad with zeros
-                  float tmp[L] = {};
-                  for (int l = 0; c * L + l < nd; ++l) tmp[l] = static_cast<float>(vr[c * L + l]);
-                  vv[c] = load16(tmp);
-                }
-              }
-              for (int64_t i = 0; i < nh; ++i) {
-                const float w = e[(i0 + i) * np + t];
-                for (int c = 0; c < DC / L; ++c) acc[i][c] += w * vv[c];
-              }
-            }
-            for (int64_t i = 0; i < nh; ++i) {
-              float tmp[DC];
-              for (int c = 0; c < DC / L; ++c) store16(tmp + c * L, acc[i][c]);
-              T* o = op + (g * G + i0 + i) * osh + (r0 + r) * osw + d0;
-              for (int64_t d = 0; d < nd; ++d) o[d] = static_cast<T>(n ? tmp[d] / den[i0 + i] : 0.0f);
-            }
-          }
-        }
+        for (int64_t i0 = 0; i0 < G; i0 += HB)
+          by_heads<Weigh>(std::min<int64_t>(HB, G - i0), static_cast<const float*>(e.data() + i0 * np), np, vp + g * ksh, kss,
+                          jr, n, D, static_cast<const float*>(den.data() + i0), op + (g * G + i0) * osh + (r0 + r) * osw, osh);
       }
     }
   });
