@@ -40,9 +40,14 @@ def tree(rev: str, root: Path) -> tuple[Path, str]:
     """The revision's source tree (a detached worktree; "." is this one) and its commit."""
     if rev == ".":
         return REPO, "working tree"
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True, capture_output=True, text=True).stdout.strip()
+    found = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "--verify", "--quiet", f"{rev}^{{commit}}"],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise SystemExit(f"qlinear_ab: {rev!r} is not a revision of this repository")
+    commit = found.stdout.strip()
     path = root / commit
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(path), commit], check=True, capture_output=True)
+    if not path.exists():  # the same revision on both sides (the run's noise) shares one tree
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "-f", str(path), commit], check=True, capture_output=True)
     return path, commit
 
 
