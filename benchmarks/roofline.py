@@ -9,6 +9,11 @@ kernel library on the torch threads (ygg_compile.roofline).
 
 Writes DIR/roofline[-LABEL].json and .md, and DIR/roofline.png (every labelled run in DIR, one
 panel per model); DIR defaults to benchmarks/results/<device>-roofline/. Run it alone on the machine.
+
+Which kernels it times: measuring the roofs registers this checkout's library first, and the
+artifact loaded after it runs on that one, not on the kernels.so the artifact carries (which
+`ygg_runtime.load` alone, or a run with --roofs, would use). To time another revision's kernels,
+register its library (`kernels.load(path)`) before running this file.
 """
 
 from __future__ import annotations

@@ -169,15 +169,15 @@ void transpose_keys(const T* k, int64_t kss, int64_t count, int64_t D, float* kT
 }
 
 // Scores of a block of 16 slots for NH heads of one row: lane j sums q[d] * k_j[d], d ascending.
-// qr: the row's queries [d][GP heads] from its first head here; out: head i's 16 at out + i * hs.
+// qr: the row's queries [d][G heads] from its first head here; out: head i's 16 at out + i * hs.
 template <int NH>
-void score(const float* qr, int64_t GP, const float* kT, int64_t D, float scale, float* out, int64_t hs) {
+void score(const float* qr, int64_t G, const float* kT, int64_t D, float scale, float* out, int64_t hs) {
   vn a[NH][NV] = {};
   for (int64_t d = 0; d < D; ++d) {
     vn kd[NV];
     for (int c = 0; c < NV; ++c) kd[c] = load(kT + d * L + c * VW);
     for (int i = 0; i < NH; ++i) {
-      const vn q = splat(qr[d * GP + i]);
+      const vn q = splat(qr[d * G + i]);
       for (int c = 0; c < NV; ++c) a[i][c] = fma(q, kd[c], a[i][c]);
     }
   }
@@ -249,7 +249,7 @@ template <typename T>
 void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::Tensor& lo, const at::Tensor& hi,
          const at::Tensor& tree, at::Tensor& out) {
   const int64_t H = q.size(1), W = q.size(2), D = q.size(3), KV = cache.size(2), S = cache.size(3), TT = tree.size(1);
-  const int64_t G = H / KV, GP = (G + HB - 1) / HB * HB;
+  const int64_t G = H / KV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const T* qp = q.const_data_ptr<T>();
   const T* kp = cache.const_data_ptr<T>() + layer * cache.stride(0);
@@ -310,14 +310,14 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
           if (spans[r].first >= merged[m].first && spans[r].first <= merged[m].second)
             at[r] = offset[m] + spans[r].first - merged[m].first;
       }
-      // The rows' queries as float32, [row][d][head], heads padded to GP with zeros.
-      qf.assign(R * D * GP, 0.0f);
+      // The rows' queries as float32, [row][d][head].
+      qf.resize(R * D * G);
       for (int64_t r = 0; r < R; ++r)
         for (int64_t i = 0; i < G; ++i)
           for (int64_t d = 0; d < D; ++d)
-            qf[(r * D + d) * GP + i] = static_cast<float>(qp[(g * G + i) * qsh + (r0 + r) * qsw + d]);
+            qf[(r * D + d) * G + i] = static_cast<float>(qp[(g * G + i) * qsh + (r0 + r) * qsw + d]);
       // 1. Scores of every block a row's span holds: 16 slots in the lanes, d summed in order.
-      sc.resize(R * GP * NB * L);
+      sc.resize(R * G * NB * L);
       for (size_t m = 0; m < merged.size(); ++m) {
         for (int64_t b = merged[m].first; b <= merged[m].second; ++b) {
           const int64_t j0 = b * L, bi = offset[m] + b - merged[m].first;
@@ -325,8 +325,8 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
           for (int64_t r = 0; r < R; ++r) {
             if (b < spans[r].first || b > spans[r].second) continue;  // not this row's
             for (int64_t i0 = 0; i0 < G; i0 += HB)
-              by_heads<Score>(std::min<int64_t>(HB, G - i0), qf.data() + r * D * GP + i0, GP,
-                              static_cast<const float*>(kT.data()), D, scale, sc.data() + ((r * GP + i0) * NB + bi) * L, NB * L);
+              by_heads<Score>(std::min<int64_t>(HB, G - i0), qf.data() + r * D * G + i0, G,
+                              static_cast<const float*>(kT.data()), D, scale, sc.data() + ((r * G + i0) * NB + bi) * L, NB * L);
           }
         }
       }
@@ -338,7 +338,7 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
         e.assign(G * np, 0.0f);
         std::vector<float> den(G, 0.0f);
         for (int64_t i = 0; i < G; ++i) {
-          const float* s = sc.data() + ((r * GP + i) * NB + at[r]) * L;  // s[j - base]: slot j's score
+          const float* s = sc.data() + ((r * G + i) * NB + at[r]) * L;  // s[j - base]: slot j's score
           float* ei = e.data() + i * np;
           if (prefix) std::memcpy(ei, s + (jr[0] - base), prefix * sizeof(float));
           for (int64_t t = prefix; t < n; ++t) ei[t] = s[jr[t] - base];

@@ -432,7 +432,8 @@ struct AVX512 {
   static I load_i8(const int8_t* p, int) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   using P = __m512i;
   static P load_pairs(const int8_t* mn, int) { return _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(mn))); }
-  // The pair broadcast from memory, as `dot`'s quad: a super-block's mins cost 4 of these a row.
+  // The pair broadcast from memory, as `dot`'s quad: a super-block's mins cost S / G / 2 of these a row
+  // (4 for Q4_K's).
   static I dot_pairs(I acc, P mn, const int32_t* pair) {
     asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(mn), "m"(*reinterpret_cast<const Quad*>(pair)));
     return acc;
@@ -618,8 +619,9 @@ struct Rows {
   static void run(const Segment& s, const uint8_t* tile, const Activations& a, const RowSums& rs, int64_t r0, int h,
                   float* acc_out, Prefetch& pf) {
     if constexpr (SC && GEN) {
-      if (s.S == 256) return body<256 / G / 2>(s, tile, a, rs, r0, h, acc_out, pf);
-      if (s.S == 128) return body<128 / G / 2>(s, tile, a, rs, r0, h, acc_out, pf);
+      constexpr int P = Scale<V, G, SC, GEN>::PAIRS;  // a 256-column super-block's group pairs
+      if (s.S == 256) return body<P>(s, tile, a, rs, r0, h, acc_out, pf);
+      if (s.S == 128) return body<P / 2>(s, tile, a, rs, r0, h, acc_out, pf);
     }
     body<0>(s, tile, a, rs, r0, h, acc_out, pf);
   }
