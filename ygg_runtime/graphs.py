@@ -14,7 +14,9 @@ window of a fixed T (the widest asked for so far, rounded up to a power of two: 
 re-captures); neither changes a row's bits (the attention kernel blocks a row's keys by their
 position order, not by the window). The graph of a width is captured on its first forward: two
 warm-up runs of that very forward on a side stream (they write the same cache rows it writes),
-then the capture, then the replay that answers it.
+then the capture, then the replay that answers it. The graphs hold the address of the cache they
+were captured over: a forward over another cache (`ygg serve` sets the caches up anew, sized by
+memory) drops them all, so the graphs held stay one per (kind, width) whatever a process's life.
 """
 
 from __future__ import annotations
@@ -95,6 +97,7 @@ class CapturedForwards:
         self.failed: str | None = None  # why capture was given up (then every forward runs uncaptured)
         self.captures = 0  # graphs captured (re-captures included)
         self._graphs: dict[tuple, _Graph] = {}
+        self._cache: tuple | None = None  # (address, shape) of the cache the graphs were captured over
         self._pool = None
 
     def window_for(self, window: int) -> int:
@@ -109,7 +112,10 @@ class CapturedForwards:
         """The forward's (logits, hidden) by replaying its graph (captured now if new), as views of
         the graph's static outputs that its next replay overwrites; None when capture failed (the
         caller runs the forward itself)."""
-        key = (kind, inputs.width, inputs.heads, cache.data_ptr(), tuple(cache.shape))
+        if self._cache != (cache.data_ptr(), tuple(cache.shape)):  # a new cache: the old one's graphs go
+            self._graphs.clear()
+            self._cache = (cache.data_ptr(), tuple(cache.shape))
+        key = (kind, inputs.width, inputs.heads)
         g = self._graphs.get(key)
         if g is None:
             if self.failed is not None:
