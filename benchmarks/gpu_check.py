@@ -41,8 +41,12 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ygg_runtime.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # tiny.py: random models and the byte tokenizer
