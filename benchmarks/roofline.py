@@ -10,6 +10,12 @@ kernel library on the torch threads (ygg_compile.roofline).
 Writes DIR/roofline[-LABEL].json and .md, and DIR/roofline.png (every labelled run in DIR, one
 panel per model); DIR defaults to benchmarks/results/<device>-roofline/. Run it alone on the machine.
 
+Where a forward's time above its floor goes (--ops, width 1 by default; --ops "" skips it): a few
+forwards of that width under torch.profiler, each of our ops' ms per forward and, for every weight
+shape, the rate `ygg::qlinear` read it at against the read bandwidth (1.00: that linear at its own
+floor), and what is left: the compiled graph's fused kernels, its wrapper and the runner, which
+the profiler does not see one by one. The profiler adds about a microsecond an op.
+
 Which kernels it times: measuring the roofs registers this checkout's library first, and the
 artifact loaded after it runs on that one, not on the kernels.so the artifact carries (which
 `ygg_runtime.load` alone, or a run with --roofs, would use). To time another revision's kernels,
@@ -20,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -51,6 +59,86 @@ def forward_ms(runner, widths: list[int], context: int, repeats: int) -> dict[st
     return {m: [statistics.median(samples[m][w]) for w in widths] for m in modes}
 
 
+def weight_names(model) -> dict[int, str]:
+    """Each quantized weight's byte count -> what it is ("feed_forward.w13 17920x1536 4+4-bit"):
+    how a profiled `ygg::qlinear` call, known by its inputs' shapes, is named."""
+    from ygg_runtime.quant import QLinear
+
+    found: dict[int, list[str]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, QLinear):
+            bits = "+".join(str(int(b)) for b in m.layout[:, 2])
+            where = re.sub(r"^layers\.[0-9]+\.", "", name)  # one name for every layer's
+            what = f"{where} {m.out_features}x{m.in_features} {bits}-bit"
+            found.setdefault(m.data.numel(), []).append(what)
+    return {n: " / ".join(dict.fromkeys(names)) for n, names in found.items()}
+
+
+def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
+    """One width's forward (compiled where the artifact has it) taken apart: `repeats` forwards
+    under torch.profiler; each of our ops' ms per forward (a qlinear by the weight it read, with
+    that read's rate over the read bandwidth measured right after: this VM's bandwidth moves, even
+    within a process), and the rest of the forward's wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ygg_runtime import kernels
+
+    floor, runner.widths, runner.min_width = runner.min_width, (), 0
+    tokens = list(range(100, 100 + width))
+    names = weight_names(runner.model)
+    for _ in range(2):
+        runner.reset(context)
+        runner.forward_chain(tokens)
+    walls = []
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(repeats):
+            runner.reset(context)
+            start = time.perf_counter()
+            runner.forward_chain(tokens)
+            walls.append(1000 * (time.perf_counter() - start))
+    runner.min_width = floor
+    runner.reset()
+    bandwidth = kernels.read_bandwidth()
+    ops = []
+    for e in prof.key_averages(group_by_input_shape=True):
+        if not e.key.startswith("ygg::"):
+            continue
+        ms = e.self_cpu_time_total / 1000 / repeats
+        row = {"op": e.key.removeprefix("ygg::"), "calls": e.count // repeats, "ms": round(ms, 3)}
+        if row["op"] == "qlinear":
+            nbytes = math.prod(e.input_shapes[1])
+            row["weight"] = names.get(nbytes, f"{nbytes} bytes")
+            row["of_bandwidth"] = round(nbytes * row["calls"] / (ms / 1000) / bandwidth, 3)
+        ops.append(row)
+    ops.sort(key=lambda r: -r["ms"])
+    forward = statistics.median(walls)
+    return {"width": width, "compiled": runner.compiled is not None and runner.compiled.holds(width),
+            "forward_ms": round(forward, 2), "bandwidth": bandwidth, "ops": ops,
+            "rest_ms": round(forward - sum(r["ms"] for r in ops), 2)}
+
+
+def ops_lines(b: dict) -> list[str]:
+    """The breakdown as text lines (the console's and the markdown's)."""
+    lines = [f"W = {b['width']} ({'compiled' if b['compiled'] else 'eager'}): {b['forward_ms']:.1f} ms a profiled forward; "
+             f"read bandwidth {b['bandwidth'] / 1e9:.1f} GB/s after it"]
+    for r in b["ops"]:
+        what = f"qlinear {r['weight']}" if r["op"] == "qlinear" else r["op"]
+        rate = f", {r['of_bandwidth']:.2f} of the read bandwidth" if "of_bandwidth" in r else ""
+        lines.append(f"  {r['ms']:7.2f} ms  {r['calls']:3d} x {what}{rate}")
+    lines.append(f"  {b['rest_ms']:7.2f} ms  everything else (fused kernels, wrapper, runner)")
+    return lines
+
+
+def moved(result: dict) -> str | None:
+    """A warning when the read bandwidth after the forwards is not the one the floors were drawn from
+    (this VM's moves between states, even within a process: then a width's 'x of floor' is not its own)."""
+    before, after = result["roofs"]["bandwidth"], result.get("bandwidth_after")
+    if after is None or abs(after / before - 1) <= 0.1:
+        return None
+    return (f"the read bandwidth moved during the run: {before / 1e9:.1f} GB/s when the floors were measured, "
+            f"{after / 1e9:.1f} after the forwards: the floors, and each time over its floor, assume the first")
+
+
 def markdown(result: dict) -> str:
     r = result["roofs"]
     lines = [f"### Roofline{' (' + result['label'] + ')' if result['label'] else ''}: {result['cpu']}", "",
@@ -58,6 +146,8 @@ def markdown(result: dict) -> str:
              f"({r['threads']} threads, `ygg::read_bandwidth` / `ygg::int8_peak`); artifact {result['artifact']}, "
              f"context {result['context']}, median of {result['repeats']} interleaved repeats; qlinear path "
              f"{result['qlinear_path']}.", ""]
+    if moved(result):
+        lines += [f"**Note**: {moved(result)}.", ""]
     for role, m in result["models"].items():
         c = m["costs"]
         lines += [f"**{role}**: {c['weight_bytes'] / 1e9:.3f} GB read per forward, {c['macs_per_row'] / 1e9:.2f} G "
@@ -70,6 +160,8 @@ def markdown(result: dict) -> str:
             lines.append(f"| {row['width']} | {row['ms']:.1f} | {eager:.1f} | {row['memory_ms']:.1f} | {compute} | "
                          f"{row['of_floor']:.2f} ({row['bound']}) | {row['of_t1']:.2f} |")
         lines.append("")
+        for b in m.get("ops", []):
+            lines += ["Where the time goes (torch.profiler, ms per forward):", "", "```", *ops_lines(b), "```", ""]
     return "\n".join(lines)
 
 
@@ -118,6 +210,7 @@ def main() -> None:
     ap.add_argument("--roofs", type=Path, help="reuse the roofs of an earlier run's JSON (same machine): for an "
                     "artifact whose kernel library predates the roof measurements")
     ap.add_argument("--roofs-only", action="store_true", help="measure the roofs, write DIR/roofs.json, stop")
+    ap.add_argument("--ops", default="1", help="widths whose forward is taken apart op by op (\"\": none)")
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     out = args.out or Path("benchmarks/results") / f"{hardware.device_slug('cpu')}-roofline"
@@ -143,6 +236,13 @@ def main() -> None:
         for row in rows:
             print(f"{role:6s} W {row['width']:3d}  {row['ms']:7.1f} ms  floor {row['floor_ms']:6.1f} ({row['bound']})  "
                   f"x{row['of_floor']:.2f} of floor  T(W)/T(1) {row['of_t1']:.2f}", flush=True)
+        ops = [where_time_goes(runner, int(w), args.context, args.repeats) for w in args.ops.split(",") if w]
+        result["models"][role]["ops"] = ops
+        for b in ops:
+            print("\n".join(f"{role:6s} {line}" for line in ops_lines(b)), flush=True)
+    result["bandwidth_after"] = kernels.read_bandwidth()
+    if moved(result):
+        print(moved(result))
     stem = "roofline" + (f"-{args.label}" if args.label else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / f"{stem}.md").write_text(markdown(result))
