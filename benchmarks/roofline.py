@@ -12,9 +12,9 @@ panel per model); DIR defaults to benchmarks/results/<device>-roofline/. Run it 
 
 Where a forward's time above its floor goes (--ops, width 1 by default; --ops "" skips it): a few
 forwards of that width under torch.profiler, each of our ops' ms per forward and, for every weight
-shape, the rate `ygg::qlinear` read it at against the read bandwidth (1.00: that linear at its own
-floor), and what is left: the compiled graph's fused kernels, its wrapper and the runner, which
-the profiler does not see one by one. The profiler adds about a microsecond an op.
+shape, the rate `ygg::qlinear` read it at against the read bandwidth measured around it (1.00: that
+linear at its own floor), and what is left of an unprofiled forward's time: the compiled graph's
+fused kernels, its wrapper and the runner, which the profiler does not see one by one.
 
 Which kernels it times: measuring the roofs registers this checkout's library first, and the
 artifact loaded after it runs on that one, not on the kernels.so the artifact carries (which
@@ -75,10 +75,11 @@ def weight_names(model) -> dict[int, str]:
 
 
 def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
-    """One width's forward (compiled where the artifact has it) taken apart: `repeats` forwards
-    under torch.profiler; each of our ops' ms per forward (a qlinear by the weight it read, with
-    that read's rate over the read bandwidth measured right after: this VM's bandwidth moves, even
-    within a process), and the rest of the forward's wall time."""
+    """One width's forward (compiled where the artifact has it) taken apart: `repeats` times, between
+    two short reads of the bandwidth (this VM's moves between ~45 and ~80 GB/s within seconds), a
+    forward to warm the caches again, one timed and one under torch.profiler. Of the repeats whose two reads agree (all, when none
+    do), the medians: the timed forward, each of our ops' ms in the profiled one (a qlinear's by the
+    weight it read, with that read's rate over the repeat's bandwidth), and the rest of the time."""
     from torch.profiler import ProfilerActivity, profile
 
     from ygg_runtime import kernels
@@ -89,38 +90,55 @@ def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
     for _ in range(2):
         runner.reset(context)
         runner.forward_chain(tokens)
-    walls = []
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        for _ in range(repeats):
+    forwards = []
+    for _ in range(repeats):
+        before = kernels.read_bandwidth(1 << 28, 1)
+        runner.reset(context)
+        runner.forward_chain(tokens)  # the caches the read swept, warmed again as a decode keeps them
+        runner.reset(context)
+        start = time.perf_counter()
+        runner.forward_chain(tokens)  # timed unprofiled: the profiler's own cost, ~1 us an op, kept out
+        wall = 1000 * (time.perf_counter() - start)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             runner.reset(context)
-            start = time.perf_counter()
             runner.forward_chain(tokens)
-            walls.append(1000 * (time.perf_counter() - start))
+        after = kernels.read_bandwidth(1 << 28, 1)
+        ops = {}
+        for e in prof.key_averages(group_by_input_shape=True):
+            if e.key.startswith("ygg::"):
+                nbytes = math.prod(e.input_shapes[1]) if e.key == "ygg::qlinear" else 0
+                ops[(e.key.removeprefix("ygg::"), nbytes)] = (e.count, e.self_cpu_time_total / 1000)
+        forwards.append({"bandwidth": (before + after) / 2, "steady": abs(after / before - 1) <= 0.1, "wall": wall,
+                         "ops": ops})
     runner.min_width = floor
     runner.reset()
-    bandwidth = kernels.read_bandwidth()
-    ops = []
-    for e in prof.key_averages(group_by_input_shape=True):
-        if not e.key.startswith("ygg::"):
-            continue
-        ms = e.self_cpu_time_total / 1000 / repeats
-        row = {"op": e.key.removeprefix("ygg::"), "calls": e.count // repeats, "ms": round(ms, 3)}
-        if row["op"] == "qlinear":
-            nbytes = math.prod(e.input_shapes[1])
+    kept = [f for f in forwards if f["steady"]] or forwards
+    rows = []
+    for op, nbytes in kept[0]["ops"]:
+        calls, _ = kept[0]["ops"][(op, nbytes)]
+        ms = [f["ops"][(op, nbytes)][1] for f in kept if (op, nbytes) in f["ops"]]
+        row = {"op": op, "calls": calls, "ms": round(statistics.median(ms), 3)}
+        if op == "qlinear":
             row["weight"] = names.get(nbytes, f"{nbytes} bytes")
-            row["of_bandwidth"] = round(nbytes * row["calls"] / (ms / 1000) / bandwidth, 3)
-        ops.append(row)
-    ops.sort(key=lambda r: -r["ms"])
-    forward = statistics.median(walls)
+            row["of_bandwidth"] = round(statistics.median(
+                nbytes * calls / (f["ops"][(op, nbytes)][1] / 1000) / f["bandwidth"] for f in kept if (op, nbytes) in f["ops"]), 3)
+        rows.append(row)
+    rows.sort(key=lambda r: -r["ms"])
+    forward = statistics.median(f["wall"] for f in kept)
+    bandwidths = [f["bandwidth"] for f in kept]
     return {"width": width, "compiled": runner.compiled is not None and runner.compiled.holds(width),
-            "forward_ms": round(forward, 2), "bandwidth": bandwidth, "ops": ops,
-            "rest_ms": round(forward - sum(r["ms"] for r in ops), 2)}
+            "forward_ms": round(forward, 2), "forwards": len(forwards), "steady": sum(f["steady"] for f in forwards),
+            "bandwidth": [min(bandwidths), max(bandwidths)], "ops": rows,
+            "rest_ms": round(forward - sum(r["ms"] for r in rows), 2)}
 
 
 def ops_lines(b: dict) -> list[str]:
     """The breakdown as text lines (the console's and the markdown's)."""
-    lines = [f"W = {b['width']} ({'compiled' if b['compiled'] else 'eager'}): {b['forward_ms']:.1f} ms a profiled forward; "
-             f"read bandwidth {b['bandwidth'] / 1e9:.1f} GB/s after it"]
+    lo, hi = (x / 1e9 for x in b["bandwidth"])
+    which = (f"{b['steady']} of {b['forwards']}, those with the same read bandwidth before and after them: {lo:.1f}-{hi:.1f} GB/s"
+             if b["steady"] else f"all {b['forwards']}: the read bandwidth moved across every one, {lo:.1f}-{hi:.1f} GB/s")
+    lines = [f"W = {b['width']} ({'compiled' if b['compiled'] else 'eager'}): {b['forward_ms']:.1f} ms a forward "
+             f"(median of {which})"]
     for r in b["ops"]:
         what = f"qlinear {r['weight']}" if r["op"] == "qlinear" else r["op"]
         rate = f", {r['of_bandwidth']:.2f} of the read bandwidth" if "of_bandwidth" in r else ""
