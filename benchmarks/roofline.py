@@ -39,6 +39,9 @@ from ygg_compile import hardware
 from ygg_compile.roofline import Roofs, measure_roofs, model_costs, table
 
 
+SAME = 0.1  # two reads of the bandwidth "agree" within this fraction (this VM's two states differ by ~1.8x)
+
+
 def forward_ms(runner, widths: list[int], context: int, repeats: int) -> dict[str, list[float]]:
     """Median ms per width of the compiled forward (when the artifact has one) and the eager one."""
     compiled, floor, runner.widths, runner.min_width = runner.compiled, runner.min_width, (), 0  # every width as it is
@@ -77,9 +80,10 @@ def weight_names(model) -> dict[int, str]:
 def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
     """One width's forward (compiled where the artifact has it) taken apart: `repeats` times, between
     two short reads of the bandwidth (this VM's moves between ~45 and ~80 GB/s within seconds), a
-    forward to warm the caches again, one timed and one under torch.profiler. Of the repeats whose two reads agree (all, when none
-    do), the medians: the timed forward, each of our ops' ms in the profiled one (a qlinear's by the
-    weight it read, with that read's rate over the repeat's bandwidth), and the rest of the time."""
+    forward to warm the caches again, one timed and one under torch.profiler. Of the repeats whose
+    two reads agree (all, when none do), the medians: the timed forward, each of our ops' ms in the
+    profiled one (a qlinear's by the weight it read, with that read's rate over the repeat's
+    bandwidth), and the rest of the time."""
     from torch.profiler import ProfilerActivity, profile
 
     from ygg_runtime import kernels
@@ -108,20 +112,18 @@ def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
             if e.key.startswith("ygg::"):
                 nbytes = math.prod(e.input_shapes[1]) if e.key == "ygg::qlinear" else 0
                 ops[(e.key.removeprefix("ygg::"), nbytes)] = (e.count, e.self_cpu_time_total / 1000)
-        forwards.append({"bandwidth": (before + after) / 2, "steady": abs(after / before - 1) <= 0.1, "wall": wall,
+        forwards.append({"bandwidth": (before + after) / 2, "steady": abs(after / before - 1) <= SAME, "wall": wall,
                          "ops": ops})
     runner.min_width = floor
     runner.reset()
     kept = [f for f in forwards if f["steady"]] or forwards
     rows = []
-    for op, nbytes in kept[0]["ops"]:
-        calls, _ = kept[0]["ops"][(op, nbytes)]
-        ms = [f["ops"][(op, nbytes)][1] for f in kept if (op, nbytes) in f["ops"]]
-        row = {"op": op, "calls": calls, "ms": round(statistics.median(ms), 3)}
+    for (op, nbytes), (calls, _) in kept[0]["ops"].items():
+        seen = [(f["ops"][(op, nbytes)][1], f["bandwidth"]) for f in kept if (op, nbytes) in f["ops"]]  # (ms, B/s)
+        row = {"op": op, "calls": calls, "ms": round(statistics.median(ms for ms, _ in seen), 3)}
         if op == "qlinear":
             row["weight"] = names.get(nbytes, f"{nbytes} bytes")
-            row["of_bandwidth"] = round(statistics.median(
-                nbytes * calls / (f["ops"][(op, nbytes)][1] / 1000) / f["bandwidth"] for f in kept if (op, nbytes) in f["ops"]), 3)
+            row["of_bandwidth"] = round(statistics.median(nbytes * calls / (ms / 1000) / bw for ms, bw in seen), 3)
         rows.append(row)
     rows.sort(key=lambda r: -r["ms"])
     forward = statistics.median(f["wall"] for f in kept)
@@ -151,7 +153,7 @@ def moved(result: dict) -> str | None:
     """A warning when the read bandwidth after the forwards is not the one the floors were drawn from
     (this VM's moves between states, even within a process: then a width's 'x of floor' is not its own)."""
     before, after = result["roofs"]["bandwidth"], result.get("bandwidth_after")
-    if after is None or abs(after / before - 1) <= 0.1:
+    if after is None or abs(after / before - 1) <= SAME:
         return None
     return (f"the read bandwidth moved during the run: {before / 1e9:.1f} GB/s when the floors were measured, "
             f"{after / 1e9:.1f} after the forwards: the floors, and each time over its floor, assume the first")
@@ -164,8 +166,8 @@ def markdown(result: dict) -> str:
              f"({r['threads']} threads, `ygg::read_bandwidth` / `ygg::int8_peak`); artifact {result['artifact']}, "
              f"context {result['context']}, median of {result['repeats']} interleaved repeats; qlinear path "
              f"{result['qlinear_path']}.", ""]
-    if moved(result):
-        lines += [f"**Note**: {moved(result)}.", ""]
+    if warning := moved(result):
+        lines += [f"**Note**: {warning}.", ""]
     for role, m in result["models"].items():
         c = m["costs"]
         lines += [f"**{role}**: {c['weight_bytes'] / 1e9:.3f} GB read per forward, {c['macs_per_row'] / 1e9:.2f} G "
@@ -259,8 +261,8 @@ def main() -> None:
         for b in ops:
             print("\n".join(f"{role:6s} {line}" for line in ops_lines(b)), flush=True)
     result["bandwidth_after"] = kernels.read_bandwidth()
-    if moved(result):
-        print(moved(result))
+    if warning := moved(result):
+        print(warning)
     stem = "roofline" + (f"-{args.label}" if args.label else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / f"{stem}.md").write_text(markdown(result))
