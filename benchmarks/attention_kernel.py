@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 
 H, KV, D, DTYPE = 12, 2, 128, torch.bfloat16
 
@@ -38,7 +38,7 @@ def ygg(q, k, v, mask):
     cache = torch.zeros(1, 2, kv, s + w, d, dtype=k.dtype)
     cache[0, 0, :, :s], cache[0, 1, :, :s] = k[0], v[0]
     zeros, new = torch.zeros(w, dtype=torch.long), torch.zeros(1, kv, w, d, dtype=k.dtype)
-    return kernels.attention(q, new, new, cache, 0, torch.arange(s, s + w), zeros, zeros, mask)
+    return native.attention(q, new, new, cache, 0, torch.arange(s, s + w), zeros, zeros, mask)
 
 
 IMPLS = {"ygg": ygg, "sdpa": sdpa}
@@ -85,7 +85,7 @@ def timings(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
         cache = torch.stack([k[0], v[0]])[None]
         view = (cache, 0, torch.arange(context, context + w), torch.zeros(w, dtype=torch.long),
                 torch.full((w,), context), torch.ones(w, w, dtype=torch.bool).tril())
-        calls = {"ygg": lambda: kernels.attention(q, k[:, :, context : context + w], v[:, :, context : context + w], *view),
+        calls = {"ygg": lambda: native.attention(q, k[:, :, context : context + w], v[:, :, context : context + w], *view),
                  "sdpa": lambda: sdpa(q, k, v, mask)}
         samples = {name: [] for name in IMPLS}
         for r in range(repeats + 1):
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    kernels.load()
+    native.load()
     same = layout_trials(args.trials)
     for name, counts in same.items():
         print(f"{name}: row bitwise the same with holes among its keys in {counts['holes']}/{args.trials} trials, "

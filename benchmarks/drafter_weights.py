@@ -26,7 +26,8 @@ from ygg_compile import draft_vocab, prompts, quantize, sources
 from ygg_compile.aot import compile_model
 from ygg_compile.convert import convert_state
 from ygg_compile.profile import forward_times
-from ygg_runtime import engine, kernels, proposers
+from ygg_runtime import engine, proposers
+from ygg_runtime.backend import native
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.model import from_state
 from ygg_runtime.runner import ModelRunner
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     ap.add_argument("-o", "--out", type=Path)
     args = ap.parse_args()
-    kernels.load()  # this checkout's kernels (the artifact's copy may predate a format the drafters use)
+    native.load()  # this checkout's kernels (the artifact's copy may predate a format the drafters use)
     dec = ygg_runtime.load(args.artifact)
     plan, target = dec.plan, dec.target
     draft_gguf = Path(plan.models["draft"].gguf)

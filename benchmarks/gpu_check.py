@@ -122,7 +122,7 @@ def machine(device: torch.device) -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
            "transformers": transformers.__version__}
     if device.type == "cuda":
-        from ygg_runtime import gpu
+        from ygg_runtime.backend import gpu
 
         gpu.configure()
         info = gpu.info(device)
@@ -137,9 +137,9 @@ def machine(device: torch.device) -> dict:
 def attention(device: torch.device) -> dict:
     """The kernel on this device: its error against float64, a row's bits in two layouts, its time."""
     from ygg_compile.roofline import cuda_ms
-    from ygg_runtime import kernels
+    from ygg_runtime.backend import cuda
 
-    op = kernels.gpu_attention()  # on a CPU: Triton's interpreter (TRITON_INTERPRET=1)
+    op = cuda.OPS.attention  # on a CPU: Triton's interpreter (TRITON_INTERPRET=1)
     g = torch.Generator().manual_seed(0)
     heads, kv, dim, width = 12, 2, 128, 8
     context = 700 if device.type == "cuda" else 90  # Triton's interpreter runs a CPU's in Python

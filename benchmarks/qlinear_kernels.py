@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 from ygg_runtime.quant import Codes, pack
 
 SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))  # (N, K) of one layer's linears
@@ -87,7 +87,7 @@ def build(name: str, g: torch.Generator) -> Forward:
         return lambda x, i: [torch._weight_int4pack_mm_for_cpu(x[k], p, 32, sz)
                              for (p, sz), (_, k) in zip(layers[i], SHAPES)]
     if name.startswith("ygg-"):
-        return lambda x, i: [kernels.qlinear(x[int(p["layout"][0, 1])], p["data"], p["layout"], None) for p in layers[i]]
+        return lambda x, i: [native.qlinear(x[int(p["layout"][0, 1])], p["data"], p["layout"], None) for p in layers[i]]
     if name == "inductor-woq":
         return _inductor_woq(layers)
     return _torchao(name, layers)
@@ -197,7 +197,7 @@ def main() -> None:
     result = {
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "qlinear_path": kernels.qlinear_path() if any(n.startswith("ygg-") for n in fns) else None,
+        "qlinear_path": native.qlinear_path() if any(n.startswith("ygg-") for n in fns) else None,
         "portable": os.environ.get("YGG_QLINEAR") == "portable",
         "requested_path": os.environ.get("YGG_QLINEAR"),
         "repeats": args.repeats,

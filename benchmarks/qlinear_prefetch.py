@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qlinear_kernels import LAYERS, SHAPES, forward_ms, inputs, random_codes
 
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 from ygg_runtime.quant import pack
 
 DEFAULT = "default"  # the setting that leaves YGG_PREFETCH unset: the kernel's own distance by width
@@ -42,25 +42,25 @@ def child(widths: list[int], repeats: int, bits: int = 4, shapes: tuple = SHAPES
     layers of `shapes`, taken round-robin from `layers` distinct ones: 1 keeps a small one in cache)
     at each width, and the read bandwidth between them."""
     g = torch.Generator().manual_seed(0)
-    held = [[{k: kernels.huge_copy(v) if k == "data" else v for k, v in pack(random_codes(n, k, bits, g)).items()}
+    held = [[{k: native.huge_copy(v) if k == "data" else v for k, v in pack(random_codes(n, k, bits, g)).items()}
              for n, k in shapes] for _ in range(layers)]
     nbytes = sum(p["data"].numel() for layer in held for p in layer) * LAYERS // layers  # read per forward
     x = torch.randn(max(widths), max(k for _, k in SHAPES), generator=g).to(torch.bfloat16)
     xs = {w: inputs(x[:w]) for w in widths}
 
     def layer(x: dict, i: int) -> list:
-        return [kernels.qlinear(x[k], p["data"], p["layout"], None) for p, (_, k) in zip(held[i % layers], shapes)]
+        return [native.qlinear(x[k], p["data"], p["layout"], None) for p, (_, k) in zip(held[i % layers], shapes)]
 
     for w in widths:
         forward_ms(layer, xs[w])
     ms = {w: [] for w in widths}
     bandwidth = []
     for _ in range(repeats):
-        bandwidth.append(kernels.read_bandwidth(1 << 29, 3))
+        bandwidth.append(native.read_bandwidth(1 << 29, 3))
         for w in widths:
             ms[w].append(forward_ms(layer, xs[w]))
     return {"ms": {w: statistics.median(v) for w, v in ms.items()}, "bandwidth": statistics.median(bandwidth),
-            "bytes": nbytes, "path": kernels.qlinear_path()}
+            "bytes": nbytes, "path": native.qlinear_path()}
 
 
 def run_child(cmd: list[str], env: dict, what: str) -> dict:

@@ -19,7 +19,7 @@ fused kernels, its wrapper and the runner, which the profiler does not see one b
 Which kernels it times: measuring the roofs registers this checkout's library first, and the
 artifact loaded after it runs on that one, not on the kernels.so the artifact carries (which
 `ygg_runtime.load` alone, or a run with --roofs, would use). To time another revision's kernels,
-register its library (`kernels.load(path)`) before running this file.
+register its library (`native.load(path)`) before running this file.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
     bandwidth), and the rest of the time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ygg_runtime import kernels
+    from ygg_runtime.backend import native
 
     floor, runner.widths, runner.min_width = runner.min_width, (), 0
     tokens = list(range(100, 100 + width))
@@ -96,7 +96,7 @@ def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
         runner.forward_chain(tokens)
     forwards = []
     for _ in range(repeats):
-        before = kernels.read_bandwidth(1 << 28, 1)
+        before = native.read_bandwidth(1 << 28, 1)
         runner.reset(context)
         runner.forward_chain(tokens)  # the caches the read swept, warmed again as a decode keeps them
         runner.reset(context)
@@ -106,7 +106,7 @@ def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             runner.reset(context)
             runner.forward_chain(tokens)
-        after = kernels.read_bandwidth(1 << 28, 1)
+        after = native.read_bandwidth(1 << 28, 1)
         ops = {}
         for e in prof.key_averages(group_by_input_shape=True):
             if e.key.startswith("ygg::"):
@@ -242,11 +242,11 @@ def main() -> None:
         (out / "roofs.json").write_text(json.dumps({"cpu": hardware.cpu_info().model, "roofs": roofs.as_dict()}, indent=1) + "\n")
         return
     dec = ygg_runtime.load(args.artifact)
-    from ygg_runtime import kernels
+    from ygg_runtime.backend import native
 
     result = {"label": args.label, "cpu": hardware.cpu_info().model, "artifact": str(args.artifact), "context": args.context,
               "repeats": args.repeats, "roofs": roofs.as_dict(), "torch": torch.__version__,
-              "qlinear_path": kernels.qlinear_path(), "models": {}}
+              "qlinear_path": native.qlinear_path(), "models": {}}
     for role, runner in dec.runners.items():
         costs = model_costs(runner.model)
         times = forward_ms(runner, widths, args.context, args.repeats)
@@ -260,7 +260,7 @@ def main() -> None:
         result["models"][role]["ops"] = ops
         for b in ops:
             print("\n".join(f"{role:6s} {line}" for line in ops_lines(b)), flush=True)
-    result["bandwidth_after"] = kernels.read_bandwidth()
+    result["bandwidth_after"] = native.read_bandwidth()
     if warning := moved(result):
         print(warning)
     stem = "roofline" + (f"-{args.label}" if args.label else "")

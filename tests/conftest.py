@@ -32,9 +32,9 @@ def pytest_sessionstart(session) -> None:
     runs in the controller before its workers start (xdist starts them last), so the build has
     both cores (its sources side by side) and no worker waits on it with a test half set up."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
-        from ygg_runtime import kernels
+        from ygg_runtime.backend import native
 
-        kernels.build()
+        native.build()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ygg_runtime import exactness, gpu
+from ygg_runtime import exactness
+from ygg_runtime.backend import gpu
 from ygg_runtime.errors import YggError
 from ygg_runtime.integrity import check_gpu
 from ygg_runtime.plan import ExactnessRecord, GPUInfo, Plan

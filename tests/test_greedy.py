@@ -163,7 +163,7 @@ def test_smollm2_in_bfloat16_every_method_equals_plain_decoding(smollm2_hf, smol
 
     from ygg_compile import invariance
     from ygg_compile.hardware import BF16_FLAGS
-    from ygg_runtime.integrity import cpu_flags
+    from ygg_runtime.machine import cpu_flags
 
     target = runner(to_runtime(smollm2_hf, torch.bfloat16))
     draft = runner(noised_runtime(to_runtime(smollm2_hf, torch.bfloat16), 0.1, seed=3))

@@ -15,9 +15,9 @@ import import_graph  # noqa: E402
 # the command line imports what its commands do once their arguments pass (`ygg run`'s and `ygg
 # serve`'s bodies in the runtime, the toolchain's commands in ygg_compile), so a refused call never
 # imports torch; the runtime package exports `load`, `Decoder` and `Result` on first use (PEP 562),
-# so its light modules import without torch; the GPU attention (Triton, which a CUDA build of torch
-# brings and a CPU install lacks) registers on its first use on a GPU.
-DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2, "ygg_runtime.cli": 2, "ygg_runtime.kernels": 1}
+# so its light modules import without torch; the CUDA backend (Triton, which a CUDA build of torch
+# brings and a CPU install lacks) is imported on its first use on a GPU.
+DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2, "ygg_runtime.cli": 2, "ygg_runtime.backend": 1}
 
 
 @pytest.mark.parametrize("package", ["ygg_compile", "ygg_runtime"])
@@ -97,7 +97,7 @@ def test_every_library_we_import_is_declared():
 
 def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra():
     """What `pip install yggdrasil` installs is all ygg_runtime imports, but for the server's module,
-    which may also import the `serve` extra, and the GPU attention's, the `gpu` extra (Triton); and
+    which may also import the `serve` extra, and the CUDA backend's, the `gpu` extra (Triton); and
     the extras the `ygg` command asks for (ygg_runtime.cli.EXTRAS) are pyproject.toml's, module for
     distribution."""
     from ygg_runtime.cli import EXTRAS
@@ -105,9 +105,23 @@ def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra(
     root = Path(__file__).resolve().parent.parent
     declared = _declared()
     for path in (root / "ygg_runtime").rglob("*.py"):
-        allowed = declared[""] | {"serve.py": declared["serve"], "triton_attention.py": declared["gpu"]}.get(path.name, set())
+        triton = path.parent.name == "backend" and (path.name.startswith("triton_") or path.name == "cuda.py")
+        allowed = declared[""] | (declared["gpu"] if triton else {"serve.py": declared["serve"]}.get(path.name, set()))
         outside = {m for m in _third_party_imports(path) if not _distributions(m) & allowed}
         assert outside == set(), path.name
     for extra, modules in EXTRAS.items():
         provided = set().union(*(_distributions(m) for m in modules))
         assert provided == declared[extra] - {"yggdrasil"}, extra
+
+
+def test_no_backend_module_imports_the_plan_schema():
+    """The backends describe their devices with `ygg_runtime.machine`, not the plan: nothing under
+    ygg_runtime/backend/ reaches `ygg_runtime.plan`, directly or through another module."""
+    graph, _, _ = import_graph.imports("ygg_runtime")
+    for start in (m for m in graph if m.startswith("ygg_runtime.backend")):
+        seen, todo = set(), [start]
+        while todo:
+            for t in graph[todo.pop()] - seen:
+                seen.add(t)
+                todo.append(t)
+        assert "ygg_runtime.plan" not in seen, start

@@ -20,7 +20,7 @@ WIDTHS = [1, 2, 4, 8, 16, 32]
 def flags_this_cpu_lacks(n: int) -> list[str]:
     """Vector flags to plant as another CPU's: ones this machine does not have (an AMX Xeon has
     amx_bf16 and amx_tile; none here has AVX10.2), so a planted difference is a difference."""
-    from ygg_runtime.integrity import cpu_flags
+    from ygg_runtime.machine import cpu_flags
 
     have = cpu_flags()
     return [f for f in ("amx_bf16", "amx_tile", "avx512_fp16", "avx10_1", "avx10_2") if f not in have][:n]

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 
 
 def reference(q, k, v, mask):
@@ -29,7 +29,7 @@ def attend(q, k, v, mask):
     cache[0, 0, :, :s], cache[0, 1, :, :s] = k[0], v[0]
     zeros = torch.zeros(w, dtype=torch.long)
     new = torch.randn(1, kv, w, d).to(k.dtype)
-    return kernels.attention(q, new, new.clone(), cache, 0, torch.arange(s, s + w), zeros, zeros.clone(), mask)
+    return native.attention(q, new, new.clone(), cache, 0, torch.arange(s, s + w), zeros, zeros.clone(), mask)
 
 
 def inputs(heads=12, kv=2, dim=128, width=8, slots=300, span=270, dtype=torch.bfloat16, seed=0):
@@ -123,7 +123,7 @@ def test_a_prefix_range_and_tree_window_give_the_bits_of_the_same_view_as_a_mask
         cache[1, :, :, base : base + 333] = prefix
         start = base + 333
         lo, hi = torch.full((w,), base), torch.full((w,), start)
-        outs.append(kernels.attention(q, new_k, new_v, cache, 1, torch.arange(start, start + w), lo, hi, tree))
+        outs.append(native.attention(q, new_k, new_v, cache, 1, torch.arange(start, start + w), lo, hi, tree))
         assert torch.equal(cache[1, 0, :, start : start + w], new_k[0])
     assert all(torch.equal(o, outs[0]) for o in outs[1:])
     mask = torch.zeros(w, 333 + w, dtype=torch.bool)
@@ -155,7 +155,7 @@ def _calls() -> list[tuple]:
 
 
 def _attend_all(calls: list[tuple]) -> list[torch.Tensor]:
-    return [kernels.attention(*c[:3], c[3].clone(), *c[4:]) for c in calls]
+    return [native.attention(*c[:3], c[3].clone(), *c[4:]) for c in calls]
 
 
 def test_an_avx2_build_gives_this_builds_bits(tmp_path):
@@ -163,10 +163,10 @@ def test_an_avx2_build_gives_this_builds_bits(tmp_path):
     have 16), computes every row with the same bits: the kernel's arithmetic is lane by lane, so
     the vector width never enters. Built into the suite's kernel cache (test_quant's AVX2 test
     builds the same library)."""
-    lib = kernels.build(isa=["-mavx2", "-mfma", "-mf16c"])
+    lib = native.build(isa=["-mavx2", "-mfma", "-mf16c"])
     calls = _calls()
     torch.save(calls, tmp_path / "calls.pt")
-    script = (f"import torch; from ygg_runtime import kernels; kernels.load(r'{lib}');"
+    script = (f"import torch; from ygg_runtime.backend import native; native.load(r'{lib}');"
               f"import tests.test_kernel as t; torch.save(t._attend_all(torch.load(r'{tmp_path / 'calls.pt'}')), "
               f"r'{tmp_path / 'out.pt'}')")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -185,18 +185,18 @@ def test_a_row_outside_the_cache_is_refused():
     q, new = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 16)
     one = torch.ones(1, 1, dtype=torch.bool)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        kernels.attention(q, new, new, cache, 0, torch.tensor([99]), torch.tensor([0]), torch.tensor([100]), one)
+        native.attention(q, new, new, cache, 0, torch.tensor([99]), torch.tensor([0]), torch.tensor([100]), one)
 
 
 def test_kernel_is_cached_and_refuses_a_missing_compiler(monkeypatch, tmp_path):
     from ygg_runtime.errors import YggError
 
-    first = kernels.build()  # the suite's kernel cache (built by the first test that needed it)
-    assert first.is_file() and kernels.build() == first  # built once per source, torch and flags
+    first = native.build()  # the suite's kernel cache (built by the first test that needed it)
+    assert first.is_file() and native.build() == first  # built once per source, torch and flags
     monkeypatch.delenv("CXX", raising=False)
-    monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with pytest.raises(YggError, match="no C\\+\\+ compiler"):
-        kernels.build(tmp_path / "other")
+        native.build(tmp_path / "other")
 
 
 def test_the_instruction_set_flags_are_inductors_and_probed_once_per_machine(monkeypatch, tmp_path):
@@ -208,16 +208,16 @@ def test_the_instruction_set_flags_are_inductors_and_probed_once_per_machine(mon
     monkeypatch.setenv("YGG_CACHE", str(tmp_path))
     isa = cpu_vec_isa.pick_vec_isa()
     want = [f for f in isa.build_arch_flags().split() if f.startswith("-m") and not f.startswith("-march")]
-    assert kernels.vector_isa() == (str(isa) or None, want) and len(list((tmp_path / "kernels").glob("isa-*.json"))) == 1
+    assert native.vector_isa() == (str(isa) or None, want) and len(list((tmp_path / "kernels").glob("isa-*.json"))) == 1
 
     def probe():
         raise AssertionError("asked Inductor again")
 
     monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", probe)
-    assert kernels.isa_flags() == want and kernels.vector_isa()[0] == (str(isa) or None)  # from the cache
+    assert native.isa_flags() == want and native.vector_isa()[0] == (str(isa) or None)  # from the cache
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     with pytest.raises(AssertionError, match="asked Inductor again"):
-        kernels.isa_flags()
+        native.isa_flags()
 
 
 def test_processes_needing_the_same_build_compile_it_once(tmp_path):
@@ -235,7 +235,7 @@ def test_processes_needing_the_same_build_compile_it_once(tmp_path):
                    "*) exec g++ \"$@\";; esac\n"
                    "while [ $# -gt 1 ]; do [ \"$1\" = -o ] && : > \"$2\"; shift; done\n")
     cxx.chmod(0o755)
-    script = f"from ygg_runtime import kernels; print(kernels.build(r'{tmp_path / 'cache'}'))"
+    script = f"from ygg_runtime.backend import native; print(native.build(r'{tmp_path / 'cache'}'))"
     env = {**os.environ, "CXX": str(cxx)}
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     paths = {p.communicate(timeout=120)[0].strip() for p in procs}

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from ygg_compile import quantize
-from ygg_runtime import kernels
-from ygg_runtime.integrity import cpu_flags
+from ygg_runtime.backend import native
+from ygg_runtime.machine import cpu_flags
 from dataclasses import replace
 
 from ygg_runtime.quant import GENERAL, HAS_SC, Codes, QEmbedding, QLinear, cat, pack, pack_rows, unpack
@@ -47,7 +47,7 @@ FORMATS = [(4, 32, 256, False), (4, 32, 32, False), (4, 32, 32, True), (6, 16, 2
 
 def call(c: Codes | list[Codes], x: torch.Tensor, bias=None, reference=False) -> torch.Tensor:
     p = pack(c)
-    return kernels.qlinear(x, p["data"], p["layout"], bias, reference=reference)
+    return native.qlinear(x, p["data"], p["layout"], bias, reference=reference)
 
 
 @pytest.mark.parametrize("bits,group,superblock,folded", FORMATS)
@@ -161,10 +161,10 @@ def _run_elsewhere(tmp_path, lib, env) -> tuple[str, list]:
     """Every format at 1, 3, 6 and 13 rows in another process (another library or path)."""
     x = torch.randn(13, 512).to(torch.bfloat16)
     torch.save({"x": x, "packed": [pack(c) for c in _cases()]}, tmp_path / "in.pt")
-    load = f"kernels.load(r'{lib}'); " if lib else ""
-    script = (f"import torch, json; from ygg_runtime import kernels; {load}d = torch.load(r'{tmp_path / 'in.pt'}');"
-              "ys = [kernels.qlinear(d['x'][:m], p['data'], p['layout'], None) for p in d['packed'] for m in (1, 3, 6, 13)];"
-              f"torch.save(ys, r'{tmp_path / 'out.pt'}'); print(json.dumps(kernels.qlinear_path()))")
+    load = f"native.load(r'{lib}'); " if lib else ""
+    script = (f"import torch, json; from ygg_runtime.backend import native; {load}d = torch.load(r'{tmp_path / 'in.pt'}');"
+              "ys = [native.qlinear(d['x'][:m], p['data'], p['layout'], None) for p in d['packed'] for m in (1, 3, 6, 13)];"
+              f"torch.save(ys, r'{tmp_path / 'out.pt'}'); print(json.dumps(native.qlinear_path()))")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
     want = [call(c, x[:m]) for c in _cases() for m in (1, 3, 6, 13)]
@@ -182,7 +182,7 @@ def test_an_avx2_build_runs_its_own_path_and_agrees(tmp_path):
     """The library built without AVX-512, as for an AVX2 CPU, runs its AVX2 path: the same bits for
     every code width, group and kind, rows in and past its row blocks. Built into the suite's kernel
     cache: on an AVX2 machine these are its own flags, the library every other test loads."""
-    lib = kernels.build(isa=["-mavx2", "-mfma", "-mf16c"])
+    lib = native.build(isa=["-mavx2", "-mfma", "-mf16c"])
     path, same = _run_elsewhere(tmp_path, lib, {})
     assert path == "avx2" and all(same)
 
@@ -200,16 +200,16 @@ def _tile_path_checks(tmp_path, env) -> dict:
     torch.save(cases, tmp_path / "cases.pt")
     script = f"""
 import json, torch
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 bad = []
 for threads in (1, 2):
     torch.set_num_threads(threads)
     for i, (p, x, bias) in enumerate(torch.load(r'{tmp_path / "cases.pt"}')):
-        ref = kernels.qlinear(x, p['data'], p['layout'], bias, reference=True)
+        ref = native.qlinear(x, p['data'], p['layout'], bias, reference=True)
         for m in [*range(1, 18), 31, 32, 33, 48, 63, 64, 65, 67, 100, 130]:
-            if not torch.equal(kernels.qlinear(x[:m], p['data'], p['layout'], bias), ref[:m]):
+            if not torch.equal(native.qlinear(x[:m], p['data'], p['layout'], bias), ref[:m]):
                 bad.append((threads, i, m))
-print(json.dumps({{'path': kernels.qlinear_path(), 'bad': bad}}))
+print(json.dumps({{'path': native.qlinear_path(), 'bad': bad}}))
 """
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr
@@ -239,8 +239,8 @@ def test_the_amx_hardware_path_compiles_on_any_machine(tmp_path):
 
     flags = [f for f in VecAMX._arch_flags.split() if f.startswith("-m")]
     obj = tmp_path / "qlinear.o"
-    proc = subprocess.run([kernels._compiler(), "-O0", "-std=c++20", "-fPIC", "-fopenmp", *flags,
-                           *(f"-I{p}" for p in include_paths()), "-c", str(kernels.SOURCES[1]), "-o", str(obj)],
+    proc = subprocess.run([native._compiler(), "-O0", "-std=c++20", "-fPIC", "-fopenmp", *flags,
+                           *(f"-I{p}" for p in include_paths()), "-c", str(native.SOURCES[1]), "-o", str(obj)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     disassembly = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True).stdout

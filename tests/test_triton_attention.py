@@ -1,16 +1,25 @@
-"""The GPU attention kernel (ygg_runtime/triton_attention.py), run on the CPU by Triton's interpreter
+"""The GPU attention kernel (ygg_runtime/backend/triton_attention.py), run on the CPU by Triton's interpreter
 (TRITON_INTERPRET=1, set by conftest.py where there is no GPU): the kernel itself, bit for bit
-against the reference that spells its blocks in numpy; right against float64; a row's bits
-independent of the forward around it; the same schema as the CPU op. Bits on a GPU are the GPU's
-own business (`make gpu-check`): the interpreter computes with numpy."""
+against the reference that spells its blocks in numpy, in one part a row and split in PARTS parts
+(flash-decoding, merged by the last part); right against float64; a row's bits independent of the
+forward around it; one operator, `ygg::attention`, with a CPU and a CUDA kernel. Bits on a GPU are
+the GPU's own business (`make gpu-check`): the interpreter computes with numpy."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ygg_runtime import kernels
-from ygg_runtime.triton_attention import BLOCK_N, TREE_CHUNK, reference
+from ygg_runtime.backend import native, triton_attention
+from ygg_runtime.backend.triton_attention import BLOCK_N, PARTS, SPLIT, TREE_CHUNK, reference
+
+
+def attention(*args, parts: int = PARTS):
+    """The kernel, its row's keys spread over PARTS programs (as a forward runs it), or in one."""
+    counters = torch.zeros(256, dtype=torch.int32) if parts > 1 else None
+    out = triton_attention.attention(*args, counters=counters)
+    assert counters is None or not counters.any()  # left zero for the next call
+    return out
 
 
 def rtz_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -24,7 +33,7 @@ def rounded(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return rtz_bf16(ref) if dtype == torch.bfloat16 else ref.to(dtype)
 
 
-def case(heads=6, kv=2, dim=64, width=5, slots=120, prefix=70, window=40, dtype=torch.float32, seed=0):
+def case(heads=6, kv=2, dim=64, width=5, slots=420, prefix=370, window=40, dtype=torch.float32, seed=0):
     """A forward of `width` new rows after a `prefix`-token sequence at slot 3 of the cache: rows
     0..2 see the prefix and a tree window with holes (window > TREE_CHUNK, so the window is read in
     several chunks), row 3 sees a single slot, the last row nothing at all."""
@@ -44,25 +53,38 @@ def case(heads=6, kv=2, dim=64, width=5, slots=120, prefix=70, window=40, dtype=
     return q, k, v, cache, 1, slots_t, lo, his, tree
 
 
-@pytest.mark.parametrize("dtype,heads,kv,dim", [(torch.float32, 6, 2, 64), (torch.bfloat16, 6, 2, 64),
-                                                (torch.bfloat16, 4, 4, 16), (torch.float16, 12, 2, 24)])
-def test_the_gpu_kernel_gives_its_references_bits_under_the_interpreter(dtype, heads, kv, dim):
+@pytest.mark.parametrize("dtype,heads,kv,dim,parts", [(torch.float32, 6, 2, 64, PARTS), (torch.bfloat16, 6, 2, 64, PARTS),
+                                                      (torch.bfloat16, 4, 4, 16, 1), (torch.float16, 12, 2, 24, PARTS),
+                                                      (torch.float32, 6, 2, 64, 1)])
+def test_the_gpu_kernel_gives_its_references_bits_under_the_interpreter(dtype, heads, kv, dim, parts):
     """GQA groups of 1 to 6 heads, a head dimension that is not a power of two, a prefix over
-    several key blocks, rows seeing one slot and none; the cache written at exactly the slots."""
+    several chunks of keys (so several parts, merged), rows seeing one slot and none; the cache
+    written at exactly the slots."""
     q, k, v, cache, layer, slots, lo, hi, tree = case(heads, kv, dim, dtype=dtype)
-    assert 70 > 2 * BLOCK_N and tree.shape[1] > TREE_CHUNK
+    assert 370 > 2 * SPLIT and SPLIT > 2 * BLOCK_N and tree.shape[1] > TREE_CHUNK
     mine, theirs = cache.clone(), cache.clone()
-    out = torch.ops.ygg.attention_cuda(q, k, v, mine, layer, slots, lo, hi, tree)
-    ref = reference(q, k, v, theirs, layer, slots, lo, hi, tree)
+    out = attention(q, k, v, mine, layer, slots, lo, hi, tree, parts=parts)
+    ref = reference(q, k, v, theirs, layer, slots, lo, hi, tree, parts=parts)
     assert out.dtype == dtype and out.shape == q.shape and out.stride() == q.stride()
     assert torch.equal(mine, theirs)
     assert torch.equal(out, rounded(ref, dtype))
     assert not out[0, :, -1].any()  # a row that sees nothing gives zeros, not NaN
 
 
-def test_the_gpu_kernel_matches_a_float64_softmax():
+def test_the_reference_tells_a_merge_in_another_order_apart():
+    """The bit-for-bit comparison has the power to see the merge's order: the same keys merged in
+    one part and in PARTS parts differ in float32 (so a kernel that merged its parts in arrival
+    order, or split by the width, would fail the test above)."""
     q, k, v, cache, layer, slots, lo, hi, tree = case()
-    out = torch.ops.ygg.attention_cuda(q, k, v, cache, layer, slots, lo, hi, tree)
+    one = reference(q, k, v, cache.clone(), layer, slots, lo, hi, tree, parts=1)
+    split = reference(q, k, v, cache.clone(), layer, slots, lo, hi, tree, parts=PARTS)
+    assert not torch.equal(one, split) and torch.allclose(one, split, atol=1e-5)
+
+
+@pytest.mark.parametrize("parts", [1, PARTS])
+def test_the_gpu_kernel_matches_a_float64_softmax(parts):
+    q, k, v, cache, layer, slots, lo, hi, tree = case()
+    out = attention(q, k, v, cache, layer, slots, lo, hi, tree, parts=parts)
     group = q.shape[1] // k.shape[1]
     for w in range(q.shape[2] - 1):
         seen = list(range(lo[w], hi[w])) + [int(hi[w]) + j for j in tree[w].nonzero().flatten().tolist()]
@@ -74,7 +96,8 @@ def test_the_gpu_kernel_matches_a_float64_softmax():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_rows_bits_under_the_gpu_kernel_do_not_depend_on_the_forward_around_it(dtype):
+@pytest.mark.parametrize("context", [45, 2 * SPLIT + 45])
+def test_a_rows_bits_under_the_gpu_kernel_do_not_depend_on_the_forward_around_it(dtype, context):
     """A token at depth 2 of a tree, its ancestors at scattered tree slots between siblings, scored
     (a) as plain decoding scores it: one row, every earlier token in the contiguous prefix of a
     sequence at slot 0; (b) in a tree verify of width 6 whose sequence sits at slot 37, its prefix
@@ -82,24 +105,23 @@ def test_a_rows_bits_under_the_gpu_kernel_do_not_depend_on_the_forward_around_it
     the same output and the same cache row (float32 shows any change of the arithmetic's order)."""
     dim, heads, kv = 32, 4, 2
     g = torch.Generator().manual_seed(3)
-    context = 45  # committed tokens: the prefix ends inside the second key block
+    # committed tokens: the prefix ends inside the second key block (of the third chunk: three parts merged)
     hist_k = torch.randn(kv, context + 3, dim, generator=g).to(dtype)  # every position's key...
     hist_v = torch.randn(kv, context + 3, dim, generator=g).to(dtype)
     q = torch.randn(1, heads, 1, dim, generator=g).to(dtype)  # ... and the depth-2 token's query
 
     def plain():
-        cache = torch.zeros(1, 2, kv, 100, dim, dtype=dtype)
+        cache = torch.zeros(1, 2, kv, context + 60, dim, dtype=dtype)
         n = context + 2  # the prefix and both ancestors, committed
         cache[0, 0, :, :n], cache[0, 1, :, :n] = hist_k[:, :n], hist_v[:, :n]
         k, v = hist_k[None, :, n : n + 1], hist_v[None, :, n : n + 1]
         one = torch.ones(1, 1, dtype=torch.bool)
-        out = torch.ops.ygg.attention_cuda(q, k, v, cache, 0, torch.tensor([n]), torch.tensor([0]),
-                                           torch.tensor([n]), one)
+        out = attention(q, k, v, cache, 0, torch.tensor([n]), torch.tensor([0]), torch.tensor([n]), one)
         return out[0, :, 0], cache[0, :, :, n]
 
     def verify(width: int, window: int, seed: int):
         base = 37
-        cache = torch.randn(1, 2, kv, 200, dim, generator=torch.Generator().manual_seed(seed)).to(dtype)
+        cache = torch.randn(1, 2, kv, context + 160, dim, generator=torch.Generator().manual_seed(seed)).to(dtype)
         cache[0, 0, :, base : base + context], cache[0, 1, :, base : base + context] = hist_k[:, :context], hist_v[:, :context]
         tree = torch.zeros(width, window, dtype=torch.bool)
         at = {0: 0, 1: 2, 2: width - 1}  # ancestors at tree slots 0 and 2, the token at the last row
@@ -116,8 +138,8 @@ def test_a_rows_bits_under_the_gpu_kernel_do_not_depend_on_the_forward_around_it
             ks[0, :, slot], vs[0, :, slot] = hist_k[:, context + depth], hist_v[:, context + depth]
         qs[0, :, width - 1] = q[0, :, 0]
         start = base + context
-        out = torch.ops.ygg.attention_cuda(qs, ks, vs, cache, 0, torch.arange(start, start + width),
-                                           torch.full((width,), base), torch.full((width,), start), tree)
+        out = attention(qs, ks, vs, cache, 0, torch.arange(start, start + width), torch.full((width,), base),
+                        torch.full((width,), start), tree)
         return out[0, :, width - 1], cache[0, :, :, start + width - 1]
 
     expect = plain()
@@ -126,11 +148,12 @@ def test_a_rows_bits_under_the_gpu_kernel_do_not_depend_on_the_forward_around_it
         assert torch.equal(got[1], expect[1])
 
 
-def test_the_gpu_op_has_the_cpu_ops_schema_and_declares_its_cache_write():
-    kernels.load()
-    cpu, gpu = torch.ops.ygg.attention.default._schema, torch.ops.ygg.attention_cuda.default._schema
-    assert [a.name for a in cpu.arguments] == [a.name for a in gpu.arguments]
-    assert [str(a.type) for a in cpu.arguments] == [str(a.type) for a in gpu.arguments]
-    assert [str(r.type) for r in cpu.returns] == [str(r.type) for r in gpu.returns]
-    written = [a.name for a in gpu.arguments if a.alias_info is not None and a.alias_info.is_write]
+def test_attention_is_one_operator_with_a_cpu_and_a_cuda_kernel_that_declares_its_cache_write():
+    from ygg_runtime.backend import cuda  # noqa: F401  (registers the CUDA kernel)
+
+    native.load()
+    op = torch.ops.ygg.attention.default
+    assert all(torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key) for key in ("CPU", "CUDA"))
+    written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     assert written == ["cache"]
+    assert not hasattr(torch.ops.ygg, "attention_cuda")

@@ -10,7 +10,7 @@ as one static graph per width (W = 4: 197 vs 204 ms, W = 16: 312 vs 322, W = 64:
 context 64; within 2 % at context 1000), compiles once (≈50 s) instead of once per width (≈35 s
 each), and covers the prompt's prefill chunks too. Width 1 joins the dynamic range because export
 is told not to specialise sizes of 1 (`backed_size_oblivious`); it measured 187 vs 225 ms eager.
-What a row sees is given as its prefix range and tree window (`ygg_runtime.kernels.attention`), not
+What a row sees is given as its prefix range and tree window (`ygg_runtime.backend.native.attention`), not
 as a mask over the cache: a mask over the whole cache made every forward attend to every slot (slower
 than eager at a 2 k-slot cache), and the cache `ygg serve` sizes by memory holds tens of thousands.
 """
@@ -32,10 +32,11 @@ from typing import NamedTuple
 
 import torch
 
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 from ygg_runtime.compiled import GRAPH, MAX_WIDTH
 from ygg_runtime.files import write_atomic
-from ygg_runtime.integrity import cache_dir, cpu_flags
+from ygg_runtime.files import cache_dir
+from ygg_runtime.machine import cpu_flags
 from ygg_runtime.model import Transformer
 
 PACKAGE = "model.pt2"  # per model, beside its weights
@@ -121,9 +122,9 @@ def graph_key(program: torch.export.ExportedProgram, model: Transformer) -> str:
     tensors = {**program.state_dict, **program.constants}
     weights = [(k, tuple(v.shape), str(v.dtype), tuple(v.stride()), v.device.type) for k, v in sorted(tensors.items())]
     device = model.device
-    machine = [device.type, kernels.compiler_version()]  # the C++ compiler builds the wrapper on any device
+    machine = [device.type, native.compiler_version()]  # the C++ compiler builds the wrapper on any device
     if device.type == "cpu":
-        machine += [sorted(cpu_flags()), kernels.vector_isa()]
+        machine += [sorted(cpu_flags()), native.vector_isa()]
     else:
         machine += [torch.version.cuda, torch.cuda.get_device_capability(device)]
     from torch._inductor import config
@@ -144,38 +145,6 @@ def _keep(package: Path, cached: Path) -> None:
         write_atomic(cached, package.read_bytes())
 
 
-# Device kinds whose AOTInductor loader is first tried in a child process: torch 2.11.0+cu130's
-# segfaults loading any CUDA package on the H200 image (a two-layer MLP too, weights in the .so or
-# not: DESIGN.md §11), which would take the compile down with it, without a word. A CPU package
-# has always loaded (and a child costs seconds a model, in every compile of the suite).
-CHILD_LOAD = ("cuda",)
-# What the child runs: the runtime's own loader, on the package at argv[1] for device kind argv[2].
-LOAD_IN_CHILD = ("import sys; from pathlib import Path; from ygg_runtime.compiled import load_graph, register_ops; "
-                 "register_ops(sys.argv[2]); load_graph(Path(sys.argv[1]), keep_unpacked=False)")
-
-
-def load_failure(path: Path, device: str) -> str | None:
-    """Why this machine's torch cannot load the compiled package `path`, found by loading it in a
-    child process (on device kinds in CHILD_LOAD), or None: it loads (or is not tried)."""
-    kind = torch.device(device).type
-    if kind not in CHILD_LOAD:
-        return None
-    loader = f"torch {torch.__version__}'s AOTInductor loader"
-    root = str(Path(__file__).resolve().parent.parent)  # the child imports ygg_runtime from where this one did
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))}
-    try:
-        proc = subprocess.run([sys.executable, "-c", LOAD_IN_CHILD, str(path), kind], capture_output=True, text=True,
-                              env=env, timeout=600)
-    except subprocess.TimeoutExpired:
-        return f"{loader} did not load it in 10 minutes"
-    if proc.returncode == 0:
-        return None
-    if proc.returncode < 0:
-        return f"{loader} crashed loading it ({signal.Signals(-proc.returncode).name})"
-    lines = proc.stderr.strip().splitlines()
-    return f"{loader} failed: {lines[-1] if lines else f'exit {proc.returncode}'}"
-
-
 # Compiler flags whose /proc/cpuinfo name is not the flag itself without its "-m".
 _CPUINFO_NAMES = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16",
                   "amx-tile": "amx_tile", "amx-bf16": "amx_bf16", "amx-int8": "amx_int8", "amx-fp16": "amx_fp16"}
@@ -186,6 +155,6 @@ def cpu_requirements(device: str) -> dict:
     /proc/cpuinfo names them) that code needs: recorded in the plan, checked by `ygg run`."""
     if not device.startswith("cpu"):
         return {"isa": None, "cpu_flags": []}
-    isa, flags = kernels.vector_isa()
+    isa, flags = native.vector_isa()
     names = (f.removeprefix("-m") for f in flags)
     return {"isa": isa, "cpu_flags": sorted({_CPUINFO_NAMES.get(f, f.replace("-", "_")) for f in names})}

@@ -25,7 +25,7 @@ import torch
 import ygg_runtime
 from ygg_compile import hardware, sources
 from ygg_compile.roofline import measure_roofs
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 from ygg_runtime.ui import Reporter
 from ygg_compile.options import LLAMA_PEERS, BenchOptions
 from ygg_compile.peer_process import PeerFamily, PeerProcess
@@ -356,7 +356,7 @@ def machine_info(plan: Plan) -> dict:
         pass
     if plan.device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
-    if plan.device.startswith("cpu") and kernels.loaded() is not None:
+    if plan.device.startswith("cpu") and native.loaded() is not None:
         # two machines of one name differ in memory bandwidth: every result names its machine's roofs
         roofs = measure_roofs(512 << 20, repeats=3)
         info["read_bandwidth_gbs"], info["int8_peak_gmacs"] = round(roofs.bandwidth / 1e9, 1), round(roofs.int8_peak / 1e9)

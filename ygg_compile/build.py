@@ -33,12 +33,14 @@ from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions, check_output
 from ygg_runtime.ui import Reporter
-from ygg_runtime import engine, exactness, gpu, kernels, objective, proposers, typed
+from ygg_runtime import engine, exactness, objective, proposers, typed
+from ygg_runtime.backend import gpu, native
 from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line, out_of_space
 from ygg_runtime.files import locked
-from ygg_runtime.integrity import cache_dir, file_entry
+from ygg_runtime.files import cache_dir
+from ygg_runtime.integrity import file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, ExactnessRecord, KernelInfo,
@@ -216,31 +218,39 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy(src, dst)
 
 
+def aot_left_out(device: str) -> str | None:
+    """Why a device's artifact has no model.pt2 although one was asked for (None: it has). On CUDA
+    the forward is our Triton kernels (`ygg_runtime.backend.cuda`), launched from Python and
+    replayed as one CUDA graph a width, which torch.export does not trace; and on the H200 image
+    torch 2.11's AOTInductor loader segfaults on every package (benchmarks/aoti_load_probe.py)."""
+    if device.startswith("cuda"):
+        return "on CUDA the forwards are our Triton kernels, replayed as CUDA graphs"
+    return None
+
+
 def _aot(b: _Build) -> None:
     """The native kernels, both models loaded, their forwards compiled ahead of time, and the
     drafter's head cut (between the two compiles: the drafter is compiled as it will run)."""
     tmp, phase, opts = b.tmp, b.phase, b.opts
     if b.device.startswith("cpu"):
         with phase("aot", "building the native kernels (row-invariant attention, quantized linear)"):
-            _link_or_copy(kernels.load(), tmp / kernels.LIBRARY)
-        b.kernel = KernelInfo(kernels.LIBRARY, **aot.cpu_requirements(b.device))
+            _link_or_copy(native.load(), tmp / native.LIBRARY)
+        b.kernel = KernelInfo(native.LIBRARY, **aot.cpu_requirements(b.device))
     b.runners = _load_runners(tmp, b.device, b.cache_slots)
     b.codec = TextCodec(tmp / b.tok_info.file, b.tok_info.chat_prefix, b.tok_info.chat_suffix)
     seconds: dict[str, float] = {}  # AOT compile time per model
     narrowest: dict[str, int] = {}  # its narrowest compiled width
     if opts.aot:
-        b.aot_skipped = _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds, narrowest, b.device)
+        b.aot_skipped = aot_left_out(b.device)
+    if opts.aot and not b.aot_skipped:
+        _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds, narrowest)
     special = sorted(set(b.tokenizer.all_special_ids) | set(b.tok_info.eos_token_ids))
     b.vocab = _cut_draft_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special, opts, tmp, phase, b.ui,
                               b.stored.calib if b.stored else None)
     if opts.aot and not b.aot_skipped:
-        b.aot_skipped = _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds, narrowest, b.device)
-    if b.aot_skipped:  # neither model's package goes into the artifact: every forward runs eager
-        for role, runner in b.runners.items():
-            runner.compiled = None
-            (tmp / role / aot.PACKAGE).unlink(missing_ok=True)
-        b.ui.note(f"the forwards are not compiled ahead of time: {b.aot_skipped}; they run eager"
-                  + (", captured as CUDA graphs" if b.device.startswith("cuda") else ""))
+        _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds, narrowest)
+    if b.aot_skipped:
+        b.ui.note(f"the forwards are not compiled ahead of time: {b.aot_skipped}")
     elif opts.aot:
         b.aot_info = AOTInfo(aot.PACKAGE, MAX_WIDTH, seconds, **aot.cpu_requirements(b.device), min_width=narrowest)
 
@@ -494,7 +504,7 @@ def _weights(asked: str, src: sources.ModelSource, device: str, role: str = "tar
     if asked.startswith("int") and not device.startswith("cpu"):
         raise YggError(f"--weights {asked} runs on CPUs only (the quantized kernel is CPU code): use --weights bf16 on {device}")
     if asked == "auto":
-        fast = device.startswith("cpu") and kernels.qlinear_path() != "portable"
+        fast = device.startswith("cpu") and native.qlinear_path() != "portable"
         return ("int4" if role == "draft" else "int8") if src.gguf is not None and fast else "float"
     return "float" if asked == "bf16" else asked
 
@@ -542,10 +552,9 @@ def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
 
 
 def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, seconds: dict[str, float],
-                     narrowest: dict[str, int], device: str) -> str | None:
+                     narrowest: dict[str, int]) -> None:
     """A model's forward compiled ahead of time into <role>/model.pt2; its runner uses it from here
-    on, so profiling and calibration time the forwards `ygg run` will run. Returns why this
-    machine's torch cannot load the package (`aot.load_failure`), or None."""
+    on, so profiling and calibration time the forwards `ygg run` will run."""
     label = f"compiling the {role}'s forward ahead of time (AOTInductor, widths 1..{MAX_WIDTH})"
     with phase("aot", label):
         report = lambda done, total: ui.progress(label, done, total, unit="stages")  # noqa: E731
@@ -554,13 +563,9 @@ def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, s
         seconds[role], narrowest[role] = compiled.seconds, compiled.narrowest
         if compiled.reused:
             ui.note(f"{role}: the same graph was compiled before on this machine: its package reused from the cache")
-        why = aot.load_failure(path, device)
-        if why:
-            return f"the {role}'s package: {why}"
         if narrowest[role] > 1:
             ui.note(f"{role}: export could not keep a one-row forward in the compiled graph; one-row forwards run eager")
         runners[role].compiled = CompiledForward(path, runners[role].model, narrowest[role])
-    return None
 
 
 def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCodec, texts_in: list[str], tokens: int,

@@ -5,7 +5,7 @@ Greedy speculative decoding is exact only if a tree verify gives every accepted 
 logits plain decoding gives it: one flipped bit can flip a near-tie. That holds when a row's
 result does not depend on the forward around it: its width, the rows beside it, where its
 ancestors sit among the tree's slots, where its sequence sits in the cache. Our attention kernel is built that way
-(`ygg_runtime.kernels`), but the matmuls and the compiled graph's fused kernels are the
+(`ygg_runtime.backend.native`), but the matmuls and the compiled graph's fused kernels are the
 machine's: bf16 `F.linear` takes a gemv path for one row, for instance. So this module measures.
 
 For a few contexts (short, middling and long: the kernel's 16-slot blocks fall differently), a probe

@@ -20,7 +20,7 @@ import torch
 
 from ygg_compile.peers import REBUILD_LLAMA, HFPeers, LlamaCppPeers
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.integrity import cpu_flags
+from ygg_runtime.machine import cpu_flags
 
 START_S = 600  # loading a peer's model (transformers may convert a GGUF file first)
 

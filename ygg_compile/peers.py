@@ -21,7 +21,7 @@ import torch
 from ygg_compile.options import HF_PEERS, LLAMA_PEERS
 from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.integrity import cpu_flags
+from ygg_runtime.machine import cpu_flags
 from ygg_runtime.metrics import tpot_ms
 
 # ggml's build switches by the /proc/cpuinfo flag that says the CPU has it

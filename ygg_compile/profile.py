@@ -22,10 +22,11 @@ import yaml
 from ygg_compile import hardware
 from ygg_runtime.ui import Reporter
 from ygg_compile.report import write_atomic
-from ygg_runtime import kernels
+from ygg_runtime import backend
+from ygg_runtime.backend import native
 from ygg_runtime.accept import accept_greedy
 from ygg_runtime.errors import first_line
-from ygg_runtime.integrity import cache_dir
+from ygg_runtime.files import cache_dir
 from ygg_runtime.plan import ModelInfo
 from ygg_runtime.objective import _interp
 from ygg_runtime.params import WIDTHS
@@ -259,10 +260,10 @@ def fingerprint(device: str, forward: str, formats: dict[str, int] | None = None
     quantized weights (`WeightsInfo.formats`), whose kernel source and path then count too — the
     same file held as other codes, or run on another of the kernel's paths (YGG_QLINEAR=amx on a
     Xeon), runs at other speeds."""
-    info = {"device": device, "forward": forward, "attention": kernels.version(device),
+    info = {"device": device, "forward": forward, "attention": backend.version(device),
             "torch_version": str(torch.__version__), "threads": torch.get_num_threads()}
     if formats:
-        info |= {"qlinear": kernels.qlinear_version(), "qlinear_path": kernels.qlinear_path(),
+        info |= {"qlinear": native.qlinear_version(), "qlinear_path": native.qlinear_path(),
                  "formats": dict(sorted(formats.items()))}
     if device.startswith("cuda"):
         return info | {"gpu": torch.cuda.get_device_name()}

@@ -1,6 +1,6 @@
 """The roofline of a forward: it cannot beat max(bytes it reads / read bandwidth, rows x multiply-adds
 per row / compute peak). Both roofs are measured on the machine by the kernel library
-(`ygg_runtime.kernels.read_bandwidth` and `int8_peak`, on the torch threads); a model's bytes and
+(`ygg_runtime.backend.native.read_bandwidth` and `int8_peak`, on the torch threads); a model's bytes and
 multiply-adds per row are counted from its layers. `ygg compile` records the roofs in the plan's
 profile, `ygg inspect` shows each forward width beside its floor, and `benchmarks/roofline.py`
 times both models against it.
@@ -20,7 +20,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 from ygg_runtime.model import Transformer
 from ygg_runtime.plan import Costs, Roofs  # the plan's profile records them
 from ygg_runtime.quant import QLinear
@@ -33,7 +33,7 @@ def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5, device: torc
     if torch.device(device).type == "cuda":
         return Roofs(gpu_read_bandwidth(device, bandwidth_bytes, repeats), gpu_matmul_peak(device, repeats),
                      torch.get_num_threads())
-    return Roofs(kernels.read_bandwidth(bandwidth_bytes, repeats), kernels.int8_peak(0.1, repeats), torch.get_num_threads())
+    return Roofs(native.read_bandwidth(bandwidth_bytes, repeats), native.int8_peak(0.1, repeats), torch.get_num_threads())
 
 
 def cuda_ms(fn, repeats: int = 20) -> float:

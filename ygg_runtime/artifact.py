@@ -9,7 +9,7 @@ import torch
 
 from ygg_runtime.compiled import CompiledForward
 from ygg_runtime.decoder import Decoder
-from ygg_runtime import gpu, kernels
+from ygg_runtime.backend import gpu, native
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import check_machine, check_memory, verify_files
 from ygg_runtime.model import load_model
@@ -74,7 +74,7 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     check_machine(plan, device, dtype, compiled=aot is not None, kernel=not eager)
     check_memory(directory, plan, device)
     if plan.kernel:
-        kernels.load(kernels.build() if eager else directory / plan.kernel.file)
+        native.load(native.build() if eager else directory / plan.kernel.file)
     runners = {}
     for role in ("target", "draft"):
         if not (directory / role).is_dir():

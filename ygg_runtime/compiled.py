@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ygg_runtime import kernels
+from ygg_runtime.backend import native
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.model import Transformer
 
@@ -76,16 +76,6 @@ def load_graph(path: Path, keep_unpacked: bool) -> torch._C._aoti.AOTIModelPacka
             shutil.rmtree(unpacked, ignore_errors=True)
 
 
-def register_ops(device_type: str) -> None:
-    """Register the ops a graph of this device kind calls, before it is loaded: the C++ kernel on a
-    CPU; on a GPU the Triton one (compiled into the package; registered all the same, should a
-    graph call it)."""
-    if device_type == "cpu":
-        kernels.load()
-    else:
-        kernels.gpu_attention()
-
-
 def constants(model: Transformer) -> dict[str, Tensor]:
     """Every tensor a compiled graph may read, by the name export gives it (tied weights under
     both names)."""
@@ -96,7 +86,8 @@ class CompiledForward:
     """Runs a forward through the compiled graph; same arguments and results as the model."""
 
     def __init__(self, path: Path, model: Transformer, min_width: int = 1):
-        register_ops(model.device.type)
+        if model.device.type == "cpu":
+            native.load()  # the ops the graph calls (`ygg::attention`, `ygg::qlinear`), before it is loaded
         self.min_width, self.max_width = min_width, MAX_WIDTH
         shared = constants(model)
         try:

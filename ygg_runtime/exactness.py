@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ygg_runtime import gpu
+from ygg_runtime.backend import gpu
 from ygg_runtime.integrity import cpu_info
 from ygg_runtime.plan import ExactnessRecord, GPUInfo, Plan
 

@@ -15,6 +15,12 @@ from ygg_runtime.errors import YggError
 Progress = Callable[[str, int, int], None]
 
 
+def cache_dir() -> Path:
+    """Where Yggdrasil keeps what it can rebuild: $YGG_CACHE, else $XDG_CACHE_HOME/yggdrasil."""
+    root = os.environ.get("YGG_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yggdrasil"
+    return Path(root)
+
+
 def size(n: float) -> str:
     """Bytes as a person reads them in a message: 4.61 GB, 507.7 MB, 12 kB."""
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.0f} kB"

@@ -16,16 +16,11 @@ from pathlib import Path
 
 import torch
 
-from ygg_runtime import gpu
+from ygg_runtime.backend import gpu
 from ygg_runtime.errors import YggError
-from ygg_runtime.files import sha256_of, size, write_atomic
-from ygg_runtime.plan import CPUInfo, FileEntry, GPUInfo, Plan
-
-
-def cache_dir() -> Path:
-    """Where Yggdrasil keeps what it can rebuild: $YGG_CACHE, else $XDG_CACHE_HOME/yggdrasil."""
-    root = os.environ.get("YGG_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yggdrasil"
-    return Path(root)
+from ygg_runtime.files import cache_dir, sha256_of, size, write_atomic
+from ygg_runtime.machine import CPUInfo, GPUInfo, cpu_flags
+from ygg_runtime.plan import FileEntry, Plan
 
 
 def file_entry(path: Path) -> FileEntry:
@@ -61,18 +56,6 @@ def verify_files(directory: Path, files: dict[str, FileEntry], rehash: bool = Fa
             write_atomic(record_path, json.dumps(record).encode())
         except OSError:
             pass
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags as /proc/cpuinfo names them (empty where there is no /proc)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("flags", "Features"):
-                return set(value.split())
-    except OSError:
-        pass
-    return set()
 
 
 def cpu_info() -> CPUInfo:

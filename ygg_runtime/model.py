@@ -1,10 +1,12 @@
 """One decoder for the Llama family (Llama 1/2/3, Mistral, Qwen2/2.5, SmolLM), gpt-fast style.
 
 Every forward takes explicit token positions, the cache slots to write and what each row sees (its
-sequence's prefix and its tree window: `ygg_runtime.kernels.attention`), and the cache itself as
-an input, so the same code runs plain decoding, a prefill, a draft level of a token tree or a
-whole tree verification of several sequences, over a cache of any size. RoPE frequencies come precomputed from the checkpoint converter, so every
-static RoPE variant (default, linear, llama3, yarn) is the same code here.
+sequence's prefix and its tree window: `Ops.attention`), and the cache itself as an input, so the
+same code runs plain decoding, a prefill, a draft level of a token tree or a whole tree
+verification of several sequences, over a cache of any size. RoPE frequencies come precomputed
+from the checkpoint converter, so every static RoPE variant (default, linear, llama3, yarn) is the
+same code here. The modules hold the weights; what a forward computes with them are the ops of the
+device they are on (`ygg_runtime.backend`): the decoder never asks which device that is.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
-from ygg_runtime import kernels
+from ygg_runtime import backend
+from ygg_runtime.backend import native
+from ygg_runtime.backend.ops import Ops
 from ygg_runtime.kv import KVCache, LayerKV
 from ygg_runtime.quant import QEmbedding, QLinear
 
@@ -52,21 +55,13 @@ class ModelArgs:
 
 
 class RMSNorm(nn.Module):
+    """Its weight and epsilon; the norm itself is the backend's (`Ops.rmsnorm`: float32 norm, cast,
+    weight, exactly as transformers does)."""
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        # Normalise in float32 and cast back before the weight, exactly as transformers does.
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
 
 
 class Attention(nn.Module):
@@ -77,20 +72,13 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(a.dim, qkv_out, bias=a.qkv_bias)
         self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, view: "View") -> Tensor:
-        b, w, _ = x.shape
-        hd = self.head_dim
-        q, k, v = self.wqkv(x).split(
-            [self.n_heads * hd, self.n_kv_heads * hd, self.n_kv_heads * hd], dim=-1
-        )
-        q = q.view(b, w, self.n_heads, hd).transpose(1, 2)
-        k = k.view(b, w, self.n_kv_heads, hd).transpose(1, 2)
-        v = v.view(b, w, self.n_kv_heads, hd).transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        # writes k, v to the cache's slots, then attends (row-invariant: see ygg_runtime.kernels)
-        y = kernels.attention(q, k, v, view.cache, self.layer, view.slots, view.lo, view.hi, view.tree)
-        return self.wo(y.transpose(1, 2).reshape(b, w, self.n_heads * hd))
+    def forward(self, h: Tensor, x: Tensor, rope: tuple[Tensor, Tensor], view: "View", ops: Ops) -> Tensor:
+        """x + the attention of its normed h."""
+        b, w, _ = h.shape
+        q, k, v = ops.qkv(h, self.wqkv, rope, self.n_heads, self.n_kv_heads, self.head_dim)
+        # writes k, v to the cache's slots, then attends (each row independently of the rows beside it)
+        y = ops.attention(q, k, v, view.cache, self.layer, view.slots, view.lo, view.hi, view.tree)
+        return ops.linear(y.transpose(1, 2).reshape(b, w, self.n_heads * self.head_dim), self.wo, x)
 
 
 class FeedForward(nn.Module):
@@ -99,13 +87,13 @@ class FeedForward(nn.Module):
         self.w13 = nn.Linear(a.dim, 2 * a.intermediate_size, bias=False)  # gate and up, fused
         self.w2 = nn.Linear(a.intermediate_size, a.dim, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)
-        return self.w2(F.silu(gate) * up)
+    def forward(self, h: Tensor, x: Tensor, ops: Ops) -> Tensor:
+        """x + w2(silu(gate) · up) of its normed h."""
+        return ops.linear(ops.gated(h, self.w13), self.w2, x)
 
 
 class View(NamedTuple):
-    """Where a forward's rows go in the cache and what each sees (`kernels.attention`)."""
+    """Where a forward's rows go in the cache and what each sees (`Ops.attention`)."""
 
     cache: Tensor  # [layers, 2, kv_heads, slots, head_dim]
     slots: Tensor  # [W] the cache slot each row's key and value are written to
@@ -122,9 +110,9 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
         self.feed_forward = FeedForward(a)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, view: View) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, view)
-        return x + self.feed_forward(self.ffn_norm(x))
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], view: View, ops: Ops) -> Tensor:
+        x = self.attention(ops.rmsnorm(x, self.attention_norm), x, rope, view, ops)
+        return self.feed_forward(ops.rmsnorm(x, self.ffn_norm), x, ops)
 
 
 class Transformer(nn.Module):
@@ -150,6 +138,7 @@ class Transformer(nn.Module):
             self.head_ids: Tensor | None = None
         self.max_len = 0
         self.kv: KVCache | None = None  # not a buffer: the forward takes its tensor as an input
+        self._ops: Ops | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -172,11 +161,15 @@ class Transformer(nn.Module):
         assert self.kv is not None, "call Transformer.setup_cache first"
         return self.kv.layers()
 
-    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq[None, :].float()
-        emb = torch.cat((freqs, freqs), dim=-1)
-        s = self.args.rope_attention_scaling
-        return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
+    @property
+    def ops(self) -> Ops:
+        """The ops its forward runs: its device's (`backend.for_device`), unless set (tests run the
+        CUDA ops on CPU tensors under Triton's interpreter)."""
+        return self._ops if self._ops is not None else backend.for_device(self.device)
+
+    @ops.setter
+    def ops(self, ops: Ops | None) -> None:
+        self._ops = ops
 
     def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor, lo: Tensor, hi: Tensor, tree: Tensor,
                 cache: Tensor, heads: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -187,13 +180,14 @@ class Transformer(nn.Module):
         vocabulary, or the tokens of `head_ids`) and the final (normed) hidden states [1, W, dim],
         which the depth predictor reads. A prompt's rows need no logits: the output head is about
         a sixth of a 1.5B model's multiply-adds per row."""
-        x = self.tok_embeddings(tokens)
-        cos, sin = self.rope(positions, x.dtype)
+        ops = self.ops
+        x = ops.embed(tokens, self.tok_embeddings)
+        rope = ops.rope(positions, self.inv_freq, self.args.rope_attention_scaling, x.dtype)
         view = View(cache, slots, lo, hi, tree)
         for layer in self.layers:
-            x = layer(x, cos, sin, view)
-        h = self.norm(x)
-        return self.output(h if heads is None else h[:, heads]).float(), h
+            x = layer(x, rope, view, ops)
+        h = ops.rmsnorm(x, self.norm)
+        return ops.logits(h, self.output, heads), h
 
 
 def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the state dict") -> Transformer:
@@ -224,10 +218,10 @@ def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the stat
 def load_model(directory: Path, device: str | torch.device = "cpu") -> Transformer:
     """Load a converted model (config.json + model.safetensors) without unpickling anything. On a
     CPU whose process has the native kernels loaded, the large tensors go to memory backed by huge
-    pages (`kernels.huge_copy`: every forward streams them)."""
+    pages (`native.huge_copy`: every forward streams them)."""
     directory = Path(directory)
     args = ModelArgs.load(directory / "config.json")
     state = load_file(str(directory / "model.safetensors"), device=str(device))
-    if torch.device(device).type == "cpu" and kernels.loaded() is not None:
-        state = {name: kernels.huge_copy(t) for name, t in state.items()}
+    if torch.device(device).type == "cpu" and native.loaded() is not None:
+        state = {name: native.huge_copy(t) for name, t in state.items()}
     return from_state(args, state, str(directory))

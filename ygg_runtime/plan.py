@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.machine import CPUInfo, GPUInfo
 from ygg_runtime.options import SAMPLING, SAMPLINGS
 from ygg_runtime.params import Params, Stages, parse
 from ygg_runtime.typed import RECOMPILE, build, plain
@@ -90,28 +91,6 @@ class ModelInfo:
 
 
 @dataclass
-class CPUInfo:
-    model: str
-    threads: int
-    isa: list[str]  # vector instruction flags of the compiling CPU (what /proc/cpuinfo lists)
-
-
-@dataclass
-class GPUInfo:
-    """The GPU an artifact was compiled on (`ygg_runtime.gpu.info`): its compiled code, profiles
-    and exactness check are that GPU's."""
-    name: str
-    capability: str  # compute capability, "9.0"
-    memory: int  # bytes
-    cuda: str  # the CUDA torch was built with
-    cublas: str
-    driver: str
-
-    def label(self) -> str:
-        return f"{self.name} (compute capability {self.capability})"
-
-
-@dataclass
 class AOTInfo:
     """The ahead-of-time compiled forwards: one package per model, every width min_width..max_width."""
     package: str
@@ -126,7 +105,7 @@ class AOTInfo:
 
 @dataclass
 class KernelInfo:
-    """The native kernels' library (`ygg_runtime.kernels`) copied into the artifact."""
+    """The native kernels' library (`ygg_runtime.backend.native`) copied into the artifact."""
     file: str
     isa: str | None
     cpu_flags: list[str]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from ygg_runtime.kernels import qlinear
+from ygg_runtime.backend.native import qlinear
 
 TILE = 16  # output columns per kernel tile (one vector of float32 lanes)
 BLOCK = 32  # input columns per code block (and per block of the activations' int8 scale)

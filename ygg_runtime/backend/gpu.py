@@ -1,15 +1,11 @@
 """A GPU as the runtime needs to know it: what it is (recorded in the plan: the exactness check and
-the compiled code hold for that GPU), how its matmuls are set up so that a row's result does not
-depend on the rows beside it, and how much memory it has free.
+the profiles hold for that GPU), how torch's own matmuls are set up, and how much memory it has free.
 
-Row invariance (DESIGN.md §11): for a fixed number of rows a cuBLAS matmul computes each row the
-same way whatever the other rows hold; what changes a row's bits on Hopper is split-K and reduced-
-precision reductions, which cuBLAS picks by shape and workspace. `configure` turns them off and
-fixes the workspace (vLLM's batch-invariant mode does the same, +0.85 % time in its measurements);
-the runtime pads every target forward to the width from which the compile-time check found rows
-equal (`ygg_compile.invariance`), so the row count is fixed too.
+A forward's products are our own kernels (`backend.triton_linear`), row-invariant by construction.
+`configure` still sets cuBLAS up so that a row's result does not depend on the rows beside it —
+no TF32, no reduced-precision or split-K reductions, cuBLASLt with a fixed workspace (vLLM's
+batch-invariant mode does the same) — for whatever torch itself multiplies on the GPU beside them.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ygg_runtime.plan import GPUInfo
+from ygg_runtime.machine import GPUInfo
 
 # A fixed cuBLAS workspace: its size is one of the things cuBLAS picks a kernel by. Read when the
 # first cuBLAS handle is made, so set before any matmul runs on the GPU.

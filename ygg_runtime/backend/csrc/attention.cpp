@@ -447,8 +447,6 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 
 }  // namespace
 
-TORCH_LIBRARY(ygg, m) {
-  m.def("attention(Tensor q, Tensor k, Tensor v, Tensor cache, int layer, Tensor slots, Tensor lo, Tensor hi, "
-        "Tensor tree) -> Tensor");
-}
+// The operator is defined in Python (ygg_runtime/backend/schema.py, with its cache write declared), once for
+// every device: this library adds its CPU kernel.
 TORCH_LIBRARY_IMPL(ygg, CPU, m) { m.impl("attention", attention); }

@@ -35,9 +35,9 @@ machine's two roofs (int8 peak, read bandwidth) on the same threads.
 The library is built with the system C++ compiler against the installed torch (about a minute, its
 sources side by side; cached under the user cache keyed by sources, torch version and instruction
 set), for the same vector ISA Inductor compiles for, so the plan's recorded CPU flags cover it.
-`ygg compile` copies the build into the artifact, so `ygg run` needs no compiler. On a GPU,
-attention is the Triton kernel of `ygg_runtime.triton_attention` (same schema and semantics,
-compiled into the AOT package); the compile-time check says whether its rows agree there.
+`ygg compile` copies the build into the artifact, so `ygg run` needs no compiler. The library
+implements `ygg::attention` for CPUs; the operator is defined once in `ygg_runtime.backend.schema`,
+and its CUDA implementation is the Triton kernel of `ygg_runtime.backend.triton_attention`.
 Quantized weights run on CPUs only.
 """
 
@@ -56,9 +56,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ygg_runtime.errors import YggError, first_line, out_of_space
-from ygg_runtime.files import locked, write_atomic
-from ygg_runtime.integrity import cache_dir, cpu_flags
+from ygg_runtime.backend import schema  # noqa: F401  (defines ygg::attention, which the library implements)
+from ygg_runtime.errors import YggError, out_of_space
+from ygg_runtime.files import cache_dir, locked, write_atomic
+from ygg_runtime.machine import cpu_flags
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = (CSRC / "attention.cpp", CSRC / "qlinear.cpp", CSRC / "roofline.cpp")
@@ -193,18 +194,10 @@ def load(path: Path | None = None) -> Path:
             torch.ops.load_library(str(path))
         except OSError as e:
             raise YggError(f"cannot load the native kernels {path}: {str(e).strip() or type(e).__name__}") from None
-        torch.library.register_fake("ygg::attention")(_shape)
         torch.library.register_fake("ygg::qlinear")(_qlinear_shape)
         torch.library.register_fake("ygg::qlinear_reference")(_qlinear_shape)
         _loaded = path
     return _loaded
-
-
-def _shape(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots: Tensor, lo: Tensor, hi: Tensor,
-           tree: Tensor) -> Tensor:
-    """What the kernel returns, for tracing (torch.export, AOTInductor): a tensor laid out like q,
-    exactly as the kernel allocates it (compiled code reads the result with these strides)."""
-    return torch.empty_like(q)
 
 
 def _qlinear_shape(x: Tensor, data: Tensor, layout: Tensor, bias: Tensor | None, n: int) -> Tensor:
@@ -265,23 +258,10 @@ def huge_copy(t: Tensor) -> Tensor:
 
 def attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots: Tensor, lo: Tensor, hi: Tensor,
               tree: Tensor) -> Tensor:
-    """q [1, H, W, D] and the W new rows' k, v [1, KV, W, D], written first to `slots` of the
-    cache's layer `layer` (cache [layers, 2, KV, S, D]); row i then attends to slots [lo_i, hi_i)
-    and hi_i + j where tree[i, j] ([W, T] bool) -> [1, H, W, D]. One schema, an implementation
-    per device: the C++ kernel on a CPU (built and loaded on first use), the Triton kernel of
-    `ygg_runtime.triton_attention` on a GPU; both row-invariant."""
-    if q.device.type != "cpu":
-        return gpu_attention()(q, k, v, cache, layer, slots, lo, hi, tree)
+    """`ygg::attention` on a CPU (the library built and loaded on first use): q [1, H, W, D] and the
+    W new rows' k, v [1, KV, W, D], written first to `slots` of the cache's layer `layer` (cache
+    [layers, 2, KV, S, D]); row i then attends to slots [lo_i, hi_i) and hi_i + j where tree[i, j]
+    ([W, T] bool) -> [1, H, W, D], each row independently of the rows beside it."""
     if _loaded is None:
         load()
     return torch.ops.ygg.attention(q, k, v, cache, layer, slots, lo, hi, tree)
-
-
-def gpu_attention():
-    """`ygg::attention_cuda`, registered on first use (importing Triton costs a second)."""
-    try:
-        from ygg_runtime import triton_attention  # noqa: F401  (registers the op)
-    except ImportError as e:
-        raise YggError(f"attention on a GPU needs Triton, which this torch lacks ({first_line(e)}): install the "
-                       "torch build for your CUDA, which brings it") from None
-    return torch.ops.ygg.attention_cuda
