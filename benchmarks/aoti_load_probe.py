@@ -1,19 +1,23 @@
-"""Does this machine's torch load an AOTInductor package at all? Each case compiled and loaded in a
-child process of its own (a segfault ends the child, not the probe), on the GPU when there is one.
+"""Does this machine's torch load an AOTInductor package at all, in a process that did not compile it?
+Each case is compiled in a child process, then loaded in a *fresh* child, stage by stage, each
+stage's line printed before the next starts, so a crash names the stage it died in:
 
-    python3 benchmarks/aoti_load_probe.py [-o FILE]
+  metadata         the package read as the zip archive it is (its files, the AOTI metadata)
+  raw runner       the extracted .so loaded by torch's container runner directly
+  package loader   torch's C++ AOTIModelPackageLoader, as `ygg run` loaded packages (ygg_runtime.compiled)
+  first run        the user-managed weights handed over, one forward, compared with eager
 
-Cases: `mlp` (two linear layers, nothing of ours; the weights in the .so, or left out and handed
-over as user-managed constants, as ygg's packages are), loaded by `load_package`, Inductor's Python
-wrapper; and `ygg` (a two-layer `Transformer` through `ygg_compile.aot.compile_model` and
-`ygg_runtime.compiled.CompiledForward`, its weights left out or in the .so), loaded by torch's C++
-`AOTIModelPackageLoader` directly, as `ygg run` loads since the wrapper's imports were found to cost
-~3 s a start (the wrapper also reads the device's information first). On the H200 image (torch
-2.11.0+cu130) every case compiled and then segfaulted, when all of them loaded through `load_package`
-(DESIGN.md §11); whether the C++ loader alone does too is not measured yet: this probe's two kinds of
-case now tell them apart. On torch 2.13.0+cpu every case loads and matches eager. Run it on a
-GPU of a new torch before trusting `ygg compile --device cuda` with AOT (which tries the loader in a
-child too: `ygg_compile.aot.load_failure`). About 40 s a case on an H200.
+    python3 benchmarks/aoti_load_probe.py [-o FILE] [--cases a,b]
+
+Cases: `mlp` (two linear layers, nothing of ours; weights in the .so, or left out and handed over
+as user-managed constants) and `ygg` (a two-layer `Transformer` exported with the CPU's composition
+of ops, `ygg::attention` an opaque operator whose kernel on the device is ours, weights user-managed:
+how ygg's packages were built). On the H200 image (torch 2.11.0+cu130) every case segfaulted, each
+time loaded in the process that had just compiled it (benchmarks/results/cuda-nvidia-h200/); a CUDA
+artifact therefore ships no model.pt2 and its forwards are our Triton kernels replayed as CUDA graphs
+(`ygg_compile.build.aot_left_out`). Where the ygg case runs, its forward's time is printed beside
+the same forward on our Triton kernels. On torch 2.13.0+cpu every case loads and matches eager.
+About 40 s a case on an H200.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import torch
@@ -30,8 +35,8 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CASES = {"mlp-weights-in-so": ("mlp", True), "mlp-user-managed": ("mlp", False),
-         "ygg-user-managed": ("ygg", False), "ygg-weights-in-so": ("ygg", True)}
+CASES = {"mlp-weights-in-so": ("mlp", True), "mlp-user-managed": ("mlp", False), "ygg-user-managed": ("ygg", False)}
+STAGES = ("metadata", "raw runner", "package loader", "first run")
 
 
 class MLP(torch.nn.Module):
@@ -43,73 +48,128 @@ class MLP(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
-def mlp(in_so: bool) -> None:
-    from torch._inductor import aot_compile
-    from torch._inductor.package import load_package, package_aoti
-
-    model = MLP().to(DEVICE).eval()
-    x = torch.randn(8, 64, device=DEVICE)
-    with torch.no_grad():
-        program = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=64)},))
-        compiled = aot_compile(program.module(), (x,), options={"aot_inductor.package": True,
-                                                                "aot_inductor.package_constants_in_so": in_so})
-    path = str(Path(tempfile.mkdtemp()) / "model.pt2")
-    package_aoti(path, {"forward": compiled})
-    print("compiled; loading", flush=True)
-    graph = load_package(path, model_name="forward")
-    print("loaded", flush=True)
-    if not in_so:
-        weights = dict(model.named_parameters())
-        graph.load_constants({n: weights[n] for n in graph.get_constant_fqns()}, check_full_update=True,
-                             user_managed=True)
-    with torch.no_grad():
-        print(f"ran: max |compiled - eager| {(graph(x) - model(x)).abs().max().item():.3g}", flush=True)
-
-
-def ygg(in_so: bool) -> None:
-    import torch._inductor as inductor
-
-    from ygg_compile import aot
-    from ygg_runtime.compiled import CompiledForward
+def _ygg_model():
+    from ygg_runtime.backend import cpu, schema  # noqa: F401  (schema: ygg::attention, the opaque operator)
     from ygg_runtime.model import ModelArgs, Transformer
 
-    original = inductor.aot_compile
-    inductor.aot_compile = lambda gm, args, options=None: original(
-        gm, args, options={**(options or {}), "aot_inductor.package_constants_in_so": in_so})
+    class Exported(cpu.CpuOps):
+        """The CPU's composition, attention left to the operator (its kernel: the device's)."""
+
+        def attention(self, *args):
+            return torch.ops.ygg.attention(*args)
+
+    if DEVICE == "cuda":
+        from ygg_runtime.backend import cuda  # noqa: F401  (ygg::attention's CUDA kernel)
+    else:
+        from ygg_runtime.backend import native
+
+        native.load()
     torch.manual_seed(0)
     model = Transformer(ModelArgs(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
                                   intermediate_size=128, norm_eps=1e-5, tie_embeddings=True)).to(DEVICE).eval()
     model.setup_cache(64)
-    path = Path(tempfile.mkdtemp()) / aot.PACKAGE
-    aot.compile_model(model, path)
-    print("compiled; loading", flush=True)
-    forward = CompiledForward(path, model)
-    print("loaded", flush=True)
-    args = aot.example_args(model, 4, 12)
+    return model, Exported()
+
+
+def model_and_inputs(kind: str):
+    """The case's model (seeded: the same in every process), its example inputs, its ops to export with."""
+    if kind == "mlp":
+        torch.manual_seed(0)
+        return MLP().to(DEVICE).eval(), (torch.randn(8, 64, device=DEVICE),), None
+    from ygg_compile import aot
+
+    model, ops = _ygg_model()
+    return model, aot.example_args(model, 4, 12), ops
+
+
+def compile_case(case: str, out: Path) -> None:
+    from torch._inductor import aot_compile
+    from torch._inductor.package import package_aoti
+
+    kind, in_so = CASES[case]
+    model, args, ops = model_and_inputs(kind)
+    model.ops = ops if ops is not None else None
     with torch.no_grad():
-        eager = model(*args)[0].float()
-        print(f"ran: max |compiled - eager| {(forward(*args)[0].float() - eager).abs().max().item():.3g}", flush=True)
+        dims = {0: torch.export.Dim("rows", min=2, max=64)} if kind == "mlp" else None
+        program = torch.export.export(model, args, dynamic_shapes=(dims,) if dims else None, strict=False)
+        compiled = aot_compile(program.module(), args, options={"aot_inductor.package": True,
+                                                                "aot_inductor.package_constants_in_so": in_so})
+    package_aoti(str(out), {"model": compiled})
+    print(f"compiled {out.stat().st_size} bytes", flush=True)
+
+
+def load_case(case: str, path: Path) -> None:
+    kind, in_so = CASES[case]
+    model, args, ops = model_and_inputs(kind)  # (the ygg case: its operators registered before the package loads)
+    stage = iter(STAGES)
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+        meta = [n for n in names if n.endswith("metadata.json")]
+        print(f"{next(stage)}: ok ({len(names)} files, {z.read(meta[0]).decode()[:80] if meta else 'no metadata'})",
+              flush=True)
+        so = [n for n in names if n.endswith(".so")]
+        unpacked = Path(tempfile.mkdtemp())
+        z.extractall(unpacked)
+    if DEVICE == "cuda":
+        runner = torch._C._aoti.AOTIModelContainerRunnerCuda(str(unpacked / so[0]), 1, "cuda", str((unpacked / so[0]).parent))
+    else:
+        runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(unpacked / so[0]), 1)
+    print(f"{next(stage)}: ok", flush=True)
+    del runner
+    graph = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    print(f"{next(stage)}: ok", flush=True)
+    if not in_so:
+        weights = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+        graph.load_constants({n: weights[n] for n in graph.get_constant_fqns()}, False, True, user_managed=True)
+    with torch.no_grad():
+        model.ops = ops
+        eager = model(*args)
+        eager = (eager[0] if isinstance(eager, tuple) else eager).float()
+        compiled = graph.run(list(args))[0].float()
+        said = f"max |compiled - eager| {(compiled - eager).abs().max().item():.3g}"
+        if kind == "ygg" and DEVICE == "cuda":  # the same forward on our Triton kernels (both uncaptured)
+            from ygg_compile.roofline import cuda_ms
+            from ygg_runtime.backend import cuda
+
+            aoti_ms = cuda_ms(lambda: graph.run(list(args)))
+            model.ops = cuda.OPS
+            said += f"; {aoti_ms:.3f} ms a forward, ours {cuda_ms(lambda: model(*args)):.3f} ms"
+    print(f"{next(stage)}: ok, {said}", flush=True)
+
+
+def _child(*argv: str, timeout: int = 300) -> tuple[int, list[str], str]:
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", __file__, *argv], capture_output=True, text=True,
+                          timeout=timeout)
+    return proc.returncode, [line for line in proc.stdout.splitlines() if line], proc.stderr
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-o", "--out", type=Path, help="also write the report here")
-    ap.add_argument("--case", choices=list(CASES), help=argparse.SUPPRESS)  # one case, in the child
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--compile", nargs=2, metavar=("CASE", "PATH"), help=argparse.SUPPRESS)  # in a child
+    ap.add_argument("--load", nargs=2, metavar=("CASE", "PATH"), help=argparse.SUPPRESS)  # in a fresh child
     args = ap.parse_args()
-    if args.case:
-        kind, in_so = CASES[args.case]
-        (mlp if kind == "mlp" else ygg)(in_so)
-        return
+    if args.compile:
+        return compile_case(args.compile[0], Path(args.compile[1]))
+    if args.load:
+        return load_case(args.load[0], Path(args.load[1]))
     lines = [f"torch {torch.__version__} on {torch.cuda.get_device_name() if DEVICE == 'cuda' else 'a CPU'}"]
     print(lines[0], flush=True)
-    for case in CASES:
+    for case in args.cases.split(","):
         start = time.time()
-        proc = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--case", case], capture_output=True,
-                              text=True, timeout=300)
-        said = [line for line in proc.stdout.splitlines() if line]
-        how = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
-        last = said[-1] if said else (proc.stderr.strip().splitlines() or ["(nothing)"])[-1]
-        lines.append(f"{case}: {how}, {time.time() - start:.0f} s; last: {last}")
+        path = Path(tempfile.mkdtemp()) / "model.pt2"
+        code, said, err = _child("--compile", case, str(path))
+        if code != 0:
+            how = f"signal {-code}" if code < 0 else f"exit {code}"
+            lines.append(f"{case}: the compile died ({how}): {(err.strip().splitlines() or ['(nothing)'])[-1]}")
+        else:
+            code, said, err = _child("--load", case, str(path))
+            done = [line for line in said if line.split(":")[0] in STAGES]
+            died = STAGES[len(done)] if code != 0 and len(done) < len(STAGES) else None
+            how = "loads and runs" if code == 0 else (f"died in '{died}' (" + (f"signal {-code}" if code < 0 else f"exit {code}")
+                                                      + f"): {(err.strip().splitlines() or ['(nothing)'])[-1]}")
+            lines.append(f"{case}: {how}, {time.time() - start:.0f} s" + (f"; {done[-1]}" if done else ""))
         print(lines[-1], flush=True)
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")

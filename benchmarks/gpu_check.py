@@ -5,34 +5,41 @@ are carried, see the Makefile's `gpu-wheels`).
     python3 benchmarks/gpu_check.py [-o DIR] [--budget 460] [--calibration FILE] [--only SECTIONS] [--small]
 
 In order, each section timed, a failing one reported in a line (its traceback in the log) while the
-others still run, and none started without the time it needs. Where the AOT compile fails, the
-section says so and measures the rest without it (eager forwards, still captured as CUDA graphs),
-so that one call shows every failure there is:
-  1. the machine: GPU, compute capability, torch, CUDA, cuBLAS, driver, Triton; its two roofs
-     (a streaming read of a buffer 8x its L2; a bf16 8192^3 matmul);
-  2. `ygg::attention_cuda` on the GPU: against float64, and a token's row bitwise the same in plain
-     decoding and in a tree verify (bfloat16 and float32);
-  3. the tiny random pair compiled with `--device cuda` (AOT, bf16): every method's greedy output
-     = `ar`'s, the row check's verdict, the forwards replayed as CUDA graphs;
-  4. random models of the real pair's shapes (Qwen2.5-Coder-1.5B target, 0.5B drafter, bf16, made
-     on the GPU in seconds), compiled with `--device cuda --calibration-from` the real pair's committed
-     calibration (`benchmarks/data/`): the roofline table (T(W) at W = 1..64 for both models beside
-     the weight-stream floor), T(64)/T(1), the drafter's T(1) against the target's, T(1) over a cache
-     8x larger (a forward must not cost what the cache holds), the row check, the modelled `egt`
-     speed-up over `ar` on this GPU from the real pair's acceptance, and `ar` / `egt` decoding it (=,
-     ms per token, host reads per step).
+others still run, and none started without the time it needs:
+  1. machine: GPU, compute capability, torch, CUDA, cuBLAS, driver, Triton; its two roofs (a
+     streaming read of a buffer 8x its L2; a bf16 8192^3 matmul);
+  2. kernels: the CUDA backend's kernels on their own — attention against float64 and a token's
+     row bitwise the same in plain decoding and a tree verify, its time at contexts 64, 1 000 and
+     4 000; the GEMM's rows bitwise the same at 1..64 rows wherever they sit, each 1.5B/0.5B linear's
+     time and read rate at 1, 8 and 64 rows, and the drafter's linears on cuBLAS beside ours;
+  3. tiny pair: the tiny random pair compiled with `--device cuda`: every method's greedy output =
+     `ar`'s, seeded sampling = `ar`'s, the row check's verdict, the forwards replayed as CUDA graphs;
+  4. real shapes: random models of the real pair's shapes (Qwen2.5-Coder-1.5B target, 0.5B drafter,
+     bf16, made on the GPU in seconds), compiled with `--calibration-from` the real pair's committed
+     calibration: T(W) at W = 1..64 beside the weight-stream floor and the modelled time
+     (benchmarks/gpu_model.py), one replayed forward taken apart by torch.profiler at W = 1, 8, 64
+     (each kernel's time, each GEMM's read rate, kernels a forward and a layer), the drafter's T(1)
+     against the target's, T(1) over an 8x cache, the row check, the modelled `egt` speed-up over
+     `ar` from the real pair's acceptance, and `ar` / `egt` decoding it (=, ms per token);
+  5. 7B shapes: random Llama-2-7B and LLaMA-68M (the seeds' pair) made on the GPU and timed as
+     forwards (no compile): T(W) beside the floor and the model;
+  6. start: `ygg_runtime.load` and a first token in a fresh process, with the artifact's compiled
+     Triton kernels (first and second start) and with every kernel compiled anew;
+  7. aoti: benchmarks/aoti_load_probe.py (AOTInductor packages loaded in fresh processes).
+On a CPU (--device cpu, the suite's smoke test with --small) the GPU-only parts say so, and a
+`modelled` section prints T(W) of the four shapes on an H100 and an H200 from the CUDA forward's
+own kernel list (benchmarks/gpu_model.py), so a design is weighed before a GPU is lent.
 Results: DIR/gpu-check.json, .md and .log, DIR defaulting to benchmarks/results/cuda-<gpu>/.
 
 On a lent machine (the device tool: `make gpu-wheels` here first, then one call carrying .whl/, with
 a timeout of 590 s): `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl &&
 PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_check.py -o $OUT` (`make gpu-check` does the same
 where make is installed).
---small runs the same on tiny shapes (on a CPU too, with --no-aot: the suite's smoke test of this script).
 """
-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import platform
@@ -50,6 +57,7 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # tiny.py: random models and the byte tokenizer
+sys.path.insert(0, str(REPO / "benchmarks"))  # gpu_model.py: the modelled forward
 
 CALIBRATION = REPO / "benchmarks" / "data" / "qwen2.5-coder-0.5b-1.5b.calibration.safetensors"
 # Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct (their config.json), vocabulary 151 936, tied heads
@@ -134,12 +142,17 @@ def machine(device: torch.device) -> dict:
                   "roofs": roofs.as_dict()}
 
 
-def attention(device: torch.device) -> dict:
-    """The kernel on this device: its error against float64, a row's bits in two layouts, its time."""
+def attention_check(device: torch.device) -> dict:
+    """The attention kernel on this device: its error against float64, a row's bits in two layouts
+    (plain decoding, a tree verify), and its time at contexts 64, 1 000 and 4 000 (a GPU's)."""
     from ygg_compile.roofline import cuda_ms
     from ygg_runtime.backend import cuda
 
     op = cuda.OPS.attention  # on a CPU: Triton's interpreter (TRITON_INTERPRET=1)
+    if device.type != "cuda":  # the interpreter runs programs one by one: one a row (no bit depends on how many)
+        from ygg_runtime.backend import triton_attention
+
+        triton_attention.PROGRAMS = 1
     g = torch.Generator().manual_seed(0)
     heads, kv, dim, width = 12, 2, 128, 8
     context = 700 if device.type == "cuda" else 90  # Triton's interpreter runs a CPU's in Python
@@ -169,16 +182,116 @@ def attention(device: torch.device) -> dict:
         out[str(dtype).removeprefix("torch.")] = {"max_abs_err_vs_f64": worst, "row_bits_plain_eq_tree": same}
     ok = all(r["row_bits_plain_eq_tree"] for r in out.values()) and out["float32"]["max_abs_err_vs_f64"] < 1e-4
     if device.type == "cuda":
-        for w in (1, 64):
-            qw = torch.randn(1, heads, w, dim, device=device, dtype=torch.bfloat16)
-            kw = torch.randn(1, kv, w, dim, device=device, dtype=torch.bfloat16)
-            c = torch.randn(1, 2, kv, 1200, dim, device=device, dtype=torch.bfloat16)
-            t = torch.ones(w, w, dtype=torch.bool, device=device).tril()
-            args = (qw, kw, kw.clone(), c, 0, torch.arange(1000, 1000 + w, device=device),
-                    torch.zeros(w, dtype=torch.long, device=device), torch.full((w,), 1000, device=device), t)
-            out[f"us_per_layer_W{w}_ctx1000"] = round(1000 * cuda_ms(lambda: op(*args)), 1)
+        times = {}
+        for ctx in (64, 1000, 4000):
+            for w in (1, 8, 64):
+                qw = torch.randn(1, w, heads + 2 * kv, dim, device=device, dtype=torch.bfloat16).transpose(1, 2)
+                c = torch.randn(1, 2, kv, ctx + w + 64, dim, device=device, dtype=torch.bfloat16)
+                t = torch.ones(w, w, dtype=torch.bool, device=device).tril()
+                args = (qw[:, :heads], qw[:, heads : heads + kv], qw[:, heads + kv :], c, 0,
+                        torch.arange(ctx, ctx + w, device=device), torch.zeros(w, dtype=torch.long, device=device),
+                        torch.full((w,), ctx, device=device), t)
+                ms = cuda_ms(lambda: op(*args))
+                kv_bytes = w * kv * (ctx + w) * dim * 2 * 2  # every row reads its keys and values
+                times[f"ctx{ctx}_W{w}"] = {"us": round(1000 * ms, 1), "GBps": round(kv_bytes / (ms / 1e3) / 1e9, 1)}
+        out["us_per_layer"] = times
     if not ok:
         raise AssertionError(f"the kernel is off: {out}")
+    return out
+
+
+@contextlib.contextmanager
+def split_k_allowed():
+    """cuBLAS free to split K and reduce in lower precision (what `gpu.configure` turns off)."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    try:
+        try:  # (reduced precision, split-K) on torch >= 2.10; a bool before
+            matmul.allow_bf16_reduced_precision_reduction = (True, True)
+        except (TypeError, ValueError, RuntimeError):
+            matmul.allow_bf16_reduced_precision_reduction = True
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
+
+
+def linear_shapes(shapes: dict) -> dict[str, list[tuple[str, int, int, int]]]:
+    """Each model's linear layers as (name, rows of the weight, its columns, epilogue)."""
+    from ygg_runtime.backend.triton_linear import GATED, PLAIN, ROPE
+
+    out = {}
+    for role, d in shapes.items():
+        dim, inter, h, kv = d["hidden_size"], d["intermediate_size"], d["num_attention_heads"], d["num_key_value_heads"]
+        hd = dim // h
+        out[role] = [("qkv", (h + 2 * kv) * hd, dim, ROPE), ("wo", dim, h * hd, PLAIN), ("w13", 2 * inter, dim, GATED),
+                     ("w2", dim, inter, PLAIN), ("head", VOCAB if dim > 256 else 512, dim, PLAIN)]
+    return out
+
+
+def gemm_check(device: torch.device, shapes: dict, bandwidth: float | None) -> dict:
+    """The GEMM on this GPU: a row's bits at 1..64 rows wherever it sits (each shape of the target),
+    each linear's time and read rate at 1, 8 and 64 rows, and the drafter's on cuBLAS beside ours
+    (it needs no invariance: split-K allowed there)."""
+    from ygg_compile.roofline import cuda_ms
+    from ygg_runtime.backend import cuda, triton_linear
+    from ygg_runtime.backend.triton_linear import ROPE
+
+    if device.type != "cuda":
+        return {"skipped": "a GPU's own (on a CPU, tests/test_backend.py holds the same under Triton's interpreter)"}
+    g = torch.Generator(device=device).manual_seed(0)
+    out: dict = {"moved_rows": {}, "timings": {}}
+
+    def call(role, name, n, k, epi, x):
+        w = weights[(role, name)]
+        kw: dict = {"epilogue": epi}
+        if epi == ROPE:
+            hd = k // shapes[role]["num_attention_heads"]
+            m = x.shape[-2]
+            kw["rope"] = (torch.randn(m, hd // 2, device=device, dtype=torch.bfloat16),
+                          torch.randn(m, hd // 2, device=device, dtype=torch.bfloat16), hd // 2,
+                          shapes[role]["num_attention_heads"] + shapes[role]["num_key_value_heads"])
+        counters = cuda.OPS.counters(device, triton_linear.counters_needed(n, k, x.shape[-2], paired=epi != 0))
+        return triton_linear.linear(x, w, counters, **kw)
+
+    weights = {}
+    for role, layers in linear_shapes(shapes).items():
+        for name, n, k, epi in layers:
+            weights[(role, name)] = (torch.randn(n, k, generator=g, device=device) / k**0.5).to(torch.bfloat16)
+    for role, layers in linear_shapes(shapes).items():
+        for name, n, k, epi in layers:
+            x = torch.randn(1, 64, k, generator=g, device=device).to(torch.bfloat16)
+            if role == "target":  # a row's bits, wherever it sits among how many rows
+                full = call(role, name, n, k, epi, x)
+                moved = 0
+                for width in (1, 2, 3, 8, 17, 64):
+                    pick = [(i * 7 + width) % 64 for i in range(width)]
+                    rows = torch.randn(1, width, k, generator=g, device=device).to(torch.bfloat16)
+                    rows[0, :] = x[0, pick]
+                    got = call(role, name, n, k, epi, rows)
+                    moved += sum(not torch.equal(got[0, i], full[0, j]) for i, j in enumerate(pick))
+                out["moved_rows"][f"{role}.{name}"] = moved
+            for m in (1, 8, 64):
+                xm = x[:, :m].contiguous()
+                ms = cuda_ms(lambda: call(role, name, n, k, epi, xm))
+                rate = n * k * 2 / (ms / 1e3) / 1e9
+                row = {"us": round(1000 * ms, 1), "GBps": round(rate, 1),
+                       "of_bandwidth": round(rate * 1e9 / bandwidth, 2) if bandwidth else None}
+                if role == "draft":  # cuBLAS, split-K allowed (the drafter needs no invariance), beside ours
+                    w = weights[(role, name)]
+                    with split_k_allowed():
+                        row["cublas_us"] = round(1000 * cuda_ms(lambda: torch.nn.functional.linear(xm, w)), 1)
+                out["timings"][f"{role}.{name} {n}x{k} M={m}"] = row
+    moved = sum(out["moved_rows"].values())
+    if moved:
+        out["failed"] = f"{moved} rows changed bits with the rows beside them"
+    return out
+
+
+def kernels(device: torch.device, shapes: dict, bandwidth: float | None) -> dict:
+    out = {"attention": attention_check(device)}
+    out["gemm"] = gemm_check(device, shapes, bandwidth)
+    if out["gemm"].get("failed"):
+        out["failed"] = out["gemm"]["failed"]
     return out
 
 
@@ -204,27 +317,15 @@ def random_pair(root: Path, shapes: dict, device: torch.device, vocab: int, tie:
 DTYPE = "bfloat16"  # the artifacts' dtype (--dtype: the CPU smoke test's float32 is quicker there)
 
 
-def compile_pair(check: Check, dirs: dict, out: Path, device: torch.device, **options) -> tuple["Plan", str | None]:
-    """The pair's artifact, and why it has no compiled forwards though they were asked for (None if
-    it has them): the compile left them out (this torch could not load them), or the AOT compile
-    failed, and the pair was compiled again without it, so the section measures the rest all the same."""
+def compile_pair(dirs: dict, out: Path, device: torch.device, **options) -> "Plan":
+    """The pair's artifact (on CUDA without model.pt2: the compile says why, `ygg_compile.build.aot_left_out`)."""
     from ygg_compile.build import compile_artifact
     from ygg_compile.options import CompileOptions
-    from ygg_runtime.errors import first_line
     from ygg_runtime.ui import Reporter
 
     opts = CompileOptions(draft=str(dirs["draft"]), target=str(dirs["target"]), output=out, device=device.type,
                           dtype=DTYPE, profiles=out.parent / "profiles", **options)  # random models' profiles stay here
-    try:
-        plan = compile_artifact(opts, Reporter())
-        return plan, plan.aot_skipped
-    except Exception as e:
-        if not opts.aot:
-            raise
-        why = f"{type(e).__name__}: {first_line(e)}"
-        check.trace(f"AOT compile of {out}")
-        check.say(f"  AOT failed ({why}); compiling without it")
-        return compile_artifact(dataclasses.replace(opts, aot=False), Reporter()), why
+    return compile_artifact(opts, Reporter())
 
 
 def decode_all(dec, prompts: list, n: int, methods=METHODS) -> dict:
@@ -255,7 +356,7 @@ def forwards(dec) -> dict:
     return out
 
 
-def tiny_pair(check: Check, device: torch.device, work: Path, aot: bool) -> dict:
+def tiny_pair(device: torch.device, work: Path, aot: bool) -> dict:
     import tiny
 
     import ygg_runtime
@@ -265,8 +366,7 @@ def tiny_pair(check: Check, device: torch.device, work: Path, aot: bool) -> dict
     tok = tiny.byte_tokenizer()
     dirs = {"target": tiny.save_pair_dir(work / "tiny" / "target", target, tok),
             "draft": tiny.save_pair_dir(work / "tiny" / "draft", draft, tok)}
-    plan, aot_error = compile_pair(check, dirs, work / "tiny" / "artifact", device, max_context=256, quick=True,
-                                   aot=aot)
+    plan = compile_pair(dirs, work / "tiny" / "artifact", device, max_context=256, quick=True, aot=aot)
     dec = ygg_runtime.load(work / "tiny" / "artifact")
     got = decode_all(dec, [list(p.encode()) for p in PROMPTS], 32)
     prompt = list(PROMPTS[0].encode())  # coupled sampling: a seed gives ar's tokens with every method
@@ -275,10 +375,9 @@ def tiny_pair(check: Check, device: torch.device, work: Path, aot: bool) -> dict
     got["sampled_equal_ar"] = all(t == sampled["ar"] for t in sampled.values())
     exact = dec.verdict()
     out = {"compile_s": plan.compile_seconds, "phases": plan.compile_phases, "aot": plan.aot is not None,
-           "aot_error": aot_error, "row_check": {k: r.min_width for k, r in plan.exactness.items()},
-           "verdict": exact[1], **forwards(dec), **got}
-    wrong = [f"AOT compile: {aot_error}"] if aot_error else []
-    wrong += [] if got["all_equal"] else [f"{got['equal']} greedy outputs = ar's"]
+           "aot_left_out": plan.aot_skipped, "triton_kernels": plan.triton is not None,
+           "row_check": {k: r.min_width for k, r in plan.exactness.items()}, "verdict": exact[1], **forwards(dec), **got}
+    wrong = [] if got["all_equal"] else [f"{got['equal']} greedy outputs = ar's"]
     wrong += [] if got["sampled_equal_ar"] else ["seeded sampling differs from ar's"]
     wrong += [] if exact[0] else [f"verdict: {exact[1]}"]
     if wrong:
@@ -286,44 +385,122 @@ def tiny_pair(check: Check, device: torch.device, work: Path, aot: bool) -> dict
     return out
 
 
+def profile_forward(runner, width: int, context: int, modelled: list, gpu: dict, repeats: int = 5) -> dict:
+    """One forward of `width` rows taken apart by torch.profiler: each kernel's time (median over
+    `repeats` replays) beside the model's (`gpu_model.Kernel`, same launch order), each GEMM's read
+    rate, and the kernels a forward launches. Replayed as its CUDA graph where the profiler sees the
+    graph's kernels, else run uncaptured (said so)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    tokens = list(range(3, 3 + width))
+
+    def kernels_of(captured: bool) -> list:
+        graphs = runner.graphs
+        runner.graphs = graphs if captured else None
+        try:
+            runner.reset(context)
+            runner.forward_chain(tokens)  # warm (and captured)
+            runner.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(repeats):
+                    runner.reset(context)
+                    runner.forward_chain(tokens)
+                runner.synchronize()
+        finally:
+            runner.graphs = graphs
+            runner.reset()
+        events = sorted((e for e in prof.events() if e.device_type.name == "CUDA" and "memcpy" not in e.name.lower()
+                         and "memset" not in e.name.lower()), key=lambda e: e.time_range.start)
+        return events
+
+    events, how = kernels_of(True), "replayed as its CUDA graph"
+    if not events:
+        events, how = kernels_of(False), "uncaptured (the profiler saw no kernel of the graph)"
+    out = {"how": how, "kernels": len(events) // repeats, "by_kernel": {}}
+    for e in events:
+        short = e.name.split("(")[0][:40]
+        out["by_kernel"][short] = out["by_kernel"].get(short, 0.0) + e.time_range.elapsed_us() / repeats
+    out["by_kernel"] = {k: round(v, 1) for k, v in sorted(out["by_kernel"].items(), key=lambda kv: -kv[1])}
+    out["total_us"] = round(sum(out["by_kernel"].values()), 1)
+    ours = [e for e in events if e.name in {k.name for k in modelled}]  # our Triton kernels, in launch order
+    per = len(ours) // repeats
+    if per != len(modelled):
+        out["gemms"] = f"the profiler saw {per} of our kernels a forward, the model {len(modelled)}: not matched"
+        return out
+    measured = [sorted(ours[r * per + i].time_range.elapsed_us() for r in range(repeats))[repeats // 2] for i in range(per)]
+    gemms: dict[str, dict] = {}
+    for k, us in zip(modelled, measured):  # each GEMM's measured read rate, the model's time beside
+        if k.name == "_linear":
+            g = gemms.setdefault(k.tag, {"us": 0.0, "modelled_us": 0.0, "bytes": 0, "n": 0})
+            g["us"] += us
+            g["modelled_us"] += 1000 * k.ms(gpu)
+            g["bytes"] += k.bytes
+            g["n"] += 1
+    out["gemms"] = {tag: {"us_each": round(g["us"] / g["n"], 1), "modelled_us_each": round(g["modelled_us"] / g["n"], 1),
+                          "GBps": round(g["bytes"] / (g["us"] * 1e-6) / 1e9, 1)} for tag, g in gemms.items()}
+    return out
+
+
+def timed_shapes(runners: dict, roofs, device: torch.device, context: int, widths: list[int], profile_widths=(1, 8, 64)) -> dict:
+    """T(W) of each model beside its floor and its modelled time (the GPU's measured roofs), the
+    same one-row forward uncaptured, and one forward taken apart at `profile_widths`."""
+    import gpu_model
+
+    from ygg_compile import profile as prof
+    from ygg_compile.roofline import model_costs, table
+
+    out = {}
+    gpu = {"read_GBps": roofs.bandwidth / 1e9, "TMACs": roofs.int8_peak / 1e12} if roofs else None
+    for role, runner in runners.items():
+        floor, runner.min_width = runner.min_width, 0  # each width as it is (a verify pads to the floor)
+        ms = prof.forward_times(runner, tuple(widths), context=context, repeats=10)
+        costs = model_costs(runner.model)
+        rows = table(costs, roofs, widths, [ms[w] for w in widths], context, gpu=device.type == "cuda") if roofs else []
+        if gpu is not None and device.type == "cuda":  # the model of the very kernels this forward runs
+            for row, m in zip(rows, gpu_model.modelled(runner.model, widths, context, gpu)):
+                row |= {"modelled_ms": m["modelled_ms"], "modelled_kernels": m["kernels"]}
+        graphs, runner.graphs = runner.graphs, None  # the same forward uncaptured, for comparison
+        plain = prof.forward_times(runner, (1,), context=context, repeats=5)[1]
+        runner.graphs, runner.min_width = graphs, floor
+        out[role] = {"weight_GB": round(costs.weight_bytes / 1e9, 3), "rows": rows, "T1_uncaptured_ms": round(plain, 3),
+                     "min_width": floor}
+        if device.type == "cuda" and gpu is not None:
+            out[role]["profile"] = {}
+            for w in profile_widths:
+                modelled = gpu_model.kernels(runner.model, w, context)[1:]  # our kernels (the embedding is aten's)
+                out[role]["profile"][w] = profile_forward(runner, w, context, modelled, gpu)
+    return out
+
+
+def ratios(models: dict, target: str, draft: str) -> dict:
+    t, d = models[target]["rows"], models[draft]["rows"]
+    if not (t and d):
+        return {}
+    by, dby = {r["width"]: r for r in t}, {r["width"]: r for r in d}
+    return {"target_T1_over_floor": by[1]["of_floor"], "target_T64_over_T1": by[64]["of_t1"] if 64 in by else None,
+            "draft_T1_over_target_T1": round(dby[1]["ms"] / by[1]["ms"], 3),
+            "draft_worst_TW_over_T1": max(r["of_t1"] for r in d)}
+
+
 def real_shapes(check: Check, device: torch.device, work: Path, shapes: dict, vocab: int, calibration: Path,
                 aot: bool) -> dict:
     import ygg_runtime
     from ygg_compile import profile as prof
-    from ygg_compile.roofline import model_costs, table
 
     dirs = random_pair(work / "real", shapes, device, vocab, tie=True)
     options = {"max_context": 1024, "quick": True, "aot": aot}
     if calibration.is_file():
         options["calibration_from"] = calibration
-    tiny = check.results.get("tiny pair", {})
-    if options["aot"] and tiny.get("aot_error"):  # the same export would fail again: no minute spent on it
-        options["aot"] = False
-    plan, aot_error = compile_pair(check, dirs, work / "real" / "artifact", device, **options)
-    aot_error = aot_error or (f"not tried: it failed on the tiny pair ({tiny['aot_error']})" if aot and not options["aot"]
-                              else None)
+    plan = compile_pair(dirs, work / "real" / "artifact", device, **options)
     dec = ygg_runtime.load(work / "real" / "artifact")
     roofs = plan.profile.roofline.roofs if plan.profile.roofline else None
     out = {"compile_s": plan.compile_seconds, "phases": plan.compile_phases, "calibration": plan.calibration.source,
-           "aot": plan.aot is not None, "aot_error": aot_error,
-           "row_check": {k: r.min_width for k, r in plan.exactness.items()}, "verdict": dec.verdict()[1], "models": {}}
+           "aot": plan.aot is not None, "aot_left_out": plan.aot_skipped,
+           "row_check": {k: r.min_width for k, r in plan.exactness.items()}, "verdict": dec.verdict()[1]}
     context = 64
-    for role, runner in dec.runners.items():
-        widths = [w for w in WIDTHS if w in plan.profile.widths]
-        floor, runner.min_width = runner.min_width, 0  # each width as it is (a verify pads to the floor)
-        ms = prof.forward_times(runner, tuple(widths), context=context, repeats=10)
-        costs = model_costs(runner.model)
-        rows = table(costs, roofs, widths, [ms[w] for w in widths], context, gpu=device.type == "cuda") if roofs else []
-        graphs, runner.graphs = runner.graphs, None  # the same forwards uncaptured, for comparison
-        plain = prof.forward_times(runner, (1,), context=context, repeats=5)[1]
-        runner.graphs, runner.min_width = graphs, floor
-        out["models"][role] = {"weight_GB": round(costs.weight_bytes / 1e9, 3), "rows": rows,
-                               "T1_uncaptured_ms": round(plain, 3), "min_width": floor}
-    t, d = out["models"]["target"]["rows"], out["models"]["draft"]["rows"]
-    if t and d:
-        by = {r["width"]: r for r in t}
-        out |= {"target_T1_over_floor": by[1]["of_floor"], "target_T64_over_T1": by[64]["of_t1"] if 64 in by else None,
-                "draft_T1_over_target_T1": round(d[0]["ms"] / t[0]["ms"], 3)}
+    widths = [w for w in WIDTHS if w in plan.profile.widths]
+    out["models"] = timed_shapes(dec.runners, roofs, device, context, widths)
+    out |= ratios(out["models"], "target", "draft")
     runner = dec.target
     base = prof.forward_times(runner, (1,), context=context, repeats=10)[1]
     runner.model.setup_cache(8 * runner.max_len)  # the same forward over a cache 8x larger
@@ -338,11 +515,116 @@ def real_shapes(check: Check, device: torch.device, work: Path, shapes: dict, vo
                        "step_ms": best.step_ms, "predictor": plan.planning.predictor.used}
     out["decode"] = decode_all(dec, [list(PROMPTS[0].encode())], 48, methods=("ar", "egt"))
     out |= forwards(dec)  # after the forwards ran: how many graphs they captured
-    wrong = [f"AOT compile: {aot_error}"] if aot_error else []
-    wrong += [] if out["decode"]["all_equal"] else [f"{out['decode']['equal']} greedy outputs = ar's"]
-    if wrong:
-        out["failed"] = "; ".join(wrong)
+    if not out["decode"]["all_equal"]:
+        out["failed"] = f"{out['decode']['equal']} greedy outputs = ar's"
     return out
+
+
+def seven_b(check: Check, device: torch.device, small: bool) -> dict:
+    """Random models of the seeds' pair (Llama-2-7B target, LLaMA-68M drafter) made on the device
+    and timed as forwards — no compile: T(W) beside the floor and the model."""
+    import gpu_model
+
+    from ygg_runtime.runner import ModelRunner
+
+    runners = {}
+    for role, name in (("target", "llama-2-7b"), ("draft", "llama-68m")):
+        shape = dict(gpu_model.SHAPES[name])
+        if small:
+            shape |= {"dim": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4, "head_dim": 32, "intermediate_size": 256,
+                      "vocab_size": 512}
+        model = gpu_model.model_of(shape, torch.bfloat16 if DTYPE == "bfloat16" else torch.float32, device=str(device))
+        with torch.no_grad():
+            g = torch.Generator(device=device).manual_seed(7)
+            for name_, t in model.named_parameters():
+                if name_.endswith("norm.weight"):
+                    t.fill_(1.0)
+                else:
+                    t.copy_(torch.randn(t.shape, generator=g, device=device) * 0.02)
+            d = model.args.head_dim
+            model.inv_freq.copy_(1.0 / 10000 ** (torch.arange(0, d, 2, device=device).float() / d))
+        runners[role] = ModelRunner(model, 1024)
+    roofs = check.results.get("machine", {}).get("roofs")
+    from ygg_compile.roofline import Roofs
+
+    roofs = Roofs(**roofs) if roofs else None
+    out = {"models": timed_shapes(runners, roofs, device, 64, list(WIDTHS), profile_widths=(1, 64))}
+    return out | ratios(out["models"], "target", "draft")
+
+
+START = """import sys, time
+t0 = time.time()
+import ygg_runtime, os, tempfile
+dec = ygg_runtime.load(sys.argv[1])
+loaded = time.time()
+if sys.argv[2] == "compile":  # every kernel compiled anew: Triton's cache pointed at an empty directory
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+dec.generate(list(b"def f(x):"), max_new_tokens=1, method="ar")
+print(round(loaded - t0, 2), round(time.time() - loaded, 2))
+"""
+
+
+def start(work: Path) -> dict:
+    """`ygg_runtime.load` then a first token, each in a fresh process (the tiny pair's artifact): the
+    first start on this machine (the artifact's compiled kernels copied to the user cache), the
+    second, and one with every kernel compiled anew (what the artifact's kernels save)."""
+    import os
+    import subprocess
+
+    artifact = work / "tiny" / "artifact"
+    if not artifact.is_dir():
+        return {"failed": "the tiny pair's artifact is not there (its section did not run)"}
+    env = {**os.environ, "YGG_CACHE": str(work / "start-cache"), "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    out = {}
+    for case, how in (("first start", "shipped"), ("second start", "shipped"), ("kernels compiled anew", "compile")):
+        t = time.time()
+        proc = subprocess.run([sys.executable, "-c", START, str(artifact), how], capture_output=True, text=True, env=env,
+                              timeout=300)
+        if proc.returncode != 0:
+            return {"failed": f"{case}: {(proc.stderr.strip().splitlines() or ['exit ' + str(proc.returncode)])[-1]}"}
+        load_s, first_token_s = map(float, proc.stdout.split()[-2:])
+        out[case] = {"process_s": round(time.time() - t, 2), "load_s": load_s, "first_token_s": first_token_s}
+    return out
+
+
+def aoti(work: Path) -> dict:
+    """benchmarks/aoti_load_probe.py: AOTInductor packages compiled, then loaded in fresh processes."""
+    import subprocess
+
+    report = work / "aoti.txt"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "aoti_load_probe.py"), "-o", str(report)],
+                          capture_output=True, text=True, timeout=400)
+    lines = report.read_text().splitlines() if report.is_file() else proc.stdout.splitlines()
+    return {"lines": lines, **({"failed": f"the probe itself: exit {proc.returncode}"} if proc.returncode else {})}
+
+
+def modelled() -> dict:
+    """T(W) of the four shapes on an H100 and an H200, modelled from the CUDA forward's own kernels
+    (benchmarks/gpu_model.py): a design weighed before a GPU is lent. Labelled modelled everywhere."""
+    import gpu_model
+
+    out = {}
+    for gpu in ("H100", "H200"):
+        for name in gpu_model.SHAPES:
+            r = gpu_model.table(name, gpu, [1, 8, 64], 64)
+            out[f"{name} on {gpu}"] = {"kernels_per_layer": r["kernels_per_layer"], "weight_GB": r["weight_GB"],
+                                       "rows": [{k: row[k] for k in ("width", "modelled_ms", "floor_ms", "of_floor", "kernels")}
+                                                for row in r["rows"]]}
+    return out
+
+
+def _rows_md(role: str, m: dict) -> list[str]:
+    lines = ["", f"**{role}** ({m['weight_GB']} GB of weights; uncaptured T(1) {m['T1_uncaptured_ms']} ms):", "",
+             "| W | ms | floor ms | × floor | T(W)/T(1) | modelled ms |", "|---|---|---|---|---|---|"]
+    lines += [f"| {x['width']} | {x['ms']} | {x['floor_ms']} | {x['of_floor']} | {x['of_t1']} | {x.get('modelled_ms', '-')} |"
+              for x in m["rows"]]
+    for w, prof in m.get("profile", {}).items():
+        lines += ["", f"{role}, one forward of {w} rows ({prof['how']}): {prof['kernels']} kernels, "
+                  f"{prof['total_us']} us of kernel time: " + ", ".join(f"{k} {v}" for k, v in list(prof["by_kernel"].items())[:6])]
+        if isinstance(prof.get("gemms"), dict):
+            lines += [f"- {tag}: {g['us_each']} us (modelled {g['modelled_us_each']}), {g['GBps']} GB/s" for tag, g in prof["gemms"].items()]
+    return lines
 
 
 def markdown(c: Check) -> str:
@@ -355,16 +637,37 @@ def markdown(c: Check) -> str:
              f"Read bandwidth {env.get('read_GBps')} GB/s, bf16 matmul {env.get('peak_TMACs')} T multiply-adds/s "
              "(measured here).", "", "| section | status | seconds |", "|---|---|---|"]
     lines += [f"| {name} | {v.get('status')} | {v.get('seconds', '')} |" for name, v in r.items()]
+    kern = r.get("kernels", {})
+    if isinstance(kern.get("attention", {}).get("us_per_layer"), dict):
+        lines += ["", "attention, us a layer call (bf16, 12 heads, 2 kv heads, head dim 128): " + ", ".join(
+            f"{k} {v['us']} ({v['GBps']} GB/s)" for k, v in kern["attention"]["us_per_layer"].items())]
+    if isinstance(kern.get("gemm", {}).get("timings"), dict):
+        lines += ["", f"GEMM rows that moved bits with the rows beside them: {kern['gemm']['moved_rows']}", "",
+                  "| linear | us | GB/s | of the read bandwidth | cuBLAS us (split-K allowed) |", "|---|---|---|---|---|"]
+        lines += [f"| {k} | {v['us']} | {v['GBps']} | {v['of_bandwidth']} | {v.get('cublas_us', '-')} |"
+                  for k, v in kern["gemm"]["timings"].items()]
     real = r.get("real shapes", {})
     for role, m in real.get("models", {}).items():
-        lines += ["", f"**{role}** ({m['weight_GB']} GB of weights; uncaptured T(1) {m['T1_uncaptured_ms']} ms):", "",
-                  "| W | ms | floor ms | × floor | T(W)/T(1) |", "|---|---|---|---|---|"]
-        lines += [f"| {x['width']} | {x['ms']} | {x['floor_ms']} | {x['of_floor']} | {x['of_t1']} |" for x in m["rows"]]
+        lines += _rows_md(role, m)
     if "egt_plan" in real:
         lines += ["", f"egt planned here: {real['egt_plan']}", "",
                   f"target T(1) / floor {real.get('target_T1_over_floor')}, T(64)/T(1) {real.get('target_T64_over_T1')}, "
-                  f"drafter T(1) / target T(1) {real.get('draft_T1_over_target_T1')}, T(1) over an 8x cache "
-                  f"{real.get('target_T1_cache_x8_over_T1')}×"]
+                  f"drafter T(1) / target T(1) {real.get('draft_T1_over_target_T1')}, drafter's worst T(W)/T(1) "
+                  f"{real.get('draft_worst_TW_over_T1')}, T(1) over an 8x cache {real.get('target_T1_cache_x8_over_T1')}×"]
+    seven = r.get("7B shapes", {})
+    for role, m in seven.get("models", {}).items():
+        lines += _rows_md(f"7B pair, {role}", m)
+    started = r.get("start", {})
+    if "first start" in started:
+        lines += ["", "start (tiny artifact, fresh process): " + ", ".join(
+            f"{k} {v['load_s']} s load + {v['first_token_s']} s first token" for k, v in started.items()
+            if isinstance(v, dict))]
+    for line in r.get("aoti", {}).get("lines", []):
+        lines.append(f"- aoti: {line}")
+    for name, m in r.get("modelled", {}).items():
+        if isinstance(m, dict) and "rows" in m:
+            lines += [f"- modelled, {name} ({m['weight_GB']} GB, {m['kernels_per_layer']} kernels a layer): " + ", ".join(
+                f"T({x['width']}) {x['modelled_ms']} ms = {x['of_floor']}x floor" for x in m["rows"])]
     return "\n".join(lines) + "\n"
 
 
@@ -376,8 +679,10 @@ def main() -> None:
     ap.add_argument("--calibration", type=Path, default=CALIBRATION)
     ap.add_argument("--small", action="store_true", help="tiny shapes instead of the real pair's (a smoke test)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--no-aot", action="store_true", help="compile no forwards ahead of time (the smoke test's)")
-    ap.add_argument("--only", help="run only these sections (comma-separated: machine, kernel, tiny, real)")
+    ap.add_argument("--no-aot", action="store_true", help="compile no forwards ahead of time (on a CPU: the smoke test's; "
+                    "CUDA artifacts have none)")
+    ap.add_argument("--only", help="run only these sections (comma-separated: machine, kernels, tiny, real, 7b, start, aoti, "
+                    "modelled)")
     ap.add_argument("--dtype", default=DTYPE, help="the artifacts' dtype")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="the random models' vocabulary (the real pair's: its "
                     "calibration's token ids must fit)")
@@ -389,18 +694,30 @@ def main() -> None:
     out = args.out or REPO / "benchmarks" / "results" / hardware.device_slug(args.device)
     out.mkdir(parents=True, exist_ok=True)
     check = Check(out, args.budget)
-    only = set(args.only.split(",")) if args.only else {"machine", "kernel", "tiny", "real"}
+    gpu = device.type == "cuda"
+    default = {"machine", "kernels", "tiny", "real", "7b", "start"} | ({"aoti"} if gpu else {"modelled"})
+    only = set(args.only.split(",")) if args.only else default
+    shapes = SMALL if args.small else REAL
     with tempfile.TemporaryDirectory(prefix="ygg-gpu-check-") as tmp:
         work = Path(tmp)
         if "machine" in only:
             check.run("machine", 30, machine, device)
-        if "kernel" in only:
-            check.run("attention kernel", 20, attention, device)
+        bandwidth = check.results.get("machine", {}).get("roofs", {}).get("bandwidth")
+        if "kernels" in only:
+            check.run("kernels", 40, kernels, device, shapes, bandwidth)
         if "tiny" in only:
-            check.run("tiny pair", 90, tiny_pair, check, device, work, not args.no_aot)
+            check.run("tiny pair", 60, tiny_pair, device, work, not args.no_aot)
         if "real" in only:
-            check.run("real shapes", 200, real_shapes, check, device, work, SMALL if args.small else REAL, args.vocab,
-                      args.calibration, not args.no_aot)
+            check.run("real shapes", 150, real_shapes, check, device, work, shapes, args.vocab, args.calibration,
+                      not args.no_aot)
+        if "7b" in only:
+            check.run("7B shapes", 60, seven_b, check, device, args.small)
+        if "start" in only:
+            check.run("start", 30, start, work)
+        if "aoti" in only:
+            check.run("aoti", 130, aoti, work)
+        if "modelled" in only:
+            check.run("modelled", 20, modelled)
     check.say(markdown(check))
     check.say(f"wrote {out}/gpu-check.json, .md, .log")
     sys.exit(0 if all(v.get("status") == "ok" for v in check.results.values()) else 1)

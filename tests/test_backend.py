@@ -302,3 +302,53 @@ def test_a_target_layer_on_the_cuda_ops_is_at_most_8_kernels(fast_attention):
     assert per_layer <= 8, two - one
     assert sum(one.values()) - per_layer <= 4, one
     assert not [k for k in two - one if k.startswith("aten.")], two - one  # nothing eager inside a layer
+
+
+def test_every_cuda_kernel_of_the_real_shapes_compiles_for_hopper_without_spilling(tmp_path):
+    """The CUDA forward of the 1.5B target's shape at 1 and 64 rows, recorded on meta tensors (no
+    GPU) and each distinct kernel compiled for sm_90 by Triton with its own ptxas: a kernel that
+    does not compile there, or spills registers, fails here, not in a GPU's 15 minutes."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "model.json"
+    repo = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(repo / "benchmarks" / "gpu_model.py"), "--models", "qwen2.5-1.5b",
+                           "--widths", "1,64", "--compile", "--json", str(out)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())[0]
+    assert result["kernels_per_layer"] == 8
+    compiled = result["compiled"]
+    assert {c["kernel"] for c in compiled} == {"_linear", "_attend", "_write_kv", "_rmsnorm", "_rope"}
+    assert all(c["spill_bytes"] == 0 and c["shared"] <= 227 * 1024 for c in compiled), compiled
+    t1, t64 = result["rows"]
+    assert t1["kernels"] == t64["kernels"] == 8 * 28 + 4  # the same kernels at every width
+
+
+def test_an_artifacts_triton_kernels_are_used_from_a_copy_made_once(tmp_path, monkeypatch):
+    """`ygg compile` on CUDA writes Triton's kernels into the artifact (`compiling_into`, which puts
+    Triton's cache back after); `ygg run` points Triton at a copy of them in the user cache, made
+    once (an artifact may be read-only, and Triton writes beside what it reads)."""
+    import os
+
+    from ygg_runtime.backend import gpu
+
+    monkeypatch.setenv("YGG_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv(gpu.TRITON_CACHE, "before")
+    shipped = tmp_path / "artifact" / "triton"
+    with gpu.compiling_into(shipped):
+        assert os.environ[gpu.TRITON_CACHE] == str(shipped)
+        (shipped / "abc").mkdir()
+        (shipped / "abc" / "_linear.cubin").write_bytes(b"kernel")
+    assert os.environ[gpu.TRITON_CACHE] == "before"
+    first = gpu.use_compiled(shipped, "triton/abc/_linear.cubin 1234")
+    assert os.environ[gpu.TRITON_CACHE] == str(first) and (first / "abc" / "_linear.cubin").read_bytes() == b"kernel"
+    (shipped / "abc" / "_linear.cubin").write_bytes(b"other")  # the same key: the copy is not made again
+    assert gpu.use_compiled(shipped, "triton/abc/_linear.cubin 1234") == first
+    assert (first / "abc" / "_linear.cubin").read_bytes() == b"kernel"
+    assert gpu.use_compiled(shipped, "triton/abc/_linear.cubin 5678") != first

@@ -20,11 +20,15 @@ def test_the_gpu_check_runs_every_section_on_small_shapes(artifact, tmp_path):
         capture_output=True, text=True, timeout=1500, env={**os.environ, "TRITON_INTERPRET": "1"})
     results = json.loads((tmp_path / "gpu-check.json").read_text())
     assert proc.returncode == 0, (proc.stdout[-3000:], (tmp_path / "gpu-check.log").read_text()[-3000:])
-    assert [name for name in results] == ["machine", "attention kernel", "tiny pair", "real shapes"]
+    assert [name for name in results] == ["machine", "kernels", "tiny pair", "real shapes", "7B shapes", "start", "modelled"]
     assert all(r["status"] == "ok" for r in results.values())
-    attention = results["attention kernel"]
+    attention = results["kernels"]["attention"]
     assert attention["bfloat16"]["row_bits_plain_eq_tree"] and attention["float32"]["row_bits_plain_eq_tree"]
     assert results["tiny pair"]["all_equal"]
+    assert [r["width"] for r in results["7B shapes"]["models"]["target"]["rows"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert set(results["start"]) >= {"first start", "second start", "kernels compiled anew"}
+    modelled = results["modelled"]["qwen2.5-1.5b on H200"]
+    assert modelled["kernels_per_layer"] == 8 and [r["width"] for r in modelled["rows"]] == [1, 8, 64]
     real = results["real shapes"]
     assert real["calibration"].startswith("calibration-from")
     assert [r["width"] for r in real["models"]["target"]["rows"]] == [1, 2, 4, 8, 16, 32, 64]

@@ -44,7 +44,7 @@ from ygg_runtime.integrity import file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, ExactnessRecord, KernelInfo,
-                              ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, WeightsInfo)
+                              ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, TritonKernels, WeightsInfo)
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.runner import ModelRunner
@@ -86,7 +86,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
         if interrupted.is_set():
             raise KeyboardInterrupt
 
-    with _interrupts() as interrupted, _staging(out) as tmp:
+    with _interrupts() as interrupted, _staging(out) as tmp, _kernels_into(tmp, device):
         b = _Build(opts, ui, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor, stored)
         try:
             for stage in (_resolve, _convert, _aot, _invariance, _profile, _calibrate, _plan):
@@ -96,6 +96,23 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
             if interrupted.is_set():  # a library turned our KeyboardInterrupt into an error of its own
                 raise KeyboardInterrupt from None  # (torch.export's fake tensors: a TypeError)
             raise
+
+
+TRITON_DIR = "triton"  # a CUDA artifact's compiled Triton kernels
+
+
+def _kernels_into(tmp: Path, device: str) -> contextlib.AbstractContextManager:
+    """On CUDA, Triton compiles the forward's kernels into the artifact (`gpu.compiling_into`)."""
+    return gpu.compiling_into(tmp / TRITON_DIR) if device.startswith("cuda") else contextlib.nullcontext()
+
+
+def _triton(tmp: Path) -> TritonKernels | None:
+    """What plan.yaml records of the artifact's Triton kernels (None: it has none)."""
+    if not (tmp / TRITON_DIR).is_dir():
+        return None
+    import triton  # (a CUDA build of torch brings it; a CPU compile never gets here)
+
+    return TritonKernels(TRITON_DIR, triton.__version__)
 
 
 def _checked(opts: CompileOptions) -> CompileOptions:
@@ -325,6 +342,7 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
         cache_slots=b.cache_slots,
         aot=b.aot_info,
         aot_skipped=b.aot_skipped,
+        triton=_triton(b.tmp),
         kernel=b.kernel,
         exactness=b.exact,
         method=opts.method,

@@ -75,6 +75,10 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     check_memory(directory, plan, device)
     if plan.kernel:
         native.load(native.build() if eager else directory / plan.kernel.file)
+    if plan.triton is not None and device.startswith("cuda") and not eager:  # its kernels, compiled: nothing compiles now
+        shipped = sorted(f"{name} {entry.sha256}" for name, entry in plan.files.items()
+                         if name.startswith(plan.triton.directory + "/"))
+        gpu.use_compiled(directory / plan.triton.directory, "\n".join(shipped))
     runners = {}
     for role in ("target", "draft"):
         if not (directory / role).is_dir():

@@ -112,6 +112,13 @@ class KernelInfo:
 
 
 @dataclass
+class TritonKernels:
+    """The CUDA backend's kernels as compiled for the artifact's GPU (Triton's cache, in the artifact)."""
+    directory: str
+    triton_version: str
+
+
+@dataclass
 class ExactnessRecord:
     """The compile-time row-invariance check of one forward kind (`ygg_compile.invariance`)."""
     min_width: int | None  # every target forward is padded to it; None: no width agreed
@@ -365,6 +372,9 @@ class Plan:
     gpu: GPUInfo | None = None  # the GPU of a --device cuda artifact (None: a CPU artifact)
     # why the compile left out the compiled forwards it was asked for (this torch could not load them)
     aot_skipped: str | None = None
+    # on CUDA: the directory of Triton kernels the compile compiled (`backend.gpu.compiling_into`) and
+    # the Triton that compiled them; `ygg run` on that GPU kind with that Triton compiles nothing
+    triton: TritonKernels | None = None
 
     def to_dict(self) -> dict:
         return plain(self)

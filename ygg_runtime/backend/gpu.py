@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import re
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+
+from ygg_runtime.files import cache_dir
 
 from ygg_runtime.machine import GPUInfo
 
@@ -84,3 +90,44 @@ def _driver_version() -> str:
         if out:
             return out[0]
     return "unknown"
+
+
+# Where Triton keeps the kernels it compiles (read when it compiles one, so settable at any time).
+TRITON_CACHE = "TRITON_CACHE_DIR"
+
+
+@contextlib.contextmanager
+def compiling_into(directory: Path) -> Iterator[None]:
+    """Triton's kernels compiled inside the block are written to `directory` (an artifact's, so that
+    `ygg run` on the same GPU kind and Triton finds them compiled: a start compiles nothing)."""
+    before = os.environ.get(TRITON_CACHE)
+    directory.mkdir(parents=True, exist_ok=True)
+    os.environ[TRITON_CACHE] = str(directory)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(TRITON_CACHE, None)
+        else:
+            os.environ[TRITON_CACHE] = before
+
+
+def use_compiled(directory: Path, key: str) -> Path:
+    """Point Triton's cache at the kernels an artifact carries (`compiling_into`): a copy of them in
+    the user cache, named by `key` (their hashes), since Triton writes beside what it reads and an
+    artifact may be read-only. Made once (a temporary copy renamed into place). Triton's own keys
+    include its version and the GPU's: kernels compiled by another Triton, or for another GPU, are
+    compiled again at first use, as without the cache."""
+    name = hashlib.sha256(key.encode()).hexdigest()[:16]
+    root = cache_dir() / "triton"
+    copy = root / name
+    if not copy.is_dir():
+        root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        shutil.copytree(directory, staging, dirs_exist_ok=True)
+        try:
+            os.rename(staging, copy)
+        except OSError:  # another process made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    os.environ[TRITON_CACHE] = str(copy)
+    return copy

@@ -41,11 +41,15 @@ BLOCK_N = 32  # visible keys per block, in position order
 SPLIT = 128  # visible keys per chunk: a row's keys are cut into chunks of this many, in position order
 PARTS = 16  # parts a row's chunks are dealt to (chunks v, v + PARTS, ... to part v: fixed, so a row's bits are its own)
 PROGRAMS = 256  # programs an attention call aims at: its parts run in W x KV x P programs, P <= PARTS
+# Launch options: 8 warps a program, no software pipelining of its gathered key loads (compiled for
+# sm_90 by Triton 3.9: 56 registers, no spills; 4 warps or 2+ stages spill). The warps fix how a
+# program's sums are laid out, so they are part of the arithmetic: constants, never a width's choice.
+WARPS, STAGES = 8, 1
 TREE_CHUNK = 32  # tree-window slots scanned at a time when a block reaches the row's tree keys
 MIN_DOT = 16  # tl.dot's smallest dimension: query heads and head dimensions are padded up to it
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer"])
 def _write_kv(k, v, cache, slots, layer, stride_kh, stride_kw, stride_vh, stride_vw, stride_cl, stride_c2,
               stride_ch, stride_cs, D: tl.constexpr, DP: tl.constexpr):
     """Program (w, h): row w's key and value of kv head h to slot slots[w] of the cache's layer."""
@@ -59,7 +63,7 @@ def _write_kv(k, v, cache, slots, layer, stride_kh, stride_kw, stride_vh, stride
     tl.store(base + stride_c2 + d, tl.load(v + h * stride_vh + w * stride_vw + d, mask=dm), mask=dm)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["layer", "T"])  # one kernel for every layer and tree window (Triton specialises 1)
 def _attend(q, cache, lo, hi, tree, out, part, count, layer, T, scale, stride_qh, stride_qw, stride_cl, stride_c2,
             stride_ch, stride_cs, stride_tw, stride_oh, stride_ow, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
             DP: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr):
@@ -184,7 +188,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots:
         q, cache, lo, hi, tree, out, part, counters if counters is not None else lo, layer, tree.shape[1], dim ** -0.5,
         q.stride(1), q.stride(2), cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3), tree.stride(0),
         out.stride(1), out.stride(2), G=heads // kv, GP=gp, D=dim, DP=dp, BLOCK=BLOCK_N, CHUNK=TREE_CHUNK,
-        SPLIT=SPLIT, PARTS=parts)
+        SPLIT=SPLIT, PARTS=parts, num_warps=WARPS, num_stages=STAGES)
     return out
 
 

@@ -24,7 +24,7 @@ from ygg_runtime.backend.triton_linear import _DTYPES, as_dtype, to_dtype
 ROWS = 4  # rows a program normalises
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one kernel for every number of rows (Triton specialises 1)
 def _rmsnorm(x, weight, out, M, N, eps, stride_xm, stride_om, DTYPE: tl.constexpr, ROWS: tl.constexpr,
              BLOCK: tl.constexpr):
     """Program i: rows i·ROWS .. (i+1)·ROWS - 1, each normalised over its N values."""
@@ -38,7 +38,7 @@ def _rmsnorm(x, weight, out, M, N, eps, stride_xm, stride_om, DTYPE: tl.constexp
     tl.store(out + m[:, None] * stride_om + n[None, :], (w[None, :] * h).to(out.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W"])
 def _rope(positions, inv_freq, cos, sin, W, HALF, scaling, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
     """Program w: row w's cos and sin of position x frequency, for the HALF frequencies."""
     w = tl.program_id(0)
