@@ -251,7 +251,7 @@ def gemm_check(device: torch.device, shapes: dict, bandwidth: float | None) -> d
                           torch.randn(m, hd // 2, device=device, dtype=torch.bfloat16), hd // 2,
                           shapes[role]["num_attention_heads"] + shapes[role]["num_key_value_heads"])
         counters = cuda.OPS.counters(device, triton_linear.counters_needed(n, k, x.shape[-2], paired=epi != 0))
-        return triton_linear.linear(x, w, counters, **kw)
+        return triton_linear.linear(x, w, counters, invariant=role == "target", **kw)  # a drafter's: free splits
 
     weights = {}
     for role, layers in linear_shapes(shapes).items():
@@ -456,8 +456,9 @@ def timed_shapes(runners: dict, roofs, device: torch.device, context: int, width
         ms = prof.forward_times(runner, tuple(widths), context=context, repeats=10)
         costs = model_costs(runner.model)
         rows = table(costs, roofs, widths, [ms[w] for w in widths], context, gpu=device.type == "cuda") if roofs else []
+        invariant = role == "target"  # a drafter's linears split as suits its rows (`backend.for_device`)
         if gpu is not None and device.type == "cuda":  # the model of the very kernels this forward runs
-            for row, m in zip(rows, gpu_model.modelled(runner.model, widths, context, gpu)):
+            for row, m in zip(rows, gpu_model.modelled(runner.model, widths, context, gpu, invariant=invariant)):
                 row |= {"modelled_ms": m["modelled_ms"], "modelled_kernels": m["kernels"]}
         graphs, runner.graphs = runner.graphs, None  # the same forward uncaptured, for comparison
         plain = prof.forward_times(runner, (1,), context=context, repeats=5)[1]
@@ -467,7 +468,7 @@ def timed_shapes(runners: dict, roofs, device: torch.device, context: int, width
         if device.type == "cuda" and gpu is not None:
             out[role]["profile"] = {}
             for w in profile_widths:
-                modelled = gpu_model.kernels(runner.model, w, context)[1:]  # our kernels (the embedding is aten's)
+                modelled = gpu_model.kernels(runner.model, w, context, invariant=invariant)[1:]  # ours (not aten's embedding)
                 out[role]["profile"][w] = profile_forward(runner, w, context, modelled, gpu)
     return out
 
@@ -525,6 +526,7 @@ def seven_b(check: Check, device: torch.device, small: bool) -> dict:
     and timed as forwards — no compile: T(W) beside the floor and the model."""
     import gpu_model
 
+    from ygg_runtime import backend
     from ygg_runtime.runner import ModelRunner
 
     runners = {}
@@ -543,6 +545,8 @@ def seven_b(check: Check, device: torch.device, small: bool) -> dict:
                     t.copy_(torch.randn(t.shape, generator=g, device=device) * 0.02)
             d = model.args.head_dim
             model.inv_freq.copy_(1.0 / 10000 ** (torch.arange(0, d, 2, device=device).float() / d))
+        if role == "draft":
+            model.ops = backend.for_device(device, invariant=False)
         runners[role] = ModelRunner(model, 1024)
     roofs = check.results.get("machine", {}).get("roofs")
     from ygg_compile.roofline import Roofs

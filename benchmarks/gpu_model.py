@@ -59,6 +59,9 @@ SHAPES = {
 }
 
 
+DRAFTERS = {"qwen2.5-0.5b", "llama-68m"}  # modelled on the drafter's ops (free K splits: `backend.for_device`)
+
+
 @dataclass
 class Kernel:
     """One launch of a forward: what it moves and multiplies."""
@@ -195,16 +198,16 @@ def forward_args(model, width: int, context: int, device) -> tuple:
 
 
 @torch.inference_mode()
-def kernels(model, width: int, context: int, recorder: Recorder | None = None) -> list[Kernel]:
-    """The kernels of one forward of `width` rows on the CUDA ops, in launch order: recorded on the
-    model's own device (meta: nothing runs)."""
+def kernels(model, width: int, context: int, recorder: Recorder | None = None, invariant: bool = True) -> list[Kernel]:
+    """The kernels of one forward of `width` rows on the CUDA ops (invariant=False: a drafter's),
+    in launch order: recorded on the model's own device (meta: nothing runs)."""
     from ygg_runtime.backend import cuda
 
     if model.kv is None or model.kv.data.shape[3] < context + width + 64:
         model.setup_cache(context + width + 64)
     recorder = recorder or Recorder()
     start = len(recorder.launches)
-    ops, model.ops = model._ops, cuda.OPS
+    ops, model.ops = model._ops, cuda.OPS if invariant else cuda.FREE
     try:
         with recorder:
             model(*forward_args(model, width, context, model.device))
@@ -218,13 +221,14 @@ def kernels(model, width: int, context: int, recorder: Recorder | None = None) -
     return out
 
 
-def modelled(model, widths: list[int], context: int, gpu: dict, recorder: Recorder | None = None) -> list[dict]:
+def modelled(model, widths: list[int], context: int, gpu: dict, recorder: Recorder | None = None,
+             invariant: bool = True) -> list[dict]:
     """Each width's modelled T(W) of `model` (meta tensors, or a GPU's: nothing is launched) on a
     GPU of roofs `gpu` ({"read_GBps", "TMACs"}), beside its weight-stream floor."""
     recorder = recorder or Recorder()
     rows = []
     for w in widths:
-        ks = kernels(model, w, context, recorder)
+        ks = kernels(model, w, context, recorder, invariant)
         floor_ms = sum(k.weight_bytes for k in ks) / (gpu["read_GBps"] * 1e9) * 1e3
         ms = sum(k.ms(gpu) for k in ks)
         by: dict[str, float] = {}
@@ -243,7 +247,7 @@ def table(name: str, gpu_name: str, widths: list[int], context: int, compile_for
     gpu = GPUS[gpu_name]
     model = model_of(SHAPES[name])
     recorder = Recorder(compile_for=compile_for)
-    rows = modelled(model, widths, context, gpu, recorder)
+    rows = modelled(model, widths, context, gpu, recorder, invariant=name not in DRAFTERS)
     one_layer = len(kernels(model_of({**SHAPES[name], "n_layers": 1}), 1, context))
     per_layer = (len(kernels(model, 1, context)) - one_layer) // (model.args.n_layers - 1)
     return {"model": name, "gpu": gpu_name, "gpu_roofs": gpu, "context": context, "weight_GB": rows[0]["weight_GB"],

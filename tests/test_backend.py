@@ -129,7 +129,7 @@ def test_the_row_test_sees_a_split_that_follows_the_width(rowwise_dot, monkeypat
 
     def by_width(x, w):
         splits = 1 + x.shape[-2] % chosen.splits
-        monkeypatch.setattr(triton_linear, "tiling", lambda n, k: triton_linear.Tiling(chosen.bn, chosen.bk, splits))
+        monkeypatch.setattr(triton_linear, "tiling", lambda n, k, width=None: triton_linear.Tiling(chosen.bn, chosen.bk, splits))
         return run(x, w)
 
     assert moved_rows(96, 1000, torch.float32, by_width) != []
@@ -141,7 +141,7 @@ def test_the_reference_tells_another_split_apart(monkeypatch):
     x, w, _ = product(3, 96, 1000, torch.float32)
     ours = reference(x, w)
     t = tiling(96, 1000)
-    monkeypatch.setattr(triton_linear, "tiling", lambda n, k: triton_linear.Tiling(t.bn, t.bk, t.splits // 2))
+    monkeypatch.setattr(triton_linear, "tiling", lambda n, k, width=None: triton_linear.Tiling(t.bn, t.bk, t.splits // 2))
     assert not torch.equal(reference(x, w), ours)
     assert torch.allclose(reference(x, w), ours, atol=1e-5)
 
@@ -152,6 +152,20 @@ def test_the_tiling_is_the_weights_and_spreads_a_one_row_product():
         t = tiling(n, k)
         assert t.splits > 1 and t.programs(n) >= triton_linear.PROGRAMS // 2
     assert tiling(151_936, 1536).splits == 1  # the head has columns enough
+
+
+def test_a_drafters_splits_follow_its_rows_and_its_forward_is_the_same_model(fast_attention):
+    """Free splits (a drafter's: only proposes): as many as the invariant ones at one row, fewer as
+    the rows grow (their float32 partial sums kept within a quarter of the weight's bytes); the
+    drafter's ops on CUDA compute the same model; on a CPU there is one set of ops."""
+    assert tiling(1536, 8960, width=1) == tiling(1536, 8960)
+    assert tiling(1536, 8960, width=64).splits < tiling(1536, 8960).splits
+    assert tiling(896, 896, width=64).splits == 1
+    model = tiny_model(torch.float32, layers=1)
+    tokens = list(range(5, 12))
+    here = logits_of(model, cuda.OPS, tokens)
+    assert (logits_of(model, cuda.FREE, tokens) - here).abs().max() < 1e-4 * here.abs().max()
+    assert backend.for_device("cpu", invariant=False) is backend.for_device("cpu")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -566,7 +566,8 @@ def _convert_model(src: sources.ModelSource, role: str, dtype: torch.dtype, out:
 
 
 def _load_runners(tmp: Path, device: str, cache_slots: int) -> dict:
-    return {role: ModelRunner(load_model(tmp / role, device), cache_slots) for role in ("target", "draft")}
+    return {role: ModelRunner(load_model(tmp / role, device, invariant=role == "target"), cache_slots)
+            for role in ("target", "draft")}
 
 
 def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, seconds: dict[str, float],
@@ -621,7 +622,7 @@ def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCode
             del state
             if models["draft"].weights.kind != "float":
                 models["draft"].weights.bytes += after - before
-            runners["draft"] = ModelRunner(load_model(tmp / "draft", draft.device), draft.max_len)
+            runners["draft"] = ModelRunner(load_model(tmp / "draft", draft.device, invariant=False), draft.max_len)
             ui.note(f"drafter head: {choice.rows} of {choice.vocab} tokens ({choice.why})")
     return {"rows": choice.rows, "vocab": choice.vocab, "why": choice.why, "candidates": choice.table}
 

@@ -83,7 +83,8 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
     for role in ("target", "draft"):
         if not (directory / role).is_dir():
             continue
-        runner = runners[role] = ModelRunner(load_model(directory / role, device), plan.cache_slots)
+        runner = runners[role] = ModelRunner(load_model(directory / role, device, invariant=role == "target"),
+                                             plan.cache_slots)
         runner.widths = tuple(plan.profile.compiled_widths(role))
         if aot is not None:
             runner.compiled = CompiledForward(directory / role / aot.package, runner.model, aot.min_width.get(role, 1))

@@ -215,13 +215,17 @@ def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the stat
     return model.eval().requires_grad_(False)
 
 
-def load_model(directory: Path, device: str | torch.device = "cpu") -> Transformer:
+def load_model(directory: Path, device: str | torch.device = "cpu", invariant: bool = True) -> Transformer:
     """Load a converted model (config.json + model.safetensors) without unpickling anything. On a
     CPU whose process has the native kernels loaded, the large tensors go to memory backed by huge
-    pages (`native.huge_copy`: every forward streams them)."""
+    pages (`native.huge_copy`: every forward streams them). invariant=False: a drafter, whose rows
+    need not keep their bits across widths (`backend.for_device`)."""
     directory = Path(directory)
     args = ModelArgs.load(directory / "config.json")
     state = load_file(str(directory / "model.safetensors"), device=str(device))
     if torch.device(device).type == "cpu" and native.loaded() is not None:
         state = {name: native.huge_copy(t) for name, t in state.items()}
-    return from_state(args, state, str(directory))
+    model = from_state(args, state, str(directory))
+    if not invariant:
+        model.ops = backend.for_device(device, invariant=False)
+    return model

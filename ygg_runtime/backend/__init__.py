@@ -40,18 +40,21 @@ CUDA_SOURCES = ("cuda.py", "triton_attention.py", "triton_linear.py", "triton_ro
 
 
 @functools.cache
-def _for(kind: str) -> Ops:
+def _for(kind: str, invariant: bool) -> Ops:
     if kind == "cuda":
         from ygg_runtime.backend import cuda  # Triton, which a CUDA build of torch brings, imported on a GPU only
 
-        return cuda.OPS
+        return cuda.OPS if invariant else cuda.FREE
     return cpu.CpuOps()
 
 
-def for_device(device: torch.device | str) -> Ops:
+def for_device(device: torch.device | str, invariant: bool = True) -> Ops:
     """The ops of a forward on `device` (every device kind but CUDA runs the CPU's composition:
-    the meta and fake tensors of tracing, too)."""
-    return _for("cuda" if torch.device(device).type == "cuda" else "cpu")
+    the meta and fake tensors of tracing, too). invariant=False: for a model whose rows need not
+    keep their bits across widths — a drafter's, which only proposes — where a device has faster
+    ops that do not (CUDA's linears split their sums by the rows too); the CPU's are the same."""
+    kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    return _for(kind, invariant or kind == "cpu")
 
 
 def version(device: str = "cpu") -> str:

@@ -35,10 +35,15 @@ COUNTERS = 1 << 16  # int32 counters kept per device at first (grown when a forw
 
 
 class CudaOps(Ops):
+    """invariant=False: the linears' K splits may follow the rows (`triton_linear.tiling`), for a
+    model whose rows decide nothing alone — the drafter's (its one-row and its 64-row forwards then
+    both split as suits them); the counters are shared with the invariant instance's."""
+
     name = "cuda"
 
-    def __init__(self):
-        self._counters: dict[torch.device, Tensor] = {}
+    def __init__(self, invariant: bool = True, counters: dict | None = None):
+        self.invariant = invariant
+        self._counters: dict[torch.device, Tensor] = {} if counters is None else counters
 
     def counters(self, device: torch.device, n: int) -> Tensor:
         """At least n int32 zeros on `device`, which the kernels leave zero (module docstring)."""
@@ -69,7 +74,7 @@ class CudaOps(Ops):
         cos, sin = rope
         out = triton_linear.linear(x, weight, self.counters(x.device, triton_linear.counters_needed(
             weight.shape[0], weight.shape[1], b * w, paired=True)), bias=layer.bias, epilogue=triton_linear.ROPE,
-            rope=(cos, sin, head_dim // 2, heads + kv_heads))
+            rope=(cos, sin, head_dim // 2, heads + kv_heads), invariant=self.invariant)
         q, k, v = out.view(b, w, heads + 2 * kv_heads, head_dim).transpose(1, 2).split([heads, kv_heads, kv_heads], dim=1)
         return q, k, v
 
@@ -82,13 +87,14 @@ class CudaOps(Ops):
         weight = self._weight(layer)
         rows = x.numel() // x.shape[-1]
         return triton_linear.linear(x, weight, self.counters(x.device, triton_linear.counters_needed(*weight.shape, rows)),
-                                    bias=layer.bias, residual=residual)
+                                    bias=layer.bias, residual=residual, invariant=self.invariant)
 
     def gated(self, x: Tensor, layer: nn.Module) -> Tensor:
         weight = self._weight(layer)
         rows = x.numel() // x.shape[-1]
         need = triton_linear.counters_needed(*weight.shape, rows, paired=True)
-        return triton_linear.linear(x, weight, self.counters(x.device, need), epilogue=triton_linear.GATED)
+        return triton_linear.linear(x, weight, self.counters(x.device, need), epilogue=triton_linear.GATED,
+                                    invariant=self.invariant)
 
     def logits(self, h: Tensor, layer: nn.Module, heads: Tensor | None) -> Tensor:
         weight = self._weight(layer)
@@ -96,11 +102,12 @@ class CudaOps(Ops):
         rows = heads if heads is not None else torch.arange(w, device=h.device)
         need = triton_linear.counters_needed(*weight.shape, rows.numel())
         out = triton_linear.linear(h.view(b * w, dim), weight, self.counters(h.device, need), rows=rows,
-                                   out_dtype=torch.float32)
+                                   out_dtype=torch.float32, invariant=self.invariant)
         return out.view(b, rows.numel(), weight.shape[0])
 
 
-OPS = CudaOps()  # the one instance: its counters are the device's (`backend.for_device`)
+OPS = CudaOps()  # the invariant ops (a target's) and a drafter's, one set of counters a device (`backend.for_device`)
+FREE = CudaOps(invariant=False, counters=OPS._counters)
 
 
 def _attention_kernel(q: Tensor, k: Tensor, v: Tensor, cache: Tensor, layer: int, slots: Tensor, lo: Tensor, hi: Tensor,

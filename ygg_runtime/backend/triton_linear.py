@@ -70,13 +70,18 @@ class Tiling:
         return triton.cdiv(n, self.bn) * self.splits
 
 
-def tiling(n: int, k: int) -> Tiling:
+def tiling(n: int, k: int, width: int | None = None) -> Tiling:
     """The tiling of an [n, k] product (n: output columns, or column pairs): from the weight's
-    shape alone, so every forward of every width cuts a row's sum the same way."""
+    shape alone, so every forward of every width cuts a row's sum the same way. width (the rows of
+    a product), for a model that needs no row invariance (a drafter: only the target's rows decide
+    the output): the splits also fall as the rows grow, so that the float32 partial sums (2 x splits
+    x rows x n x 4 bytes) stay within a quarter of the weight's own bytes — other bits at other widths."""
     bn = max(16, min(BN, triton.next_power_of_2(n)))
     bk = max(16, min(BK, triton.next_power_of_2(k)))
     blocks = triton.cdiv(k, bk)
     splits = max(1, min(blocks, triton.cdiv(PROGRAMS, triton.cdiv(n, bn))))
+    if width is not None:
+        splits = max(1, min(splits, k // (16 * max(width, 1))))
     per = triton.cdiv(blocks, splits)
     return Tiling(bn, bk, triton.cdiv(blocks, per))  # no split left empty
 
@@ -203,11 +208,12 @@ def counters_needed(n: int, k: int, rows: int, paired: bool = False) -> int:
 
 def linear(x: Tensor, weight: Tensor, counters: Tensor, *, bias: Tensor | None = None, residual: Tensor | None = None,
            epilogue: int = PLAIN, rows: Tensor | None = None, rope: tuple[Tensor, Tensor, int, int] | None = None,
-           out_dtype: torch.dtype | None = None) -> Tensor:
+           out_dtype: torch.dtype | None = None, invariant: bool = True) -> Tensor:
     """x [..., K] times weight [N, K]ᵀ with the epilogue (module docstring) -> [..., N] (GATED:
     [..., N / 2]; rows [R] given: only those rows of x, [R, N]). counters: int32 zeros, at least
-    `counters_needed` of them (the kernel leaves them zero). rope: (cos, sin [rows, head_dim] in
-    the model's dtype, head_dim / 2, the rotated heads' count). out_dtype: float32 for logits."""
+    `counters_needed` of them (the kernel leaves them zero). rope: (cos, sin [rows, head_dim / 2]
+    in the model's dtype, head_dim / 2, the rotated heads' count). out_dtype: float32 for logits.
+    invariant=False: the splits may follow the rows (`tiling`: a drafter's)."""
     k = x.shape[-1]
     flat = x.reshape(-1, k)
     if flat.stride(-1) != 1:
@@ -221,7 +227,7 @@ def linear(x: Tensor, weight: Tensor, counters: Tensor, *, bias: Tensor | None =
     if m == 0:
         return out
     tl_dtype = _DTYPES[x.dtype]
-    t = tiling(nj, k)
+    t = tiling(nj, k, None if invariant else m)
     blocks_m = triton.cdiv(m, BM)
     need = triton.cdiv(nj, t.bn) * blocks_m
     if t.splits > 1 and counters.numel() < need:
