@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ygg_runtime import backend
 from ygg_runtime.backend import cpu, cuda, triton_attention, triton_linear, triton_rowwise
-from ygg_runtime.backend.triton_linear import GATED, PLAIN, ROPE, linear, reference, tiling
+from ygg_runtime.backend.triton_linear import GATED, ROPE, linear, reference, tiling
 
 DTYPES = [torch.float32, torch.bfloat16]
 

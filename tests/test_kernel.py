@@ -1,4 +1,4 @@
-"""The row-invariant attention kernel (ygg_runtime/csrc/attention.cpp): right against a plain
+"""The row-invariant attention kernel (ygg_runtime/backend/csrc/attention.cpp): right against a plain
 float64 reference, and a row's bits independent of everything but its own query and visible keys."""
 
 import os

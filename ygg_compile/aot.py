@@ -10,7 +10,7 @@ as one static graph per width (W = 4: 197 vs 204 ms, W = 16: 312 vs 322, W = 64:
 context 64; within 2 % at context 1000), compiles once (≈50 s) instead of once per width (≈35 s
 each), and covers the prompt's prefill chunks too. Width 1 joins the dynamic range because export
 is told not to specialise sizes of 1 (`backed_size_oblivious`); it measured 187 vs 225 ms eager.
-What a row sees is given as its prefix range and tree window (`ygg_runtime.backend.native.attention`), not
+What a row sees is given as its prefix range and tree window (`ygg::attention`: `ygg_runtime.backend`), not
 as a mask over the cache: a mask over the whole cache made every forward attend to every slot (slower
 than eager at a 2 k-slot cache), and the cache `ygg serve` sizes by memory holds tens of thousands.
 """
@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import warnings
 from collections.abc import Callable

@@ -4,9 +4,10 @@ token bitwise the same, whatever else the forward holds?
 Greedy speculative decoding is exact only if a tree verify gives every accepted token the very
 logits plain decoding gives it: one flipped bit can flip a near-tie. That holds when a row's
 result does not depend on the forward around it: its width, the rows beside it, where its
-ancestors sit among the tree's slots, where its sequence sits in the cache. Our attention kernel is built that way
-(`ygg_runtime.backend.native`), but the matmuls and the compiled graph's fused kernels are the
-machine's: bf16 `F.linear` takes a gemv path for one row, for instance. So this module measures.
+ancestors sit among the tree's slots, where its sequence sits in the cache. Our attention kernels are built that
+way, and on CUDA every kernel of the forward (`ygg_runtime.backend`), but on a CPU the matmuls and the compiled
+graph's fused kernels are the machine's: bf16 `F.linear` takes a gemv path for one row, for instance. And a
+kernel's construction is a claim its bits on this machine must bear out. So this module measures.
 
 For a few contexts (short, middling and long: the kernel's 16-slot blocks fall differently), a probe
 chain x → y → z is run (1) as plain decoding runs it, one token per forward padded with dummies to

@@ -16,7 +16,7 @@ follows its target's chunks a step behind, in the drafting forwards, and only wh
 drafts, so a request that never drafts never runs the drafter at all.
 
 Why a member's greedy output is what it gets alone: the target's kernels compute every row from
-its own query and visible keys only (`ygg_runtime.backend.native`), regions need no alignment, a prompt
+its own query and visible keys only (`ygg_runtime.backend`), regions need no alignment, a prompt
 is run in forwards of at most MAX_ROWS alone too (`runner.PREFILL_CHUNK`), and a
 batched forward is never wider than `MAX_ROWS`, the widest the compile-time row check covers, nor
 narrower than the exactness floor, and always at a compiled width (its padding rows go to slots the

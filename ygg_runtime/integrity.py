@@ -10,7 +10,6 @@ and whether its weights fit in the memory left.
 from __future__ import annotations
 
 import json
-import os
 import platform
 from pathlib import Path
 

@@ -8,7 +8,7 @@ tree slots its mask row allows. A runner made by `region()` shares its model and
 it came from: several sequences, each in its own region, decode together, and `forward_many` runs
 their trees in one forward whose mask keeps every row inside its own sequence (`ygg_runtime.batch`).
 Regions need no alignment: the attention kernel reads a row's visible slots in slot order, so a
-row's result does not depend on where its region starts (`ygg_runtime.backend.native`), and a region can
+row's result does not depend on where its region starts (`ygg_runtime.backend`), and a region can
 move (`move_to`): its rows are copied, never recomputed.
 """
 
