@@ -132,16 +132,16 @@ def test_auto_weights_keep_the_targets_file_numbers_and_put_the_drafter_at_four_
     from ygg_compile import build
 
     gguf, checkpoint = SimpleNamespace(gguf="model.gguf"), SimpleNamespace(gguf=None)
-    monkeypatch.setattr(build.kernels, "qlinear_path", lambda: "avx512-vnni")
+    monkeypatch.setattr(build.native, "qlinear_path", lambda: "avx512-vnni")
     assert build._weights("auto", gguf, "cpu", "target") == "int8"
     assert build._weights("auto", gguf, "cpu", "draft") == "int4"
     assert build._weights("auto", checkpoint, "cpu", "draft") == "float"
     assert build._weights("auto", gguf, "cuda", "target") == "float"
     assert build._weights("bf16", gguf, "cpu", "draft") == "float"
-    monkeypatch.setattr(build.kernels, "qlinear_path", lambda: "avx2")
+    monkeypatch.setattr(build.native, "qlinear_path", lambda: "avx2")
     assert build._weights("auto", gguf, "cpu", "target") == "int8"
     assert build._weights("auto", gguf, "cpu", "draft") == "int4"
-    monkeypatch.setattr(build.kernels, "qlinear_path", lambda: "portable")
+    monkeypatch.setattr(build.native, "qlinear_path", lambda: "portable")
     assert build._weights("auto", gguf, "cpu", "target") == "float"
 
 
@@ -307,9 +307,9 @@ def test_a_profile_timed_on_another_kernel_path_is_not_reused(monkeypatch):
 
     formats = {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15}
     here = profile.fingerprint("cpu", "aot", formats)
-    assert here["qlinear_path"] == profile.kernels.qlinear_path()
+    assert here["qlinear_path"] == profile.native.qlinear_path()
     other = "amx" if here["qlinear_path"] != "amx" else "avx512-vnni"
-    monkeypatch.setattr(profile.kernels, "qlinear_path", lambda: other)
+    monkeypatch.setattr(profile.native, "qlinear_path", lambda: other)
     assert profile.fingerprint("cpu", "aot", formats) != here
 
 
