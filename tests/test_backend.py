@@ -40,14 +40,15 @@ def rowwise_dot(monkeypatch):
     other bits at another position of the same matrix (measured: row 9 of 64 against the same row
     at 1, 7e-7 apart in float32) — which a GPU's MMA does not (each element's products summed by the
     same unit wherever its row is: the H200's row check passes with cuBLAS at every width). With
-    this fixture the interpreter multiplies row by row, so a test can see whether the *kernel* lets
-    a row's arithmetic depend on the rows beside it."""
+    this fixture the interpreter multiplies with einsum's own loop, each element summed the same way
+    wherever its row is, so a test can see whether the *kernel* lets a row's arithmetic depend on
+    the rows beside it."""
     import numpy as np
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
 
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        rows = np.stack([np.matmul(a.data[i : i + 1], b.data, dtype=d.data.dtype)[0] for i in range(a.data.shape[0])])
-        return TensorHandle(rows + d.data, d.dtype.scalar)
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):  # einsum's C loop: no BLAS
+        return TensorHandle(np.einsum("ik,kj->ij", a.data.astype(d.data.dtype), b.data.astype(d.data.dtype)) + d.data,
+                            d.dtype.scalar)
 
     monkeypatch.setattr(InterpreterBuilder, "create_dot", create_dot)
 
@@ -366,3 +367,22 @@ def test_an_artifacts_triton_kernels_are_used_from_a_copy_made_once(tmp_path, mo
     assert gpu.use_compiled(shipped, "triton/abc/_linear.cubin 1234") == first
     assert (first / "abc" / "_linear.cubin").read_bytes() == b"kernel"
     assert gpu.use_compiled(shipped, "triton/abc/_linear.cubin 5678") != first
+
+
+def test_every_method_on_the_cuda_ops_gives_plain_decodings_tokens(artifact, fast_attention, rowwise_dot):
+    """The whole runtime on the CUDA backend's kernels (under Triton's interpreter, CPU tensors):
+    the tiny pair's artifact loaded eager, its target on the invariant CUDA ops and its drafter on
+    the free ones, as `ygg run --device cuda` would run them; every method's greedy tokens are
+    `ar`'s on the same ops (egt's: its drafter's rounds, tree verifies, the chain and pld's forwards
+    are the same shapes), and seeded sampling gives `ar`'s too."""
+    import ygg_runtime
+
+    dec = ygg_runtime.load(artifact, eager=True)
+    dec.target.model.ops, dec.runners["draft"].model.ops = cuda.OPS, cuda.FREE
+    prompt = list(b"def f(x):")
+    ar = dec.generate(prompt, max_new_tokens=6, method="ar")
+    assert len(ar.token_ids) == 6
+    egt = dec.generate(prompt, max_new_tokens=6, method="egt")
+    assert egt.token_ids == ar.token_ids and max(egt.accepted_lengths) > 1  # trees verified, tokens accepted
+    sampled = dec.generate(prompt, max_new_tokens=6, method="ar", temperature=0.8, seed=3).token_ids
+    assert dec.generate(prompt, max_new_tokens=6, method="egt", temperature=0.8, seed=3).token_ids == sampled
