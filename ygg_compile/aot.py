@@ -30,8 +30,7 @@ import torch
 
 from ygg_runtime.backend import native
 from ygg_runtime.compiled import GRAPH, MAX_WIDTH
-from ygg_runtime.files import write_atomic
-from ygg_runtime.files import cache_dir
+from ygg_runtime.files import cache_dir, write_atomic
 from ygg_runtime.machine import cpu_flags
 from ygg_runtime.model import Transformer
 

@@ -38,8 +38,7 @@ from ygg_runtime.backend import gpu, native
 from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line, out_of_space
-from ygg_runtime.files import locked
-from ygg_runtime.files import cache_dir
+from ygg_runtime.files import cache_dir, locked
 from ygg_runtime.integrity import file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params

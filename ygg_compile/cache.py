@@ -15,8 +15,7 @@ from pathlib import Path
 from ygg_compile.aot import GRAPHS
 from ygg_compile.sources import CONVERSIONS, SOURCE_FILE
 from ygg_runtime.errors import YggError
-from ygg_runtime.files import locked
-from ygg_runtime.files import cache_dir
+from ygg_runtime.files import cache_dir, locked
 
 # kind: (where under the cache, what it holds)
 KINDS = {

@@ -26,8 +26,7 @@ from ygg_compile.options import BenchOptions, CompileOptions, ServeBenchOptions
 from ygg_compile.report import render_table
 from ygg_runtime.ui import RichReporter, console, err, stats_table
 from ygg_runtime.artifact import plan_sha256
-from ygg_runtime.files import size
-from ygg_runtime.files import cache_dir
+from ygg_runtime.files import cache_dir, size
 from ygg_runtime.plan import Plan
 
 

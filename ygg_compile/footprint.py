@@ -16,8 +16,7 @@ import torch
 
 from ygg_compile.sources import ModelSource, gguf_tensors
 from ygg_runtime.errors import YggError
-from ygg_runtime.files import size
-from ygg_runtime.files import cache_dir
+from ygg_runtime.files import cache_dir, size
 from ygg_runtime.integrity import available_memory
 
 # Bytes an artifact holds per parameter, by how its weights are held: integer codes plus their

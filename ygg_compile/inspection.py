@@ -243,7 +243,9 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
                  + ", ".join(f"{role} {sec:.0f} s" for role, sec in aot.seconds.items()))
     kernel = plan.kernel
     info.add_row("kernels", f"{kernel.file}: row-invariant attention, quantized linear (needs {', '.join(kernel.cpu_flags) or 'nothing special'})"
-                 if kernel else "ygg_runtime.backend.cuda: Triton kernels, row-invariant, 8 a layer, one CUDA graph a width")
+                 if kernel else "ygg_runtime.backend.cuda: Triton kernels, row-invariant, 8 a layer, one CUDA graph a width"
+                 + (f"; compiled for this GPU kind by Triton {plan.triton.triton_version} in {plan.triton.directory}/"
+                    if plan.triton else ""))
     if plan.gpu is not None:
         g = plan.gpu
         info.add_row("GPU", f"{g.label()}, {g.memory / 2**30:.0f} GiB; CUDA {g.cuda}, cuBLAS {g.cublas}, driver {g.driver}")

@@ -28,8 +28,7 @@ import torch
 
 from ygg_compile.registry import REGISTRY, model_kind
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.files import locked, sha256_of, size
-from ygg_runtime.files import cache_dir
+from ygg_runtime.files import cache_dir, locked, sha256_of, size
 
 Progress = Callable[[str, int, int], None]  # (description, done, total)
 
