@@ -202,16 +202,16 @@ def attention_check(device: torch.device) -> dict:
 @contextlib.contextmanager
 def split_k_allowed():
     """cuBLAS free to split K and reduce in lower precision (what `gpu.configure` turns off)."""
+    from ygg_runtime.backend import gpu
+
     matmul = torch.backends.cuda.matmul
-    before = matmul.allow_bf16_reduced_precision_reduction
+    before = {name: getattr(matmul, name) for name in gpu.REDUCTIONS}
     try:
-        try:  # (reduced precision, split-K) on torch >= 2.10; a bool before
-            matmul.allow_bf16_reduced_precision_reduction = (True, True)
-        except (TypeError, ValueError, RuntimeError):
-            matmul.allow_bf16_reduced_precision_reduction = True
+        gpu.split_reductions(True)
         yield
     finally:
-        matmul.allow_bf16_reduced_precision_reduction = before
+        for name, value in before.items():
+            setattr(matmul, name, value)
 
 
 def linear_shapes(shapes: dict) -> dict[str, list[tuple[str, int, int, int]]]:

@@ -12,6 +12,7 @@ import torch
 
 from ygg_runtime.backend import native, triton_attention
 from ygg_runtime.backend.triton_attention import BLOCK_N, PARTS, SPLIT, TREE_CHUNK, reference
+from ygg_runtime.backend.triton_linear import as_dtype, to_dtype
 
 
 def attention(*args, parts: int = PARTS):
@@ -22,15 +23,10 @@ def attention(*args, parts: int = PARTS):
     return out
 
 
-def rtz_bf16(x: torch.Tensor) -> torch.Tensor:
-    """float32 -> bfloat16 by dropping the low 16 bits: the interpreter's conversion (a GPU rounds
-    to nearest)."""
-    return (x.view(torch.int32) >> 16).to(torch.int16).view(torch.bfloat16)
-
-
 def rounded(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The reference's float32 result as the interpreted kernel stores it in `dtype`."""
-    return rtz_bf16(ref) if dtype == torch.bfloat16 else ref.to(dtype)
+    """The reference's float32 result as the interpreted kernel stores it in `dtype` (bfloat16: the
+    interpreter drops the low 16 bits, where a GPU rounds to nearest)."""
+    return as_dtype(to_dtype(ref.numpy(), dtype), dtype)
 
 
 def case(heads=6, kv=2, dim=64, width=5, slots=420, prefix=370, window=40, dtype=torch.float32, seed=0):

@@ -36,13 +36,22 @@ def configure() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", WORKSPACE)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    for name in ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction"):
-        try:  # (reduced precision, split-K) on torch >= 2.10; a bool before
-            setattr(torch.backends.cuda.matmul, name, (False, False))
-        except (TypeError, ValueError, RuntimeError):
-            setattr(torch.backends.cuda.matmul, name, False)
+    split_reductions(False)
     with contextlib.suppress(RuntimeError, AttributeError):
         torch.backends.cuda.preferred_blas_library("cublaslt")
+
+
+REDUCTIONS = ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
+
+
+def split_reductions(allowed: bool) -> None:
+    """Whether cuBLAS may split a product's reduction (split-K) and reduce in lower precision:
+    off for row invariance (`configure`); on where no row needs it (a drafter timed on cuBLAS)."""
+    for name in REDUCTIONS:
+        try:  # (reduced precision, split-K) on torch >= 2.10; a bool before
+            setattr(torch.backends.cuda.matmul, name, (allowed, allowed))
+        except (TypeError, ValueError, RuntimeError):
+            setattr(torch.backends.cuda.matmul, name, allowed)
 
 
 def info(device: torch.device | str = "cuda") -> GPUInfo:
