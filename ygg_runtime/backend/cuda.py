@@ -32,6 +32,7 @@ from ygg_runtime.backend.ops import Ops
 from ygg_runtime.errors import YggError
 
 COUNTERS = 1 << 16  # int32 counters kept per device at first (grown when a forward needs more)
+_outgrown: list = []  # counters a larger set replaced (captured graphs may still use them)
 
 
 class CudaOps(Ops):
@@ -46,9 +47,12 @@ class CudaOps(Ops):
         self._counters: dict[torch.device, Tensor] = {} if counters is None else counters
 
     def counters(self, device: torch.device, n: int) -> Tensor:
-        """At least n int32 zeros on `device`, which the kernels leave zero (module docstring)."""
+        """At least n int32 zeros on `device`, which the kernels leave zero (module docstring). A
+        larger set, when a forward needs one, is made beside the old, which stays allocated: a CUDA
+        graph captured before holds the old one's address."""
         have = self._counters.get(device)
         if have is None or have.numel() < n:
+            _outgrown.append(have)
             have = self._counters[device] = torch.zeros(max(n, COUNTERS), dtype=torch.int32, device=device)
         return have
 
