@@ -1,5 +1,6 @@
 """EGT with static shapes, the objective on measured curves, calibration and its replays."""
 
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -101,7 +102,11 @@ def test_egt_depth_zero_is_plain_decoding_and_never_runs_the_drafter(models):
 def test_objective_interpolates_context_and_keeps_plain_decoding_at_one():
     c = Curves(PROFILE)
     assert c.t_verify(4, 16) == 11 and c.t_verify(4, 256) == 13
-    assert c.t_verify(4, 136) == pytest.approx(12) and c.t_verify(4, 10_000) == 13  # clamped past the last
+    assert c.t_verify(4, 136) == pytest.approx(12)
+    assert c.t_verify(4, 496) == pytest.approx(15)  # past the last context: extrapolated (attention grows with it)
+    assert c.t_verify(4, 8) == 11  # before the first: clamped
+    falling = Curves(dict(PROFILE, target_ms=[[10, 10, 13, 14, 22], [12, 12, 12, 17, 26]]))
+    assert falling.t_verify(4, 10_000) == 12  # never below the longest measured context's time
     assert c.t_verify(6, 16) == 14  # a forward of 6 is padded to the compiled 8
     slow_one = dict(PROFILE, target_ms=[[15, 10, 11, 14, 22], [15, 12, 13, 17, 26]])
     assert objective.undominated(PROFILE["widths"], slow_one["target_ms"]) == [2, 4, 8, 16]
@@ -111,6 +116,25 @@ def test_objective_interpolates_context_and_keeps_plain_decoding_at_one():
     assert objective.speedup(1.0, plain, c, 100) == pytest.approx(1.0)
     shape = StepShape((2, 4, 4), 16)
     assert objective.break_even(shape, c, 16) == pytest.approx((3 + 3 + 3 + 22 + 0.6) / 10.2)
+
+
+def test_a_requests_modelled_time_is_its_prompts_chunks_then_its_steps():
+    """prefill_ms: the prompt in forwards of MAX_ROWS tokens, each at its own context; request_ms:
+    the target's prefill, the drafter's too where the shape drafts, then new / E[A] steps at the
+    context halfway through the output."""
+    from ygg_runtime.options import MAX_ROWS
+
+    c = Curves(PROFILE)
+    assert objective.prefill_ms(c, "target", 0) == 0.0
+    assert objective.prefill_ms(c, "target", 3) == c.t_verify(3, 0)
+    two = objective.prefill_ms(c, "draft", MAX_ROWS + 5, start=10)
+    assert two == pytest.approx(c.t_draft(MAX_ROWS, 10) + c.t_draft(5, 10 + MAX_ROWS))
+    egt = StepShape((2, 4, 4), 16)
+    cost = objective.request_ms(egt, 3.0, 200, 60, c)
+    assert cost.prefill_ms == pytest.approx(objective.prefill_ms(c, "target", 200) + objective.prefill_ms(c, "draft", 200))
+    assert cost.decode_ms == pytest.approx(60 / 3.0 * objective.step_ms(egt, c, 230))
+    plain = objective.request_ms(StepShape((), 1), 1.0, 200, 60, c)
+    assert plain.prefill_ms == pytest.approx(objective.prefill_ms(c, "target", 200)) and plain.ms == plain.prefill_ms + plain.decode_ms
 
 
 def test_pruning_every_size_from_one_table_matches_the_single_size_search():
@@ -257,3 +281,31 @@ def test_runners_pad_every_forward_to_their_compiled_widths_and_outputs_stay_the
             assert set(target_calls[1:]) <= {2, 4, 8, 16} and set(draft_calls[1:]) <= {2, 4, 8}
     finally:
         target.widths = draft.widths = ()
+
+
+def test_a_request_runs_plain_decoding_where_the_drafters_prefill_would_not_pay(artifact, monkeypatch):
+    """With no method named, a request runs the plan's egt unless plain decoding is modelled faster
+    over the whole request: a long prompt (the drafter's prefill) and a short output pick ar, a
+    short prompt and a long output keep egt; a named method is run as asked. What was chosen and
+    why is in the result (`--json`'s "choice", `--stats`' "method chosen")."""
+    import ygg_runtime
+
+    dec = ygg_runtime.load(artifact)
+    monkeypatch.setattr(dec, "default_method", "egt")
+    egt = dec.methods["egt"]
+    monkeypatch.setitem(dec.methods, "egt", dataclasses.replace(egt, depth=3, draft_width=1, verify_width=4,
+                                                                 tokens_per_step=2.5))
+    widths = [1, 2, 4, 8, 16, 32, 64]
+    profile = {"widths": widths, "contexts": [64, 2048], "threads": 1,
+               "target_ms": [[10 + 0.1 * w for w in widths], [14 + 0.1 * w for w in widths]],
+               "draft_ms": [[3 + 0.05 * w for w in widths], [5 + 0.05 * w for w in widths]],
+               "other_ms": [0.1] * len(widths)}
+    monkeypatch.setattr(dec, "curves", lambda: Curves(profile))
+    method, why = dec.choose(3000, 16)
+    assert method == "ar" and why.startswith("modelled egt") and "ar" in why
+    assert dec.choose(20, 200)[0] == "egt"
+    result = dec.generate(list(range(3, 200)), max_new_tokens=2)
+    assert result.method == "ar" and result.to_json()["choice"].startswith("modelled egt")
+    assert dec.generate(list(range(3, 200)), max_new_tokens=2, method="egt").to_json()["choice"] == "asked for"
+    monkeypatch.setattr(dec, "curves", lambda: None)  # nothing to model with: the plan's method
+    assert dec.choose(3000, 16) == ("egt", "the plan's method")

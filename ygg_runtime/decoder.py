@@ -9,13 +9,13 @@ from typing import Callable
 
 import torch
 
-from ygg_runtime import engine, exactness, proposers
+from ygg_runtime import engine, exactness, objective, proposers
 from ygg_runtime.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.metrics import Metrics
 from ygg_runtime.objective import Curves
 from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, SAMPLING, check_sampling
-from ygg_runtime.params import Params, Stages
+from ygg_runtime.params import EGTParams, Params, Stages
 from ygg_runtime.plan import ExactnessRecord, Plan
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.retrieval import AdjacencyTable
@@ -57,9 +57,15 @@ class Result:
     def to_json(self) -> dict:
         """What `ygg run --json` prints: the output, the headline figures and every metric."""
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
-                "method": self.method, "steps": self.steps, "accepted_lengths": self.accepted_lengths,
+                "method": self.method, "choice": self.metrics.choice, "steps": self.steps,
+                "accepted_lengths": self.accepted_lengths,
                 "tpot_ms": self.tpot_ms, "wall_s": self.wall_s, "exact": self.exact, "exactness": self.exactness,
                 "metrics": self.metrics.to_dict()}
+
+
+# How much faster over a whole request plain decoding must be modelled for a request to run it in
+# place of the plan's method (as the depth predictor must beat the fixed depth: 2 %).
+CHOICE_GAIN = 1.02
 
 
 class Decoder:
@@ -141,6 +147,28 @@ class Decoder:
         profile = self.plan.profile if self.plan else None
         return Curves(profile) if profile else None
 
+    def choose(self, prompt: int, new: int) -> tuple[str, str]:
+        """The method of a request that names none, and why: the plan's, unless plain decoding is
+        modelled faster over the whole request — the prompt's prefill (the drafter's too, for a
+        method that drafts) and `new` tokens (the budget: output that ends sooner only shortens the
+        decode, which favours the plan's method less) at the plan's calibrated tokens per step
+        (`objective.request_ms`). Plain decoding must win by the margin a plan asks of any change
+        (CHOICE_GAIN), so a close call keeps the plan's method."""
+        default = self.default_method
+        params = self.methods.get(default)
+        curves = self.curves()
+        per_step = params.tokens_per_step if isinstance(params, EGTParams) else None
+        if default == "ar" or "ar" not in self.methods or curves is None or not per_step:
+            return default, "the plan's method"
+        shape = objective.step_shape(params)
+        planned = objective.request_ms(shape, per_step, prompt, new, curves)
+        plain = objective.request_ms(objective.step_shape(self.methods["ar"]), 1.0, prompt, new, curves)
+        said = (f"modelled {default} {planned.ms / 1e3:.1f} s (prefill {planned.prefill_ms / 1e3:.1f} s), ar "
+                f"{plain.ms / 1e3:.1f} s (prefill {plain.prefill_ms / 1e3:.1f} s) for {prompt} + {new} tokens")
+        if plain.ms * CHOICE_GAIN < planned.ms:
+            return "ar", said
+        return default, said
+
     def kv_bytes_per_token(self) -> int:
         """What a token costs the KV caches of both models."""
         return sum(r.model.kv.bytes_per_slot for r in self.runners.values())
@@ -198,7 +226,8 @@ class Decoder:
         start = time.perf_counter()
         ids = self.encode(prompt, raw)
         sampling = check_sampling(sampling or self.sampling)
-        prop = self.proposer(method or self.default_method, predictor, stages, graft)
+        method, choice = (method, "asked for") if method else self.choose(len(ids), max_new_tokens)
+        prop = self.proposer(method, predictor, stages, graft)
         compiled = {role: r.compiled for role, r in self.runners.items()}
         record = self.exactness.get(self.forward_kind(eager))
         floor = self.target.min_width
@@ -207,8 +236,10 @@ class Decoder:
                 r.compiled = None
         self.target.min_width = exactness.min_width(record)
         try:
-            return self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos,
-                                  on_text, on_step, record)
+            result = self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos,
+                                    on_text, on_step, record)
+            result.metrics.choice = choice
+            return result
         finally:
             self.target.min_width = floor
             for role, r in self.runners.items():

@@ -56,6 +56,7 @@ class Step:
 @dataclass
 class Metrics:
     method: str = ""
+    choice: str = ""  # why the request ran `method`: "asked for", "the plan's method", or the modelled costs
     sampling: str = "greedy"  # how tokens were drawn: "greedy", "coupled" or "rejection" (options.SAMPLINGS)
     prompt_tokens: int = 0
     generated_tokens: int = 0

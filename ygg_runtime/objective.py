@@ -4,6 +4,10 @@
 
 E[A] is tokens per step (bonus included); the T's are measured forwards (`ygg_compile.profile`)
 read off the plan's profile. Plain decoding is E[A] = 1 with one W = 1 verify: speed-up 1.
+
+Over a whole request (`request_ms`): the prompt's prefill — the target's, and the drafter's where
+the method drafts — in forwards of MAX_ROWS tokens at their contexts, then the new tokens at the
+step's modelled time per token: what the runtime weighs when it picks a request's method.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import bisect
 import copy
 from dataclasses import dataclass
 
+from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
 from ygg_runtime.plan import Profile
 
@@ -128,12 +133,14 @@ class Curves:
         return _interp(self.widths, self.other, w)
 
     def _at(self, rows: list[list[float]], w: int, context: int | None) -> float:
+        """Past the longest measured context, extrapolated from the last two (a forward's attention
+        reads every key before it: it grows with the context), never below the longest's time."""
         ctx = self.context if context is None else context
         per_context = [_interp(self.widths, row, w) for row in rows]
         if len(per_context) == 1 or ctx <= self.contexts[0]:
             return per_context[0]
         if ctx >= self.contexts[-1]:
-            return per_context[-1]
+            return max(per_context[-1], _interp(self.contexts, per_context, ctx))
         return _interp(self.contexts, per_context, ctx)
 
 
@@ -185,6 +192,39 @@ def best_depth(reach: list[float], factors: list[float], shapes: list[StepShape]
         if r > rate:
             best, rate = d, r
     return best
+
+
+def prefill_ms(curves: Curves, role: str, tokens: int, start: int = 0) -> float:
+    """Modelled time of feeding `tokens` prompt tokens to `role` ("target" or "draft") after
+    `start` committed, in the runner's forwards of at most MAX_ROWS tokens (`runner.PREFILL_CHUNK`),
+    each at its own context."""
+    forward = curves.t_verify if role == "target" else curves.t_draft
+    total, at, end = 0.0, start, start + tokens
+    while at < end:
+        w = min(MAX_ROWS, end - at)
+        total += forward(w, at)
+        at += w
+    return total
+
+
+@dataclass(frozen=True)
+class RequestCost:
+    """A request's modelled wall time, in ms: its prompt's prefill, then its new tokens."""
+
+    prefill_ms: float
+    decode_ms: float
+
+    @property
+    def ms(self) -> float:
+        return self.prefill_ms + self.decode_ms
+
+
+def request_ms(shape: StepShape, tokens_per_step: float, prompt: int, new: int, curves: Curves) -> RequestCost:
+    """A request of `prompt` tokens and `new` new ones decoded in steps of `shape` yielding
+    `tokens_per_step`: the target's prefill, the drafter's when the shape drafts, and new /
+    tokens_per_step steps at the context halfway through the output."""
+    prefill = prefill_ms(curves, "target", prompt) + (prefill_ms(curves, "draft", prompt) if shape.draft_widths else 0.0)
+    return RequestCost(prefill, new / tokens_per_step * step_ms(shape, curves, prompt + new // 2))
 
 
 def break_even(shape: StepShape, curves: Curves, context: int | None = None) -> float:

@@ -96,6 +96,8 @@ def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     t.add_column(style="bold")
     t.add_column(justify="right")
     t.add_row("method", m.method)
+    if m.choice and m.choice != "asked for":
+        t.add_row("method chosen", m.choice)
     rules = {"greedy": "greedy", "coupled": "coupled (Gumbel-max: the text plain decoding prints with this seed)",
              "rejection": "rejection (speculative sampling: the same distribution, text that depends on the tree)"}
     t.add_row("sampling", rules.get(m.sampling, m.sampling))
