@@ -65,7 +65,19 @@ typedef uint16_t vnh __attribute__((vector_size(VW * 2)));
 
 inline vn load(const float* p) { vn x; std::memcpy(&x, p, sizeof x); return x; }
 inline void store(float* p, vn x) { std::memcpy(p, &x, sizeof x); }
-inline vn splat(float x) { return vn{} + x; }
+// x in every lane: one broadcast (0 + x, as this used to be written, costs an add on the way and
+// turns -0 into +0, which no sum here can tell apart: each starts from +0).
+inline vn splat(float x) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<vn>(_mm512_set1_ps(x));
+#elif defined(__AVX2__)
+  return reinterpret_cast<vn>(_mm256_set1_ps(x));
+#else
+  vn r;
+  for (int l = 0; l < VW; ++l) r[l] = x;
+  return r;
+#endif
+}
 
 // VW consecutive elements as float32 (exact for every input type).
 inline vn to_f32(const float* p) { return load(p); }
@@ -172,7 +184,9 @@ void transpose_keys(const T* k, int64_t kss, int64_t count, int64_t D, float* kT
 // qr: the row's queries [d][G heads] from its first head here; out: head i's 16 at out + i * hs.
 template <int NH>
 void score(const float* qr, int64_t G, const float* kT, int64_t D, float scale, float* out, int64_t hs) {
-  vn a[NH][NV] = {};
+  vn a[NH][NV];
+  for (int i = 0; i < NH; ++i)
+    for (int c = 0; c < NV; ++c) a[i][c] = vn{};
   for (int64_t d = 0; d < D; ++d) {
     vn kd[NV];
     for (int c = 0; c < NV; ++c) kd[c] = load(kT + d * L + c * VW);
@@ -185,30 +199,44 @@ void score(const float* qr, int64_t G, const float* kT, int64_t D, float scale, 
     for (int c = 0; c < NV; ++c) store(out + i * hs + c * VW, a[i][c] * scale);
 }
 
-// out[d] = sum over the row's visible slots t (ascending) of e_t * v_t[d], for NH heads and head
-// dimensions d0 .. d0+nd (nd <= C x VW): e [NH][np] the heads' weights, jr the slots.
+// acc[i][d] += e_t * v_t[d] for the row's visible slots t0 <= t < t1 in ascending order, for NH
+// heads and head dimensions d0 .. d0+nd (nd <= C x VW): e [t][G] the weights by position, head i
+// at e[t * G + i], jr the slots, acc head i's sums at acc + i * ash (float32 in memory between
+// calls: storing and reloading a sum is exact, so a row's sum over all its slots is one fused
+// multiply-add chain, t ascending, however its slots are cut into blocks).
 template <typename T, int NH, int C>
-void weigh(const float* e, int64_t np, const T* v, int64_t kss, const int64_t* jr, int64_t n, int64_t d0, int64_t nd,
-           float* out /* [NH][C x VW] */) {
-  vn acc[NH][C] = {};
-  for (int64_t t = 0; t < n; ++t) {
-    const T* vr = v + jr[t] * kss + d0;
-    vn vv[C];
-    for (int c = 0; c < C; ++c) {
-      if ((c + 1) * VW <= nd) {
-        vv[c] = to_f32(vr + c * VW);
-      } else {  // a head dimension that is not a multiple of the vector: pad with zeros
-        vv[c] = vn{};
-        for (int l = 0; c * VW + l < nd; ++l) vv[c][l] = static_cast<float>(vr[c * VW + l]);
+void weigh(const float* e, int64_t G, const T* v, int64_t kss, const int64_t* jr, int64_t t0, int64_t t1, int64_t d0,
+           int64_t nd, float* acc, int64_t ash) {
+  vn a[NH][C];
+  for (int i = 0; i < NH; ++i)
+    for (int c = 0; c < C; ++c) a[i][c] = load(acc + i * ash + d0 + c * VW);
+  if (nd == C * VW) {  // whole vectors (every head dimension of the models we run): no test in the loop
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* vr = v + jr[t] * kss + d0;
+      const float* et = e + t * G;
+      vn vv[C];
+      for (int c = 0; c < C; ++c) vv[c] = to_f32(vr + c * VW);
+      for (int i = 0; i < NH; ++i) {
+        const vn w = splat(et[i]);
+        for (int c = 0; c < C; ++c) a[i][c] = fma(w, vv[c], a[i][c]);
       }
     }
-    for (int i = 0; i < NH; ++i) {
-      const vn w = splat(e[i * np + t]);
-      for (int c = 0; c < C; ++c) acc[i][c] = fma(w, vv[c], acc[i][c]);
+  } else {
+    for (int64_t t = t0; t < t1; ++t) {
+      const T* vr = v + jr[t] * kss + d0;
+      vn vv[C];
+      for (int c = 0; c < C; ++c) {
+        vv[c] = vn{};  // a head dimension that is not a multiple of the vector: padded with zeros
+        for (int l = 0; l < VW && c * VW + l < nd; ++l) vv[c][l] = static_cast<float>(vr[c * VW + l]);
+      }
+      for (int i = 0; i < NH; ++i) {
+        const vn w = splat(e[t * G + i]);
+        for (int c = 0; c < C; ++c) a[i][c] = fma(w, vv[c], a[i][c]);
+      }
     }
   }
   for (int i = 0; i < NH; ++i)
-    for (int c = 0; c < C; ++c) store(out + i * C * VW + c * VW, acc[i][c]);
+    for (int c = 0; c < C; ++c) store(acc + i * ash + d0 + c * VW, a[i][c]);
 }
 
 // The head count of a block as a compile-time constant (its sums stay in registers).
@@ -233,17 +261,14 @@ template <int NH>
 struct Weigh {  // C vectors of dimensions at a time: as many (up to 4) as keep NH x C sums in registers
   static constexpr int C = (NH + 1) * 4 + 1 <= REGS ? 4 : (NH + 1) * 2 + 1 <= REGS ? 2 : 1, DC = C * VW;
   template <typename T>
-  static void run(const float* e, int64_t np, const T* v, int64_t kss, const int64_t* jr, int64_t n, int64_t D,
-                  const float* den, T* o, int64_t osh) {
-    float tmp[NH * DC];
-    for (int64_t d0 = 0; d0 < D; d0 += DC) {
-      const int64_t nd = std::min<int64_t>(DC, D - d0);
-      weigh<T, NH, C>(e, np, v, kss, jr, n, d0, nd, tmp);
-      for (int i = 0; i < NH; ++i)
-        for (int64_t d = 0; d < nd; ++d) o[i * osh + d0 + d] = static_cast<T>(n ? tmp[i * DC + d] / den[i] : 0.0f);
-    }
+  static void run(const float* e, int64_t G, const T* v, int64_t kss, const int64_t* jr, int64_t t0, int64_t t1,
+                  int64_t D, float* acc, int64_t ash) {
+    for (int64_t d0 = 0; d0 < D; d0 += DC)
+      weigh<T, NH, C>(e, G, v, kss, jr, t0, t1, d0, std::min<int64_t>(DC, D - d0), acc, ash);
   }
 };
+// A row's sums are padded to whole vectors of the widest C (their padding lanes stay zero).
+constexpr int64_t pad_dims(int64_t D) { return (D + 4 * VW - 1) / (4 * VW) * (4 * VW); }
 
 template <typename T>
 void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::Tensor& lo, const at::Tensor& hi,
@@ -264,8 +289,10 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
   // grouped changes no result: each row's arithmetic is its own.
   const int64_t rows = std::clamp<int64_t>(W * KV / std::max<int64_t>(1, at::get_num_threads()), 1, MAX_ROWS);
   const int64_t blocks = (W + rows - 1) / rows;
+  // Positions a block of step 3 takes: about 16 KB of values, which the rows then read from L1.
+  const int64_t TB = std::clamp<int64_t>(16384 / (D * static_cast<int64_t>(sizeof(T))), L, 256);
   at::parallel_for(0, KV * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf, sc, kT(D * L), e;
+    std::vector<float> qf, sc, kT(D * L), e, eh, den, acc;
     std::vector<int64_t> js, first(MAX_ROWS + 1), at(MAX_ROWS);
     std::vector<std::pair<int64_t, int64_t>> spans, merged;  // 16-slot blocks [first, last]
     std::vector<int64_t> offset;  // each merged span's first block, in the task's block numbering
@@ -330,16 +357,17 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
           }
         }
       }
-      // 2 and 3, row by row: the softmax over the row's visible slots, then its weighted values.
+      // 2. Row by row, the softmax weights over the row's visible slots (e, by position) and their sum.
+      e.resize(G * first[R]);  // [position][head], row r's from G * first[r]
+      den.assign(R * G, 0.0f);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t* jr = js.data() + first[r];
         const int64_t n = first[r + 1] - first[r], np = (n + L - 1) / L * L, base = spans[r].first * L;
         const int64_t prefix = std::max<int64_t>(0, hip[r0 + r] - lop[r0 + r]);  // its first slots, contiguous
-        e.assign(G * np, 0.0f);
-        std::vector<float> den(G, 0.0f);
+        eh.resize(np);
         for (int64_t i = 0; i < G; ++i) {
           const float* s = sc.data() + ((r * G + i) * NB + at[r]) * L;  // s[j - base]: slot j's score
-          float* ei = e.data() + i * np;
+          float* ei = eh.data();
           if (prefix) std::memcpy(ei, s + (jr[0] - base), prefix * sizeof(float));
           for (int64_t t = prefix; t < n; ++t) ei[t] = s[jr[t] - base];
           vn mv = splat(-INFINITY);
@@ -361,11 +389,35 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
           for (int c = 0; c < NV; ++c) store(h + c * VW, lanes[c]);
           for (int w = L / 2; w >= 1; w /= 2)
             for (int l = 0; l < w; ++l) h[l] += h[l + w];
-          den[i] = h[0];
+          den[r * G + i] = h[0];
+          float* er = e.data() + G * first[r] + i;
+          for (int64_t t = 0; t < n; ++t) er[t * G] = ei[t];
         }
-        for (int64_t i0 = 0; i0 < G; i0 += HB)
-          by_heads<Weigh>(std::min<int64_t>(HB, G - i0), static_cast<const float*>(e.data() + i0 * np), np, vp + g * ksh, kss,
-                          jr, n, D, static_cast<const float*>(den.data() + i0), op + (g * G + i0) * osh + (r0 + r) * osw, osh);
+      }
+      // 3. The weighted values, blocks of TB positions at a time across the task's rows: a block of
+      // values is read from memory once and stays in the first-level cache while every row's sums
+      // take it (rows share their prefix's slots position for position). Each row's sums still run
+      // over its positions in ascending order (weigh), so the blocking changes no bit.
+      const int64_t DP = pad_dims(D);
+      acc.assign(R * G * DP, 0.0f);
+      int64_t longest = 0;
+      for (int64_t r = 0; r < R; ++r) longest = std::max(longest, first[r + 1] - first[r]);
+      for (int64_t t0 = 0; t0 < longest; t0 += TB)
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t n = first[r + 1] - first[r];
+          if (t0 >= n) continue;
+          for (int64_t i0 = 0; i0 < G; i0 += HB)
+            by_heads<Weigh>(std::min<int64_t>(HB, G - i0), static_cast<const float*>(e.data() + G * first[r] + i0), G,
+                            vp + g * ksh, kss, static_cast<const int64_t*>(js.data() + first[r]), t0,
+                            std::min(n, t0 + TB), D, acc.data() + (r * G + i0) * DP, DP);
+        }
+      for (int64_t r = 0; r < R; ++r) {
+        const bool none = first[r + 1] == first[r];
+        for (int64_t i = 0; i < G; ++i) {
+          const float* a = acc.data() + (r * G + i) * DP;
+          T* o = op + (g * G + i) * osh + (r0 + r) * osw;
+          for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(none ? 0.0f : a[d] / den[r * G + i]);
+        }
       }
     }
   });
