@@ -283,14 +283,16 @@ def test_runners_pad_every_forward_to_their_compiled_widths_and_outputs_stay_the
         target.widths = draft.widths = ()
 
 
-def test_a_request_runs_plain_decoding_where_the_drafters_prefill_would_not_pay(artifact, monkeypatch):
-    """With no method named, a request runs the plan's egt unless plain decoding is modelled faster
-    over the whole request: a long prompt (the drafter's prefill) and a short output pick ar, a
-    short prompt and a long output keep egt; a named method is run as asked. What was chosen and
-    why is in the result (`--json`'s "choice", `--stats`' "method chosen")."""
+def test_a_request_runs_plain_steps_where_the_drafters_prefill_would_not_pay(artifact, monkeypatch):
+    """With no method named, a request runs the plan's egt unless steps without the drafter are
+    modelled faster over the whole request: a long prompt (the drafter's prefill) and a short
+    output pick pld (retrieval only: plain decoding's steps where the prompt offers nothing), or ar
+    in an artifact without pld; a short prompt and a long output keep egt; a named method is run as
+    asked. What was chosen and why is in the result (`--json`'s "choice", `--stats`' "method chosen")."""
     import ygg_runtime
 
     dec = ygg_runtime.load(artifact)
+    assert "pld" in dec.methods
     monkeypatch.setattr(dec, "default_method", "egt")
     egt = dec.methods["egt"]
     monkeypatch.setitem(dec.methods, "egt", dataclasses.replace(egt, depth=3, draft_width=1, verify_width=4,
@@ -302,10 +304,13 @@ def test_a_request_runs_plain_decoding_where_the_drafters_prefill_would_not_pay(
                "other_ms": [0.1] * len(widths)}
     monkeypatch.setattr(dec, "curves", lambda: Curves(profile))
     method, why = dec.choose(3000, 16)
-    assert method == "ar" and why.startswith("modelled egt") and "ar" in why
+    assert method == "pld" and why.startswith("modelled egt") and "plain steps" in why
     assert dec.choose(20, 200)[0] == "egt"
     result = dec.generate(list(range(3, 200)), max_new_tokens=2)
-    assert result.method == "ar" and result.to_json()["choice"].startswith("modelled egt")
+    assert result.method == "pld" and result.to_json()["choice"].startswith("modelled egt")
+    assert result.token_ids == dec.generate(list(range(3, 200)), max_new_tokens=2, method="ar").token_ids
     assert dec.generate(list(range(3, 200)), max_new_tokens=2, method="egt").to_json()["choice"] == "asked for"
+    monkeypatch.delitem(dec.methods, "pld")
+    assert dec.choose(3000, 16)[0] == "ar"
     monkeypatch.setattr(dec, "curves", lambda: None)  # nothing to model with: the plan's method
     assert dec.choose(3000, 16) == ("egt", "the plan's method")

@@ -148,25 +148,28 @@ class Decoder:
         return Curves(profile) if profile else None
 
     def choose(self, prompt: int, new: int) -> tuple[str, str]:
-        """The method of a request that names none, and why: the plan's, unless plain decoding is
-        modelled faster over the whole request — the prompt's prefill (the drafter's too, for a
-        method that drafts) and `new` tokens (the budget: output that ends sooner only shortens the
-        decode, which favours the plan's method less) at the plan's calibrated tokens per step
-        (`objective.request_ms`). Plain decoding must win by the margin a plan asks of any change
-        (CHOICE_GAIN), so a close call keeps the plan's method."""
+        """The method of a request that names none, and why: the plan's, unless plain decoding's
+        steps are modelled faster over the whole request — the prompt's prefill (the drafter's too,
+        for a method that drafts) and `new` tokens (the budget: output that ends sooner only shortens
+        the decode, which favours the plan's method less) at the plan's calibrated tokens per step
+        (`objective.request_ms`). They must win by the margin a plan asks of any change
+        (CHOICE_GAIN), so a close call keeps the plan's method. Where they win, the request runs pld
+        when the artifact has it: no drafter to prefill, a step of one verified token where its
+        prompt offers nothing to retrieve (plain decoding's), longer ones where it does."""
         default = self.default_method
         params = self.methods.get(default)
         curves = self.curves()
         per_step = params.tokens_per_step if isinstance(params, EGTParams) else None
-        if default == "ar" or "ar" not in self.methods or curves is None or not per_step:
+        fallback = "pld" if "pld" in self.methods else "ar" if "ar" in self.methods else None
+        if default in ("ar", "pld") or fallback is None or curves is None or not per_step:
             return default, "the plan's method"
         shape = objective.step_shape(params)
         planned = objective.request_ms(shape, per_step, prompt, new, curves)
-        plain = objective.request_ms(objective.step_shape(self.methods["ar"]), 1.0, prompt, new, curves)
-        said = (f"modelled {default} {planned.ms / 1e3:.1f} s (prefill {planned.prefill_ms / 1e3:.1f} s), ar "
+        plain = objective.request_ms(objective.StepShape((), 1), 1.0, prompt, new, curves)
+        said = (f"modelled {default} {planned.ms / 1e3:.1f} s (prefill {planned.prefill_ms / 1e3:.1f} s), plain steps "
                 f"{plain.ms / 1e3:.1f} s (prefill {plain.prefill_ms / 1e3:.1f} s) for {prompt} + {new} tokens")
         if plain.ms * CHOICE_GAIN < planned.ms:
-            return "ar", said
+            return fallback, said
         return default, said
 
     def kv_bytes_per_token(self) -> int:

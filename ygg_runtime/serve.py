@@ -158,6 +158,10 @@ class ServerMetrics:
                                       "use in it, whatever the scrape interval", ["kind"], registry=r)
         self.kv_token_bytes = Gauge("ygg:kv_cache_token_bytes", "Bytes a token takes in the KV cache (both models)",
                                     registry=r)
+        self.method = Counter("ygg:request_method", "Requests admitted, by the method each runs and how it was "
+                              "chosen: asked (the request's method field), plan (the plan's method), request (another "
+                              "modelled faster over the whole request: a long prompt the drafter's prefill would not "
+                              "repay runs without the drafter)", ["method", "chosen"], registry=r)
         self.kv_moves = Counter("ygg:kv_region_moves", "Regions moved to grow (their rows copied)", registry=r)
         self.kv_moved = Counter("ygg:kv_moved_tokens", "Rows those moves copied", registry=r)
 
@@ -415,7 +419,7 @@ class Server:
         max_tokens = req.max_tokens
         if chat and isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
             max_tokens = req.max_completion_tokens
-        method = req.method or self.decoder.default_method
+        method = req.method or self.decoder.default_method  # until the request's length is known
         if max_tokens is None and chat:  # OpenAI's defaults: the rest of the context for chat, 16 for a completion
             try:
                 max_tokens = min(self.context, self.scheduler.batch.longest(method)) - len(prompt)
@@ -433,6 +437,10 @@ class Server:
             raise ApiError(400, f"seed must be in [0, 2^63), not {req.seed}", param="seed")
         if req.sampling is not None and req.sampling not in SAMPLINGS:
             raise ApiError(400, f"sampling must be one of {', '.join(SAMPLINGS)}, not {req.sampling!r}", param="sampling")
+        chosen = "asked"
+        if not req.method:  # the whole request priced: a long prompt may not repay the drafter's prefill
+            method, _ = self.decoder.choose(len(prompt), max_tokens)
+            chosen = "plan" if method == self.decoder.default_method else "request"
         if len(prompt) + max_tokens > self.context:
             raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) is more than the context "
                                 f"of {self.context} tokens; shorten the prompt or lower max_tokens", param="max_tokens",
@@ -443,6 +451,7 @@ class Server:
         except YggError as e:
             raise ApiError(400, str(e).replace("--max-new-tokens", "max_tokens"),
                            param="max_tokens" if "fit" in str(e) else None) from None
+        self.metrics.method.labels(method, chosen).inc()
         return Job(prompt, method, max_tokens, req.temperature, req.top_p, req.seed, req.sampling, req.ignore_eos,
                    asyncio.get_running_loop(), asyncio.Queue())
 
