@@ -31,7 +31,8 @@ def contestants(artifact):
     ablations = {"egt-fixed": bool(plan["methods"]["egt"].get("depth_policy")),
                  "egt-nograft": bool(plan["methods"]["egt"].get("graft")), "egt-eager": bool(plan["aot"]),
                  "egt-plain": not plain, "egt-ahead": plain and bool(stages["alternatives"]), "ar-eager": bool(plan["aot"])}
-    return [*plan["methods"], *(name for name, applies in ablations.items() if applies), *PEERS]
+    auto = ["auto"] if plan["method"] not in ("ar", "pld") else []  # what a request naming no method runs
+    return [*plan["methods"], *auto, *(name for name, applies in ablations.items() if applies), *PEERS]
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +182,34 @@ def test_bench_without_peers_on_the_builtin_prompts(artifact, tmp_path):
     (["--peers", "vllm"], "unknown peer 'vllm'"),
     (["--methods", "medusa"], "not in this artifact"),
     (["--categories", "poetry"], "no prompts"),
+    (["--long", "10"], "--long takes prompt lengths in tokens of at least 64"),
+    (["--long", "1k"], "--long takes token counts"),
+    (["--long", "100", "--limit", "1"], "--long replaces the prompt set"),
 ])
 def test_bench_bad_input_is_one_line(artifact, tmp_path, args, needle):
     assert_one_line_error(ygg("bench", "--artifact", artifact, "-o", tmp_path / "out", *args), needle)
+
+
+def test_bench_long_prompts_time_whole_requests_and_what_a_request_naming_no_method_runs(artifact, tmp_path):
+    """--long: prompts of about the lengths asked, cut from the standard library's source, one
+    category each; every contestant's time to the first token and whole request beside TPOT, paired
+    with ar's; `auto` (no method named) runs what `Decoder.choose` picks, and says which."""
+    proc = ygg("bench", "--artifact", artifact, "--long", "64,150", "--methods", "chain,auto", "--peers", "none",
+               "-n", 8, "-o", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["config"]["contestants"] == ["ar", "chain", "auto"] and "--long 64,150" in results["config"]["prompts"]
+    lengths = {r["category"]: r["prompt_tokens"] for r in results["runs"] if r["contestant"] == "ar"}
+    assert set(lengths) == {"long-64", "long-150"} and 64 <= lengths["long-64"] < lengths["long-150"] <= 150 + 40
+    rows = {(r["category"], r["contestant"]): r for r in results["summary"]}
+    for (cat, name), r in rows.items():
+        assert r["same_as_ar"] == r["prompts"] and 0 < r["first_token_s"] < r["request_s"], (cat, name)
+        assert r["request_speedup_vs_ar"] > 0 and r["first_token_vs_ar"] > 0
+    assert rows[("all", "ar")]["request_speedup_vs_ar"] == 1.0
+    assert sum(rows[("all", "auto")]["methods_run"].values()) == 2 and set(rows[("all", "auto")]["methods_run"]) <= {
+        "chain", "pld", "ar"}
+    md = (tmp_path / "summary.md").read_text()
+    assert "## Whole requests" in md and "| long-150 | auto |" in md.split("## Whole requests")[1]
 
 
 def test_inspect_explains_the_plan_and_draws_a_tree(artifact, tmp_path):
@@ -212,7 +238,7 @@ def test_every_contestant_of_a_full_bench_draws_in_a_colour_of_its_own():
 
     from ygg_compile import plots
 
-    names = ["chain", "specinfer", "pld", "sequoia", "egt", "egt-nograft", "egt-eager", "egt-ahead", "ar-eager", "hf",
+    names = ["chain", "specinfer", "pld", "sequoia", "egt", "auto", "egt-nograft", "egt-eager", "egt-ahead", "ar-eager", "hf",
              "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-pld"]
     colours = [to_hex(plots._color(n, i)) for i, n in enumerate(names)] + [to_hex(plots._color("ar", 0))]
     assert len(set(colours)) == len(colours), colours

@@ -61,3 +61,24 @@ def test_a_region_moves_whole_whether_or_not_its_new_place_overlaps_the_old():
         rows = cache.data[:, :, :, src : src + 20].clone()
         move(cache, src, 20, dst)
         assert torch.equal(cache.data[:, :, :, dst : dst + 20], rows), (src, dst)
+
+
+def _resident_bytes() -> int:
+    import os
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_a_cache_for_the_whole_context_costs_memory_only_where_rows_are_written():
+    """A KV cache sized for 32k tokens is set up untouched (zeroed pages come from the system as
+    rows are written): a default compile serves the models' own context without holding it."""
+    from ygg_runtime.kv import ALIGN, KVCache
+
+    before = _resident_bytes()
+    cache = KVCache(8, 65536, 2, 128, torch.float32, "cpu")  # 1 GiB
+    assert cache.data.data_ptr() % ALIGN == 0 and cache.data.is_contiguous()
+    assert _resident_bytes() - before < 64 << 20
+    cache.data[3, 1, 1, 40000] = 2.0
+    assert cache.data[3, 1, 1, 40000, 0] == 2.0 and cache.data[3, 1, 1, 39999].abs().sum() == 0
+    assert _resident_bytes() - before < 64 << 20
+    bf = KVCache(2, 100, 1, 8, torch.bfloat16, "cpu").data
+    assert bf.dtype == torch.bfloat16 and bf.shape == (2, 2, 1, 100, 8) and not bf.any()

@@ -4,6 +4,7 @@ import itertools
 import random
 
 import pytest
+import torch
 
 from helpers import linear_curves
 from ygg_compile.sequoia_tree import optimal_tree
@@ -143,3 +144,48 @@ def test_sequoia_dp_agrees_with_pruning_the_complete_tree():
     for budget in (1, 2, 4, 8, 16, 32):
         tree = optimal_tree(p, budget, 3)
         assert tree.expected_accepted == pytest.approx(expected_accepted(values, best_subtree(parents, values, budget)))
+
+
+def test_the_profile_grid_reaches_the_longest_context_a_request_can():
+    """An artifact serving the models' 32k context is profiled out to its end, one serving 4k as
+    before, and the batch factors stay at the context nearest 512."""
+    from ygg_compile import profile
+
+    assert profile.plan_grid(4096)[1] == (64, 512, 2048)
+    widths, contexts = profile.plan_grid(32768)
+    assert contexts == (64, 512, 2048, 8192, 32768 - widths[-1])
+    assert profile.plan_grid(16384)[1] == (64, 512, 2048, 8192)
+    assert profile.batch_context(contexts) == 512 and profile.batch_context((64,)) == 64
+
+
+def test_a_default_compile_serves_the_models_own_context_where_memory_holds_both_caches(tmp_path, monkeypatch):
+    """No --max-context: the models' own context (the shorter of the two), unless both caches at
+    that length would not fit half the free memory beside the weights; then the longest that does,
+    said in one line. --max-context is taken as asked, never past the models'."""
+    import json
+    from types import SimpleNamespace
+
+    from ygg_compile import build
+    from ygg_runtime.plan import WeightsInfo
+
+    args = {"vocab_size": 100, "dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
+            "intermediate_size": 128, "norm_eps": 1e-6, "max_position": 32768}
+    models = {}
+    for role, positions in (("target", 32768), ("draft", 40000)):
+        (tmp_path / role).mkdir()
+        (tmp_path / role / "config.json").write_text(json.dumps(args | {"max_position": positions}))
+        models[role] = SimpleNamespace(max_position=positions, parameters=1_000_000, weights=WeightsInfo("float", "checkpoint"))
+    notes = []
+    b = SimpleNamespace(models=models, tmp=tmp_path, dtype=torch.float32, ui=SimpleNamespace(note=notes.append),
+                        opts=SimpleNamespace(max_context=None, device="cpu"))
+    per_token = 2 * (4 * 2 * 2 * 16 * 4)  # both models' K and V, float32
+    monkeypatch.setattr(build, "available_memory", lambda device: 8 << 30)
+    assert build._max_context(b) == 32768 and not notes
+    short = 8_000_000 + int(2 * (10_000 + 300) * per_token)  # the weights, then room for ~10k tokens at half
+    monkeypatch.setattr(build, "available_memory", lambda device: short)
+    got = build._max_context(b)
+    assert got == 9216 and len(notes) == 1 and "not the models' 32768" in notes[0] and "--max-context" in notes[0]
+    b.opts.max_context = 100_000
+    assert build._max_context(b) == 32768
+    b.opts.max_context = 2048
+    assert build._max_context(b) == 2048

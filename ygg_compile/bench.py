@@ -31,8 +31,8 @@ from ygg_compile.options import LLAMA_PEERS, BenchOptions
 from ygg_compile.peer_process import PeerFamily, PeerProcess
 from ygg_compile.peers import LLAMA_MISSING, llama_gguf
 from ygg_compile.profile import fitting_widths, profile_models
-from ygg_compile.prompts import read_jsonl
-from ygg_compile.report import ABLATIONS, REFERENCES, summarize, write_results
+from ygg_compile.prompts import long_prompts, read_jsonl
+from ygg_compile.report import ABLATIONS, AUTO, REFERENCES, summarize, write_results
 from ygg_runtime.params import EGTParams, Stages
 from ygg_runtime.artifact import read_plan
 from ygg_runtime.errors import YggError, first_line
@@ -41,6 +41,7 @@ from ygg_runtime.files import output_dir
 from ygg_runtime.engine import step_room
 
 WARMUP_TOKENS = 8
+WARMUP_PROMPT = 256  # tokens of the first prompt a warm-up reads: every path runs, a long prompt's prefill need not
 
 
 # ---------------------------------------------------------------- contestants
@@ -59,6 +60,8 @@ class Contestant:
 def ablation(decoder, name: str) -> tuple[str, dict]:
     """(method, Decoder.generate options) of a contestant; refuses, in one line, an ablation the
     artifact has nothing to ablate for."""
+    if name == AUTO:
+        return None, {}  # the request's own choice (Decoder.choose)
     if name not in ABLATIONS and name not in REFERENCES:
         return name, {}
 
@@ -94,8 +97,9 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
 
 
 def ablations_of(decoder) -> list[str]:
-    """The ablations that apply to this artifact (bench runs them by default)."""
-    out = []
+    """The ablations that apply to this artifact (bench runs them by default), and `auto` (what a
+    request naming no method runs) where the plan's method drafts."""
+    out = [AUTO] if decoder.default_method not in ("ar", "pld") else []
     for name in (*ABLATIONS, *REFERENCES):
         try:
             ablation(decoder, name)
@@ -106,9 +110,11 @@ def ablations_of(decoder) -> list[str]:
 
 
 def proposer_of(decoder, name: str):
-    """A contestant's proposer (refuses, in one line, a method the artifact lacks)."""
+    """A contestant's proposer (refuses, in one line, a method the artifact lacks); `auto`'s is the
+    plan's method's, the widest it may pick."""
     method, kw = ablation(decoder, name)
-    return decoder.proposer(method, kw.get("predictor", True), kw.get("stages"), kw.get("graft", True))
+    return decoder.proposer(method or decoder.default_method, kw.get("predictor", True), kw.get("stages"),
+                            kw.get("graft", True))
 
 
 class Method(Contestant):
@@ -154,10 +160,14 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     ui = ui or Reporter()
     if any(p in LLAMA_PEERS for p in opts.peers):
         _load_llama(read_plan(opts.artifact), check_only=True)  # refuse, before any work, a peer that cannot run
-    prompts = read_jsonl(opts.prompts, opts.categories, opts.limit)
+    prompts = read_jsonl(opts.prompts, opts.categories, opts.limit) if opts.long is None else []
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
     plan = decoder.plan
+    if opts.long is not None:
+        if decoder.codec is None:
+            raise YggError("--long needs the artifact's tokenizer")
+        prompts = long_prompts(opts.long, lambda t: decoder.codec.encode(t, raw=True), decoder.codec.decode)
     methods = opts.methods or list(decoder.methods) + ablations_of(decoder)
     for m in methods:
         proposer_of(decoder, m)
@@ -220,7 +230,8 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         with ui.step("warming up every contestant"):
             for c in contestants:
                 if any((p.key, c.name, r) not in done for r in range(opts.rounds) for p, _ in encoded):
-                    attempt(c, encoded[0][1], BenchOptions(opts.artifact, max_new_tokens=WARMUP_TOKENS, temperature=opts.temperature), 0)
+                    attempt(c, encoded[0][1][:WARMUP_PROMPT], BenchOptions(opts.artifact, max_new_tokens=WARMUP_TOKENS,
+                                                                           temperature=opts.temperature), 0)
         total = len(encoded) * len(contestants) * opts.rounds
         label = f"generating {opts.max_new_tokens} tokens × {len(encoded)} prompts × {len(contestants)} contestants"
         count = len(done)
@@ -298,7 +309,8 @@ def _config(opts: BenchOptions, plan: Plan, contestants: list[str], prompt_keys:
     return {
         "artifact": str(opts.artifact),
         "artifact_created": plan.created,
-        "prompts": str(opts.prompts or "built-in"),
+        "prompts": (f"--long {','.join(map(str, opts.long))} (the standard library's source)" if opts.long
+                    else str(opts.prompts or "built-in")),
         "prompt_keys": prompt_keys,
         "contestants": contestants,
         "max_new_tokens": opts.max_new_tokens,

@@ -39,7 +39,7 @@ from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line, out_of_space
 from ygg_runtime.files import cache_dir, locked
-from ygg_runtime.integrity import file_entry
+from ygg_runtime.integrity import available_memory, file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, ExactnessRecord, KernelInfo,
@@ -216,13 +216,49 @@ def _convert(b: _Build) -> None:
         if big > small:  # allowed (an ablation may want it), but almost surely swapped flags
             b.ui.note(f"warning: the draft ({big / 1e6:.1f}M parameters) is larger than the target "
                       f"({small / 1e6:.1f}M): speculation will not beat plain decoding; swapped --draft and --target?")
-        b.max_context = min(b.opts.max_context, *(m.max_position for m in b.models.values()))
+        b.max_context = _max_context(b)
         # Room past max_context for the calibration probe's wide trees (slots, not positions);
         # `ygg run` sets up the same cache, which the compiled graphs are built around.
         b.cache_slots = b.max_context + calibrate.PROBE_ROOM
         with phase("convert", "writing tokenizer"):
             b.tok_info = _write_tokenizer(b.tokenizer, target, b.tmp)
             b.tok_info.eos_token_ids = sorted(set(b.tok_info.eos_token_ids) | set(b.models["target"].eos_token_ids))
+
+
+# The share of the memory left beside the weights that the two KV caches may take at full length
+# (compile's own working memory, and a server's batch, need the rest).
+CACHE_SHARE = 0.5
+
+
+def _max_context(b: _Build) -> int:
+    """The context the artifact serves: --max-context (at most the models' own), else the models'
+    own wherever this machine's memory holds both caches at that length beside the weights (said
+    in one line where it does not, with the length it does hold). The cache's pages are mapped as
+    rows are written (`kv.lazy_zeros`): the length costs memory only once a request reaches it."""
+    own = min(m.max_position for m in b.models.values())
+    if b.opts.max_context is not None:
+        return min(b.opts.max_context, own)
+    width = torch.empty((), dtype=b.dtype).element_size()
+    per_token = weights = 0
+    for role, m in b.models.items():
+        a = ModelArgs.load(b.tmp / role / "config.json")
+        per_token += a.n_layers * 2 * a.n_kv_heads * a.head_dim * width
+        weights += m.weights.bytes if m.weights.kind != "float" else m.parameters * width
+    have = available_memory(b.opts.device)
+    if have is None:
+        return own
+    fits = int((have - weights) * CACHE_SHARE) // per_token - calibrate.PROBE_ROOM
+    if fits >= own:
+        return own
+    context = max(MIN_CONTEXT, fits // 1024 * 1024)
+    b.ui.note(f"context {context} tokens, not the models' {own}: both KV caches at {own} would take "
+              f"{own * per_token / 2**30:.1f} GB of the {have / 2**30:.1f} GB free beside {weights / 2**30:.1f} GB "
+              f"of weights (--max-context sets it)")
+    return context
+
+
+# The shortest context a default compile settles for where memory is short.
+MIN_CONTEXT = 1024
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -687,7 +723,7 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
             if "batch_ms" not in stored:  # a profile from before batched forwards were measured
                 with ui.step(f"measuring {role} batched forwards (B = {', '.join(map(str, prof.BATCH_SEQUENCES))})"):
                     stored["batch_ms"] = prof.batch_times(runners[role], tuple(stored["widths"]),
-                                                          stored["contexts"][len(stored["contexts"]) // 2])
+                                                          prof.batch_context(stored["contexts"]))
                 measured = {k: v for k, v in stored.items() if k not in ("format", "model", "dtype", "fingerprint", "measured")}
         if measured is not None:
             try:

@@ -47,7 +47,7 @@ def compile_cmd(
                                 help="how weights are held: auto (on CPUs with the fast kernel, a GGUF target's own quantization exactly and a GGUF drafter at 4 bits; else the float dtype), bf16 (the float dtype), int8 (at most 8 bits: a GGUF file's numbers, exactly), int4, int3 or int2 (at most that many bits: wider tensors requantized, lossy); a float checkpoint is quantized here (lossy)"),
     draft_weights: Optional[str] = typer.Option(None, "--draft-weights", help="the drafter's weights, when they differ from --weights (same choices; fewer bits make drafting cheaper and stay lossless: only acceptance moves)"),
     draft_vocab: str = typer.Option(CompileOptions.draft_vocab, "--draft-vocab", help="the drafter's output head: auto (cut to the tokens it needs, the size measured: acceptance x cost), all, or a number of tokens (the most frequent in calibration, then by id); lossless either way: a token without a row is never drafted"),
-    max_context: int = typer.Option(CompileOptions.max_context, "--max-context", help="longest prompt + generation the artifact serves"),
+    max_context: Optional[int] = typer.Option(None, "--max-context", help="longest prompt + generation the artifact serves (default: the models' own, 32768 for the Qwen pair, where this machine's memory holds both caches at that length)"),
     chain_k: Optional[int] = typer.Option(None, "--chain-k", help="chain: drafted tokens per step (default: the method's own; `ygg inspect` shows it)"),
     tree_width: Optional[int] = typer.Option(None, "--tree-width", help="specinfer: children per node (default: the method's own)"),
     tree_depth: Optional[int] = typer.Option(None, "--tree-depth", help="specinfer: tree depth (default: the method's own)"),
@@ -102,6 +102,16 @@ def _given(methods: dict[str, dict]) -> dict[str, dict]:
     return {name: params for name, params in given.items() if params}
 
 
+def _lengths(value: str | None) -> list[int] | None:
+    """--long's comma-separated token counts (None: not given)."""
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise YggError(f"--long takes token counts, comma-separated (e.g. 1000,4000,16000), not '{value}'") from None
+
+
 def _split(values: Optional[list[str]], option: str | None = None) -> Optional[list[str]]:
     """`--methods ar,chain --methods egt` -> [ar, chain, egt]; None when the option was not given
     (an option given with nothing in it, `--categories ""`, is refused: it would mean "all")."""
@@ -129,6 +139,7 @@ def bench_cmd(
     rounds: int = typer.Option(BenchOptions.rounds, "--rounds", help="times each prompt runs per contestant (median kept)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted benchmark in the same directory"),
+    long: Optional[str] = typer.Option(None, "--long", metavar="TOKENS", help="long prompts in place of the prompt set: code from the standard library to summarise, about this many tokens each (comma-separated, e.g. 1000,4000,16000); reports time to first token and whole-request latency beside TPOT"),
 ) -> None:
     """Time every compiled method and the peers (transformers, llama.cpp) on the same prompts, interleaved."""
     peer_list = [p for p in _split(peers) or [] if p != "none"]
@@ -137,6 +148,7 @@ def bench_cmd(
         peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
         sampling=sampling, rounds=rounds, output=output,
         resume=resume, command=shlex.join(["ygg", *[a for a in sys.argv[1:] if a != "--debug"]]),
+        long=_lengths(long),
     )
     commands("bench").bench(opts)
 

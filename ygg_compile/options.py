@@ -58,7 +58,7 @@ class CompileOptions:
     # the hand-set methods' parameters that differ from their defaults, by method (the rest as
     # ygg_runtime.proposers.DEFAULT_PARAMS has them)
     methods: dict[str, dict] = field(default_factory=dict)
-    max_context: int = 4096
+    max_context: int | None = None  # longest prompt + generation; None: the target's own, as memory allows
     calib: Path | None = None  # calibration prompts (None: the shipped set)
     calib_tokens: int = 48  # new tokens per calibration prompt
     reprofile: bool = False  # measure T(W) even when a matching stored profile exists
@@ -79,7 +79,12 @@ class CompileOptions:
                 raise YggError(f"{flag} must be auto, {', '.join(WEIGHTS)}, not '{asked}'")
         if self.calib_tokens < 1:
             raise YggError("--calib-tokens must be at least 1")
+        if self.max_context is not None and self.max_context < 1:
+            raise YggError(f"--max-context must be at least 1, not {self.max_context}")
         check_output(self.output)
+
+
+MIN_LONG = 64  # the shortest --long prompt: its instruction and some code
 
 
 @dataclass
@@ -99,12 +104,18 @@ class BenchOptions:
     output: Path | None = None  # None: default_output(artifact)
     resume: bool = False
     command: str = ""
+    long: list[int] | None = None  # prompts of about these many tokens in place of the prompt set (ygg_compile.prompts)
 
     def __post_init__(self) -> None:
         check_settings(self.max_new_tokens, self.temperature, self.top_p, self.seed)
         if self.sampling is not None:
             check_sampling(self.sampling)
         check_limit(self.limit)
+        if self.long is not None:
+            if not self.long or min(self.long) < MIN_LONG:
+                raise YggError(f"--long takes prompt lengths in tokens of at least {MIN_LONG}, comma-separated")
+            if self.prompts is not None or self.categories or self.limit is not None:
+                raise YggError("--long replaces the prompt set: leave out --prompts, --categories and --limit")
         if self.rounds < 1:
             raise YggError(f"--rounds must be at least 1, not {self.rounds}")
         for peer in self.peers:

@@ -9,7 +9,7 @@ from ygg_runtime.plan import Profile
 
 COLORS = {"ar": "#7f7f7f", "chain": "#1f77b4", "specinfer": "#ff7f0e", "sequoia": "#9467bd", "egt": "#2ca02c",
           "hf": "#bcbd22", "hf-assisted": "#d62728", "hf-pld": "#8c564b", "pld": "#17becf", "llama.cpp": "#e377c2",
-          "llama.cpp-pld": "#f7b6d2"}
+          "llama.cpp-pld": "#f7b6d2", "auto": "#393b79"}
 
 
 def _figure(**kw):

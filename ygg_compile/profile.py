@@ -33,7 +33,7 @@ from ygg_runtime.params import WIDTHS
 from ygg_runtime.runner import Call, ModelRunner, forward_many
 from ygg_runtime.tree import TokenTree
 
-DEFAULT_CONTEXTS = (64, 512, 2048)
+DEFAULT_CONTEXTS = (64, 512, 2048, 8192)
 PROFILE_FORMAT = 1
 # A stored profile is reused only when a few of its forwards, timed again here, agree within this
 # share of the stored time (or this many ms, for forwards so short that timer noise dominates):
@@ -45,6 +45,7 @@ SPOT_TOLERANCE, SPOT_FLOOR_MS = 0.25, 2.0
 SPOT_WIDTHS = (1, 4, 16)
 # Sequences per batched forward measured for `ygg serve` (CAST's f(B, c, n)).
 BATCH_SEQUENCES = (2, 4, 8)
+BATCH_CONTEXT = 512
 
 
 def fitting_widths(context: int, max_len: int, widths: tuple[int, ...] = WIDTHS) -> tuple[int, ...]:
@@ -53,10 +54,15 @@ def fitting_widths(context: int, max_len: int, widths: tuple[int, ...] = WIDTHS)
 
 
 def plan_grid(max_context: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The widths and context lengths to measure for an artifact serving max_context tokens."""
+    """The widths and context lengths to measure for an artifact serving max_context tokens: the
+    default contexts that fit, and the longest a request reaches where it lies more than twice past
+    them (a forward's attention grows with the context: the plan reads times there, not guesses)."""
     widths = fitting_widths(min(DEFAULT_CONTEXTS), max_context) or (1,)
     contexts = tuple(c for c in DEFAULT_CONTEXTS if c + widths[-1] <= max_context)
-    return widths, contexts or (max(0, max_context - widths[-1]),)
+    longest = max(0, max_context - widths[-1])
+    if contexts and longest > 2 * contexts[-1]:
+        contexts += (longest,)
+    return widths, contexts or (longest,)
 
 
 def forward_times(
@@ -92,6 +98,12 @@ def forward_times(
         runner.reset()
         runner.widths = compiled
     return {w: statistics.median(v) for w, v in samples.items()}
+
+
+def batch_context(contexts: tuple[int, ...] | list[int]) -> int:
+    """The measured context the batch factors are taken at: the nearest to BATCH_CONTEXT (a
+    factor is a ratio of times at one context; eight sequences at the longest would take minutes)."""
+    return min(contexts, key=lambda c: (abs(c - BATCH_CONTEXT), c))
 
 
 def batch_times(runner: ModelRunner, widths: tuple[int, ...], context: int, sequences: tuple[int, ...] = BATCH_SEQUENCES,
@@ -184,7 +196,7 @@ def measure(
         "contexts": list(contexts),
         "forward_ms": rows,
         "other_ms": [round(other[w], 3) for w in widths],
-        "batch_ms": batch_times(runner, widths, contexts[len(contexts) // 2], repeats=repeats),
+        "batch_ms": batch_times(runner, widths, batch_context(contexts), repeats=repeats),
     }
 
 

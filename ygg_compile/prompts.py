@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +65,37 @@ def read_jsonl(path: Path | None, categories: list[str] | None = None, limit: in
     if not out:
         raise YggError(f"no prompts in {path} for categories {', '.join(categories or [])} (it has: {', '.join(sorted(found))})")
     return out
+
+
+# Long prompts (`ygg bench --long`): code to summarise, cut from modules every Python install
+# ships (the standard library's), so the same text is on any machine without a download; as
+# many modules as a length needs, in this order.
+LONG_SOURCES = ("argparse", "dataclasses", "inspect", "typing", "pathlib")
+LONG_ASK = "Summarise what the following Python code does, part by part.\n\n"
+
+
+def long_category(tokens: int) -> str:
+    return f"long-{tokens // 1000}k" if tokens % 1000 == 0 else f"long-{tokens}"
+
+
+def long_prompts(lengths: list[int], encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]) -> list[Prompt]:
+    """One prompt of about each length in tokens (as `encode` counts them, before a chat template
+    adds its own): LONG_ASK, then the standard library's source cut to fit."""
+    need = max(lengths) - len(encode(LONG_ASK))
+    text, ids = "", []
+    for name in LONG_SOURCES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue
+        text += f"# {name}.py\n\n" + Path(spec.origin).read_text(encoding="utf-8") + "\n\n"
+        ids = encode(text)
+        if len(ids) >= need:
+            break
+    if len(ids) < need:
+        raise YggError(f"the standard library's {', '.join(LONG_SOURCES)} give {len(ids)} tokens, fewer than "
+                       f"--long {max(lengths)} needs")
+    ask = len(encode(LONG_ASK))
+    return [Prompt(f"long-{n}", long_category(n), LONG_ASK + decode(ids[: n - ask])) for n in lengths]
 
 
 def calibration(path: Path | None) -> list[str]:

@@ -3,6 +3,7 @@ tables that show them (results.json/csv, PNG plots, summary.md, the terminal tab
 
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -25,6 +26,11 @@ ABLATIONS = {
     "egt-plain": "egt with the plain stage order: what the searched stage plan adds (when it is not plain)",
     "egt-ahead": "egt with the best stage order the search rejected (when it chose plain)",
 }
+
+# The runtime's own choice: what a request that names no method runs (`Decoder.choose`).
+AUTO = "auto"
+CHOSEN = {AUTO: "no method named: per request, the plan's method or steps without the drafter, whichever is "
+                "modelled faster over the whole request (prefill and decode)"}
 
 # Plain decoding run another way: the reference for the greedy outputs of contestants run that way.
 REFERENCES = {
@@ -58,10 +64,14 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
         cats[r["prompt"]] = r["category"]
     tpot = {k: statistics.median(x["tpot_ms"] for x in v) for k, v in per.items()}
     prefill = {k: statistics.median(prefill_ms_per_token(x) for x in v) for k, v in per.items()}
+    request = {k: statistics.median(x["wall_s"] for x in v) for k, v in per.items()}
+    first = {k: statistics.median(first_token_s(x) for x in v) for k, v in per.items()}
     out = []
     for cat in sorted(set(cats.values())) + ["all"]:
         keys = [p for p, c in cats.items() if cat in ("all", c)]
         base = {p: tpot[("ar", p)] for p in keys if ("ar", p) in tpot}
+        base_request = {p: request[("ar", p)] for p in keys if ("ar", p) in request}
+        base_first = {p: first[("ar", p)] for p in keys if ("ar", p) in first}
         assisted = {p: tpot[("hf-assisted", p)] for p in keys if ("hf-assisted", p) in tpot}
         llama = {p: tpot[("llama.cpp", p)] for p in keys if ("llama.cpp", p) in tpot}
         egt = {p: tpot[("egt", p)] for p in keys if ("egt", p) in tpot}
@@ -80,6 +90,12 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "tpot_p25_ms": _quantile(values, 0.25),
                 "tpot_p75_ms": _quantile(values, 0.75),
                 "prefill_ms_per_token": statistics.median(prefill[(name, p)] for p in mine),
+                # the whole request as its user waits for it: to the first token, and to the last
+                "first_token_s": statistics.median(first[(name, p)] for p in mine),
+                "request_s": statistics.median(request[(name, p)] for p in mine),
+                "first_token_vs_ar": _median_ratio({p: first[(name, p)] for p in mine}, base_first),
+                "request_speedup_vs_ar": _median_ratio(base_request, {p: request[(name, p)] for p in mine}),
+                "methods_run": dict(collections.Counter(r.get("method", name) for v in (per[(name, p)] for p in mine) for r in v)),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
                 # over llama.cpp's plain decoding of the same GGUF file, when the run has it
@@ -112,14 +128,19 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
     return out
 
 
+def first_token_s(run: dict) -> float:
+    """Seconds from the call to the first output token: the prompt's prefill (both models' for a
+    method that drafts) and the first step."""
+    return run["prefill_s"] + (run.get("first_token_s") or 0.0)
+
+
 def prefill_ms_per_token(run: dict) -> float:
     """Prompt processing as every contestant can be timed alike: from the call to the first output
     token, over the prompt's tokens. Ours: the prefill (both models: a drafting method's drafter
     reads the prompt too) and the first step; a peer's first token comes out of its prompt's
     forward. A prompt prefix cached across calls (our chat template's system turn; llama.cpp's
     longest common prefix) counts as processed for both."""
-    first = run["prefill_s"] + (run.get("first_token_s") or 0.0)
-    return 1000.0 * first / max(1, run["prompt_tokens"])
+    return 1000.0 * first_token_s(run) / max(1, run["prompt_tokens"])
 
 
 def reference(name: str, runs: list[dict], per: dict) -> str:
@@ -158,7 +179,7 @@ def winners(summary: list[dict]) -> dict[str, str]:
 
 
 CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "prefill_ms_per_token",
-              "speedup_vs_ar",
+              "first_token_s", "request_s", "first_token_vs_ar", "request_speedup_vs_ar", "speedup_vs_ar",
               "speedup_vs_hf_assisted", "speedup_vs_llama_cpp", "egt_speedup_over", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
               "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens",
               "retrieval_ms_per_step", "retrieval_steps_share"]
@@ -232,6 +253,21 @@ def summary_markdown(results: dict) -> str:
     lines += ["", "**Fastest per category**: " + ", ".join(f"{c}: `{w}`" for c, w in wins.items()), ""]
     lines += ["## At a glance", "", "Median TPOT, and in brackets the paired speed-up over `ar`; the fastest in bold.", "",
               *glance_table(results["summary"]), ""]
+    lines += ["## Whole requests", "",
+              "What a user waits for: the first token (prompt processing and the first step) and the whole "
+              "request (the call's wall time), medians over the prompts; `vs ar` is the paired speed-up of the whole "
+              "request over `ar`'s, `first token / ar` the paired ratio of times to the first token (below 1: sooner). "
+              + (f"`{AUTO}`: {CHOSEN[AUTO]}; `ran` counts the methods it picked. " if any(
+                  r["contestant"] == AUTO for r in results["summary"]) else ""), "",
+              "| category | contestant | first token s | request s | vs ar | first token / ar | ran |",
+              "|---|---|---|---|---|---|---|"]
+    for r in results["summary"]:
+        if r.get("request_s") is None:
+            continue
+        ran = ", ".join(f"{m} {n}" for m, n in r.get("methods_run", {}).items()) if r["contestant"] == AUTO else ""
+        lines.append(f"| {r['category']} | {r['contestant']} | {r['first_token_s']:.2f} | {r['request_s']:.2f} | "
+                     f"{fmt(r.get('request_speedup_vs_ar'), '.2f', '×')} | {fmt(r.get('first_token_vs_ar'), '.2f')} | {ran} |")
+    lines.append("")
     ablated = [r for r in results["summary"] if r.get("egt_speedup_over") is not None]
     if ablated:
         lines += ["## What each part of `egt` buys", "",
