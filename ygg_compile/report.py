@@ -138,8 +138,8 @@ def prefill_ms_per_token(run: dict) -> float:
     """Prompt processing as every contestant can be timed alike: from the call to the first output
     token, over the prompt's tokens. Ours: the prefill (both models: a drafting method's drafter
     reads the prompt too) and the first step; a peer's first token comes out of its prompt's
-    forward. A prompt prefix cached across calls (our chat template's system turn; llama.cpp's
-    longest common prefix) counts as processed for both."""
+    forward. Our chat template's system turn, cached across calls, counts as processed (llama.cpp
+    reads every prompt from scratch: `peers.LlamaCppPeers.generate`)."""
     return 1000.0 * first_token_s(run) / max(1, run["prompt_tokens"])
 
 
