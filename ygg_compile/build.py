@@ -226,8 +226,10 @@ def _convert(b: _Build) -> None:
 
 
 # The share of the memory left beside the weights that the two KV caches may take at full length
-# (compile's own working memory, and a server's batch, need the rest).
+# (compile's own working memory, and a server's batch, need the rest), and the shortest context a
+# default compile settles for where memory is short.
 CACHE_SHARE = 0.5
+MIN_CONTEXT = 1024
 
 
 def _max_context(b: _Build) -> int:
@@ -238,12 +240,9 @@ def _max_context(b: _Build) -> int:
     own = min(m.max_position for m in b.models.values())
     if b.opts.max_context is not None:
         return min(b.opts.max_context, own)
-    width = torch.empty((), dtype=b.dtype).element_size()
-    per_token = weights = 0
-    for role, m in b.models.items():
-        a = ModelArgs.load(b.tmp / role / "config.json")
-        per_token += a.n_layers * 2 * a.n_kv_heads * a.head_dim * width
-        weights += m.weights.bytes if m.weights.kind != "float" else m.parameters * width
+    width = b.dtype.itemsize
+    per_token = sum(ModelArgs.load(b.tmp / role / "config.json").kv_bytes_per_token(width) for role in b.models)
+    weights = sum(m.weights.bytes if m.weights.kind != "float" else m.parameters * width for m in b.models.values())
     have = available_memory(b.opts.device)
     if have is None:
         return own
@@ -255,10 +254,6 @@ def _max_context(b: _Build) -> int:
               f"{own * per_token / 2**30:.1f} GB of the {have / 2**30:.1f} GB free beside {weights / 2**30:.1f} GB "
               f"of weights (--max-context sets it)")
     return context
-
-
-# The shortest context a default compile settles for where memory is short.
-MIN_CONTEXT = 1024
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -69,14 +69,15 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
     out = []
     for cat in sorted(set(cats.values())) + ["all"]:
         keys = [p for p, c in cats.items() if cat in ("all", c)]
-        base = {p: tpot[("ar", p)] for p in keys if ("ar", p) in tpot}
-        base_request = {p: request[("ar", p)] for p in keys if ("ar", p) in request}
-        base_first = {p: first[("ar", p)] for p in keys if ("ar", p) in first}
-        assisted = {p: tpot[("hf-assisted", p)] for p in keys if ("hf-assisted", p) in tpot}
-        llama = {p: tpot[("llama.cpp", p)] for p in keys if ("llama.cpp", p) in tpot}
-        egt = {p: tpot[("egt", p)] for p in keys if ("egt", p) in tpot}
+
+        def of(table: dict, name: str, keys: list[str] = keys) -> dict[str, float]:
+            """A contestant's figures in `table` by prompt, for the category's prompts it ran."""
+            return {p: table[(name, p)] for p in keys if (name, p) in table}
+
+        base, base_request, base_first = of(tpot, "ar"), of(request, "ar"), of(first, "ar")
+        assisted, llama, egt = of(tpot, "hf-assisted"), of(tpot, "llama.cpp"), of(tpot, "egt")
         for name in contestants:
-            mine = {p: tpot[(name, p)] for p in keys if (name, p) in tpot}
+            mine = of(tpot, name)
             if not mine:
                 continue
             runs = [per[(name, p)][0] for p in mine]
@@ -93,8 +94,8 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 # the whole request as its user waits for it: to the first token, and to the last
                 "first_token_s": statistics.median(first[(name, p)] for p in mine),
                 "request_s": statistics.median(request[(name, p)] for p in mine),
-                "first_token_vs_ar": _median_ratio({p: first[(name, p)] for p in mine}, base_first),
-                "request_speedup_vs_ar": _median_ratio(base_request, {p: request[(name, p)] for p in mine}),
+                "first_token_vs_ar": _median_ratio(of(first, name), base_first),
+                "request_speedup_vs_ar": _median_ratio(base_request, of(request, name)),
                 "methods_run": dict(collections.Counter(r.get("method", name) for v in (per[(name, p)] for p in mine) for r in v)),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),

@@ -82,9 +82,7 @@ def model_costs(model: Transformer) -> Costs:
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, QLinear))]
     macs = sum(m.in_features * m.out_features for m in linears)
     quantized = any(isinstance(m, QLinear) for m in linears)
-    a = model.args
-    kv = 2 * a.n_layers * a.n_kv_heads * a.head_dim * model.dtype.itemsize
-    return Costs(nbytes, kv, macs, quantized)
+    return Costs(nbytes, model.args.kv_bytes_per_token(model.dtype.itemsize), macs, quantized)
 
 
 def section(runners: dict) -> dict:

@@ -161,7 +161,7 @@ class Decoder:
         curves = self.curves()
         per_step = params.tokens_per_step if isinstance(params, EGTParams) else None
         fallback = "pld" if "pld" in self.methods else "ar" if "ar" in self.methods else None
-        if default in ("ar", "pld") or fallback is None or curves is None or not per_step:
+        if fallback is None or curves is None or not per_step:  # ar and pld have no tokens_per_step
             return default, "the plan's method"
         shape = objective.step_shape(params)
         planned = objective.request_ms(shape, per_step, prompt, new, curves)

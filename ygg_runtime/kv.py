@@ -50,7 +50,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     first write). torch.zeros writes every byte, so a cache sized for the model's whole context
     (32 768 tokens: 2.7 GB for the float32 Qwen pair) would be resident from the start; this one
     costs what the sequences write."""
-    count = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    count = math.prod(shape) * dtype.itemsize
     raw = torch.from_numpy(np.zeros(count + ALIGN, dtype=np.uint8))
     skip = -raw.data_ptr() % ALIGN  # as torch's own allocator aligns (compiled code may assume it)
     return raw[skip : skip + count].view(dtype).view(shape)

@@ -53,6 +53,11 @@ class ModelArgs:
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
 
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        """What one position costs the KV cache, every layer's key and value, at `itemsize` bytes
+        a number."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * itemsize
+
 
 class RMSNorm(nn.Module):
     """Its weight and epsilon; the norm itself is the backend's (`Ops.rmsnorm`: float32 norm, cast,
