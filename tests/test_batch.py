@@ -157,6 +157,31 @@ def test_requests_sharing_a_prompt_prefix_reuse_its_rows_and_decode_as_alone(int
     assert hits == (3, 2)
 
 
+def test_a_members_drafter_with_a_window_reads_the_system_turn_and_the_prompts_last_tokens_and_decodes_as_alone(int8_pair):
+    """A request whose drafter reads a window (`Decoder.choose`, `ygg serve`): its lazy drafter
+    takes the prefix cache's rows and then only the prompt's last `draft_window` tokens, behind
+    the target's chunks, and the output is the request's alone."""
+    from ygg_runtime.runner import PrefixCache
+
+    target, draft, tok = int8_pair
+    head = tok("<|system|>You are a careful assistant.<|end|>\n<|user|>").input_ids
+    long = head + tok(" ".join(PROMPTS) * 2).input_ids
+    alone = decode(target, None, "ar", {}, long, 24)[0]
+    target.prefix, draft.prefix = PrefixCache(head), PrefixCache(head)
+    try:
+        batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 3}, d), max_batch=2)
+        outs: list[int] = []
+        member = batch.join(long, "chain", max_new_tokens=24, on_tokens=outs.extend, draft_window=20)
+        d = member.generation.proposer.drafter
+        while batch.members:
+            batch.step()
+    finally:
+        target.prefix = draft.prefix = None
+    assert outs == alone
+    assert d.head == len(head) and d.cut == len(long) - 1 - len(head) - 20
+    assert d.runner.committed <= len(head) + 20 + 24 < len(long)
+
+
 def test_a_full_batch_admits_a_request_when_a_member_leaves(int8_pair):
     target, draft, tok = int8_pair
     batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 3}, d), max_batch=2)

@@ -347,6 +347,7 @@ def test_a_pair_whose_target_has_more_vocabulary_rows_compiles_and_runs(tmp_path
     (["run", "p.txt", "-a", "no-artifact"], "artifact directory no-artifact does not exist"),
     (["run", "p.txt", "-a", ".", "-n", "0"], "--max-new-tokens must be at least 1"),
     (["run", "p.txt", "-a", ".", "--top-p", "2"], "--top-p must be in (0, 1]"),
+    (["run", "p.txt", "-a", ".", "--draft-window", "-1"], "--draft-window takes a number of tokens"),
     (["run", "p.txt", "-a", ".", "-t", "1", "--sampling", "gumbel"], "--sampling must be one of coupled, rejection"),
     (["compile", "--draft", "d", "--target", "t", "--sampling", "exact"], "--sampling must be one of coupled, rejection"),
     (["bench", "-a", ".", "--sampling", "typical"], "--sampling must be one of coupled, rejection"),

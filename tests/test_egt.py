@@ -17,6 +17,7 @@ from ygg_runtime.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.proposers import Drafter, build
 from ygg_runtime.params import EGTParams
 from ygg_runtime.proposers.egt import Planner
+from ygg_runtime.decoder import Choice
 from ygg_runtime.prune import Pruning, best_subtree
 
 
@@ -135,6 +136,37 @@ def test_a_requests_modelled_time_is_its_prompts_chunks_then_its_steps():
     assert cost.decode_ms == pytest.approx(60 / 3.0 * objective.step_ms(egt, c, 230))
     plain = objective.request_ms(StepShape((), 1), 1.0, 200, 60, c)
     assert plain.prefill_ms == pytest.approx(objective.prefill_ms(c, "target", 200)) and plain.ms == plain.prefill_ms + plain.decode_ms
+    windowed = objective.request_ms(egt, 3.0, 200, 60, c, window=50)  # the drafter reads the last 50 prompt tokens
+    prefills = objective.prefill_ms(c, "target", 200) + objective.prefill_ms(c, "draft", 50)
+    assert windowed.prefill_ms == pytest.approx(prefills)
+    assert windowed.decode_ms == pytest.approx(60 / 3.0 * objective.step_ms(egt, c, 230, 80))
+    assert objective.request_ms(egt, 3.0, 40, 60, c, window=50) == objective.request_ms(egt, 3.0, 40, 60, c)
+    assert objective.windowed_tokens_per_step(3.0, 0.75) == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("method", ["egt", "chain", "specinfer"])
+def test_a_drafter_that_reads_a_window_feeds_only_the_prompts_last_tokens_and_the_output_stays_the_targets(models, method):
+    """A drafter with a window prefills the prompt's last `window` tokens (after the prefix cache's,
+    which it keeps), at positions that run on; every later step feeds only what is new, and the
+    output is the target's (the drafter only proposes)."""
+    from ygg_runtime.engine import generate
+    from ygg_runtime.runner import PrefixCache
+
+    hf, target, draft = models
+    prompt = prompts(1, seed=35)[0] * 3
+    ref = hf_greedy(hf, prompt, 24)
+    params = {"egt": {"depth": 3, "draft_width": 2}, "chain": {"k": 3}, "specinfer": {"depth": 2, "width": 2}}[method]
+    drafter = Drafter(draft, target.vocab_size, window=16)
+    with draft.recording() as fed:
+        out, _ = generate(target, build(method, params, drafter), prompt, max_new_tokens=24)
+    assert out == ref and fed[0] == 16 and sum(fed) < len(prompt) // 2
+    assert drafter.cut == len(prompt) - 1 - 16 and drafter.view(prompt[:-1]) == prompt[-17:-1]
+    draft.prefix = PrefixCache(prompt[:5])  # a shared prefix stays in view, before the window
+    try:
+        out, _ = generate(target, build(method, params, drafter), prompt, max_new_tokens=24)
+        assert out == ref and drafter.head == 5 and drafter.view(prompt[:-1]) == prompt[:5] + prompt[-17:-1]
+    finally:
+        draft.prefix = None
 
 
 def test_pruning_every_size_from_one_table_matches_the_single_size_search():
@@ -283,16 +315,9 @@ def test_runners_pad_every_forward_to_their_compiled_widths_and_outputs_stay_the
         target.widths = draft.widths = ()
 
 
-def test_a_request_runs_plain_steps_where_the_drafters_prefill_would_not_pay(artifact, monkeypatch):
-    """With no method named, a request runs the plan's egt unless steps without the drafter are
-    modelled faster over the whole request: a long prompt (the drafter's prefill) and a short
-    output pick pld (retrieval only: plain decoding's steps where the prompt offers nothing), or ar
-    in an artifact without pld; a short prompt and a long output keep egt; a named method is run as
-    asked. What was chosen and why is in the result (`--json`'s "choice", `--stats`' "method chosen")."""
-    import ygg_runtime
-
-    dec = ygg_runtime.load(artifact)
-    assert "pld" in dec.methods
+def priced_egt(dec, monkeypatch) -> None:
+    """The decoder's plan as egt at depth 3 (2.5 calibrated tokens a step) over made-up curves in
+    which a drafter forward costs about a third of a verify, and prompts cost by their length."""
     monkeypatch.setattr(dec, "default_method", "egt")
     egt = dec.methods["egt"]
     monkeypatch.setitem(dec.methods, "egt", dataclasses.replace(egt, depth=3, draft_width=1, verify_width=4,
@@ -303,14 +328,83 @@ def test_a_request_runs_plain_steps_where_the_drafters_prefill_would_not_pay(art
                "draft_ms": [[3 + 0.05 * w for w in widths], [5 + 0.05 * w for w in widths]],
                "other_ms": [0.1] * len(widths)}
     monkeypatch.setattr(dec, "curves", lambda: Curves(profile))
-    method, why = dec.choose(3000, 16)
-    assert method == "pld" and why.startswith("modelled egt") and "plain steps" in why
-    assert dec.choose(20, 200)[0] == "egt"
+
+
+def test_a_request_runs_plain_steps_where_the_drafters_prefill_would_not_pay(artifact, monkeypatch):
+    """With no method named, a request runs the plan's egt unless steps without the drafter are
+    modelled faster over the whole request: a long prompt (the drafter's prefill) and a short
+    output pick pld (retrieval only: plain decoding's steps where the prompt offers nothing), or ar
+    in an artifact without pld; a short prompt and a long output keep egt; a named method is run as
+    asked. What was chosen and why is in the result (`--json`'s "choice", `--stats`' "method chosen")."""
+    import ygg_runtime
+
+    dec = ygg_runtime.load(artifact)
+    assert "pld" in dec.methods
+    priced_egt(dec, monkeypatch)
+    monkeypatch.setattr(dec.plan, "draft_window", None)  # the drafter reads every prompt whole
+    choice = dec.choose(3000, 16)
+    assert choice.method == "pld" and choice.why.startswith("modelled egt") and "plain steps" in choice.why
+    assert dec.choose(20, 200).method == "egt"
     result = dec.generate(list(range(3, 200)), max_new_tokens=2)
     assert result.method == "pld" and result.to_json()["choice"].startswith("modelled egt")
     assert result.token_ids == dec.generate(list(range(3, 200)), max_new_tokens=2, method="ar").token_ids
     assert dec.generate(list(range(3, 200)), max_new_tokens=2, method="egt").to_json()["choice"] == "asked for"
     monkeypatch.delitem(dec.methods, "pld")
-    assert dec.choose(3000, 16)[0] == "ar"
+    assert dec.choose(3000, 16).method == "ar"
     monkeypatch.setattr(dec, "curves", lambda: None)  # nothing to model with: the plan's method
-    assert dec.choose(3000, 16) == ("egt", "the plan's method")
+    assert dec.choose(3000, 16) == Choice("egt", None, "the plan's method")
+
+
+def test_a_long_request_may_run_the_plans_method_with_a_drafter_that_reads_only_a_window(artifact, monkeypatch):
+    """Where compile measured what a window keeps of the drafter's acceptance, a request may run the
+    plan's method with a drafter that reads only the prompt's last K tokens: chosen when that is
+    modelled faster over the whole request than the whole prompt (its prefill) and than plain steps
+    (a window that keeps little acceptance is not, nor one within the margin of plain steps). The
+    output is ar's; --json says the window."""
+    import ygg_runtime
+    from ygg_runtime.plan import DraftWindow
+
+    dec = ygg_runtime.load(artifact)
+    measured = dec.plan.draft_window  # compile measured the windows its context leaves room for
+    assert measured.windows == [64, 128] and measured.text_tokens == 256 and len(measured.kept) == 2
+    priced_egt(dec, monkeypatch)
+    window = DraftWindow(windows=[32, 256], kept=[0.5, 0.97], acceptance=0.7, text_tokens=4096, positions=256,
+                         source="test", seconds=0.0)
+    monkeypatch.setattr(dec.plan, "draft_window", window)
+    choice = dec.choose(3000, 400)
+    assert (choice.method, choice.window) == ("egt", 256) and "reading the last 256 tokens" in choice.why
+    assert dec.choose(100, 400).window is None  # nothing to leave out of a short prompt
+    # 8 new tokens: the window is modelled 1.8 % faster than plain steps (1.015 s against 1.033 s),
+    # short of the margin a window must win by over them
+    assert dec.choose(3000, 8) == Choice("pld", None, dec.choose(3000, 8).why)
+    monkeypatch.setattr(window, "kept", [0.5, 0.3])  # windows that lose most of the acceptance
+    assert dec.choose(3000, 400).window is None
+    prompt = list(range(3, 200))
+    monkeypatch.setattr(dec, "choose", lambda prompt, new: Choice("egt", 32, "modelled"))
+    result = dec.generate(prompt, max_new_tokens=40)
+    assert result.method == "egt" and result.to_json()["metrics"]["draft_window"] == 32
+    assert result.token_ids == dec.generate(prompt, max_new_tokens=40, method="ar").token_ids
+    forced = dec.generate(prompt, max_new_tokens=40, method="egt", draft_window=64)
+    assert forced.metrics.draft_window == 64 and forced.token_ids == result.token_ids
+    assert dec.generate(prompt, max_new_tokens=4, method="egt").metrics.draft_window == 0
+
+
+def test_the_acceptance_a_window_keeps_is_the_drafters_greedy_agreement_reading_only_it(models):
+    """`calibrate.window_acceptance`: at the text's last positions, the drafter's argmax against
+    the target's, reading the whole text and only the last w tokens before them — the same
+    figures as whole teacher-forced passes give; windows that leave nothing out are dropped."""
+    _, target, draft = models
+    text = (prompts(1, seed=36)[0] * 4)[:300]
+    found = calibrate.window_acceptance(target, draft, text, windows=(16, 64, 290), positions=32)
+    assert found["windows"] == [16, 64] and found["text_tokens"] == 300
+    start = 300 - 32
+    want = calibrate._teacher_forced(target, text, 64)[0][start:].argmax(-1)
+
+    def agree(seq):
+        d = calibrate._teacher_forced(draft, seq, 64)[0][-32:].argmax(-1)
+        return (d == want).float().mean().item()
+
+    whole = agree(text)
+    assert found["acceptance"] == pytest.approx(whole, abs=1e-4)
+    assert found["kept"] == [pytest.approx(agree(text[start - w :]) / whole, abs=1e-4) for w in (16, 64)]
+    assert calibrate.window_acceptance(target, draft, text[:40], windows=(16,), positions=32) is None

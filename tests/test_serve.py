@@ -443,29 +443,37 @@ def test_bench_serve_refuses_a_bad_concurrency_in_one_line(artifact):
 def test_a_request_without_a_method_runs_what_the_decoder_chooses_for_its_length_and_the_metrics_say_so(decoder,
                                                                                                           monkeypatch):
     """The server prices each request as `ygg run` does (`Decoder.choose`, given its prompt and
-    max_tokens): the method chosen runs, a named one runs as asked, and ygg:request_method counts
-    each by how it was chosen."""
+    max_tokens): the method chosen runs, with the drafter's window chosen, a named one runs as
+    asked, and ygg:request_method and ygg:request_draft_window count each by how it was chosen."""
     import asyncio
 
+    from ygg_runtime.decoder import Choice
     from ygg_runtime.serve import CompletionRequest, Server
 
     server = Server(decoder, "tiny", max_batch=2)
     asked = []
 
-    def choose(prompt: int, new: int) -> tuple[str, str]:
+    def choose(prompt: int, new: int) -> Choice:
         asked.append((prompt, new))
-        return ("ar" if prompt > 5 else decoder.default_method), "modelled"
+        return Choice("ar", why="modelled") if prompt > 5 else Choice(decoder.default_method, 8 if prompt > 2 else None)
 
     monkeypatch.setattr(decoder, "choose", choose)
 
     async def jobs():
         out = []
-        for prompt, method in (([5, 6, 7, 8, 9, 10], None), ([5, 6], None), ([5, 6, 7, 8, 9, 10], "chain")):
+        for prompt, method in (([5, 6, 7, 8, 9, 10], None), ([5, 6], None), ([5, 6, 7], None),
+                               ([5, 6, 7, 8, 9, 10], "chain")):
             req = CompletionRequest(model="tiny", prompt=prompt, max_tokens=4, method=method)
-            out.append(server.job(req, prompt, False).method)
+            job = server.job(req, prompt, False)
+            out.append((job.method, job.draft_window))
         return out
 
-    assert asyncio.run(jobs()) == ["ar", decoder.default_method, "chain"] and asked == [(6, 4), (2, 4)]
-    counted = {tuple(s.labels.values()): s.value for m in server.metrics.registry.collect()
-               if m.name == "ygg:request_method" for s in m.samples if s.name.endswith("_total")}
-    assert counted == {("ar", "request"): 1.0, (decoder.default_method, "plan"): 1.0, ("chain", "asked"): 1.0}
+    assert asyncio.run(jobs()) == [("ar", None), (decoder.default_method, None), (decoder.default_method, 8),
+                                   ("chain", None)]
+    assert asked == [(6, 4), (2, 4), (3, 4)]
+    counted = {name: {tuple(s.labels.values()): s.value for s in m.samples if s.name.endswith("_total")}
+               for m in server.metrics.registry.collect() for name in ("ygg:request_method", "ygg:request_draft_window")
+               if m.name == name}
+    assert counted["ygg:request_method"] == {("ar", "request"): 1.0, (decoder.default_method, "plan"): 1.0,
+                                             (decoder.default_method, "request"): 1.0, ("chain", "asked"): 1.0}
+    assert counted["ygg:request_draft_window"] == {("whole",): 3.0, ("8",): 1.0}

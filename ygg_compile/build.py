@@ -42,8 +42,8 @@ from ygg_runtime.files import cache_dir, locked
 from ygg_runtime.integrity import available_memory, file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params
-from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, ExactnessRecord, KernelInfo,
-                              ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, TritonKernels, WeightsInfo)
+from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, DraftWindow, ExactnessRecord,
+                              KernelInfo, ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, TritonKernels, WeightsInfo)
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.runner import ModelRunner
@@ -167,6 +167,7 @@ class _Build:
     agreement: Any = None
     methods: dict[str, Params] = field(default_factory=dict)
     planning: Planning | None = None
+    draft_window: DraftWindow | None = None
 
 
 def _resolve(b: _Build) -> None:
@@ -328,9 +329,24 @@ def _calibrate(b: _Build) -> None:
         if b.predictor and b.calib.texts:
             with b.phase("calibrate", f"reading {sum(map(len, b.calib.texts.values()))} calibration positions for the depth predictor"):
                 b.agreement = calibrate.agreement(b.runners["target"], b.runners["draft"], b.calib.texts)
+    with b.phase("calibrate", "measuring the acceptance a window of a long prompt keeps the drafter"):
+        b.draft_window = _draft_window(b.runners, b.codec, b.max_context)
     with b.phase("calibrate", "keeping the calibration in the artifact"):
         calibration_file.save(b.tmp / calibration_file.FILE, b.calib, b.agreement, calibration_file.describe(b.models, dims),
                               b.dtype)
+
+
+def _draft_window(runners: dict, codec: TextCodec, max_context: int) -> DraftWindow | None:
+    """The acceptance each of the drafter's windows keeps, measured on the standard library's source
+    (`calibrate.window_acceptance`); None when the context is too short to leave anything out."""
+    n = min(calibrate.WINDOW_TEXT, max_context)
+    positions = min(calibrate.WINDOW_POSITIONS, n // 4)
+    if n <= min(calibrate.WINDOWS) + positions:
+        return None
+    ids = prompts.stdlib_text(prompts.WINDOW_SOURCES, n, lambda t: codec.encode(t, raw=True), "the window's text")[:n]
+    found = calibrate.window_acceptance(runners["target"], runners["draft"], ids, positions=positions)
+    source = f"the standard library's {', '.join(prompts.WINDOW_SOURCES)} (first {n} tokens)"
+    return typed.build(DraftWindow, found | {"source": source}, "the drafter's window") if found else None
 
 
 def _plan(b: _Build) -> None:
@@ -390,6 +406,7 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
         planning=b.planning,
         tokenizer=b.tok_info,
         files=files,
+        draft_window=b.draft_window,
     )
     (b.tmp / PLAN_FILE).write_text(plan.to_yaml())
     return plan

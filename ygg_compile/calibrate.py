@@ -37,6 +37,7 @@ from ygg_runtime.ui import Reporter
 from ygg_compile.sequoia_tree import SequoiaTables
 from ygg_runtime import engine, objective
 from ygg_runtime.objective import Curves
+from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.proposers import Drafter
 from ygg_runtime.proposers.base import Hook, StepState
 from ygg_runtime.params import MAX_N, POSITIONS, RANKS, EGTParams, GraftParams, SequoiaParams
@@ -237,6 +238,53 @@ def _teacher_forced(runner: ModelRunner, seq: list[int], chunk: int) -> tuple[to
         hidden.append(runner.hidden.float())
         runner.commit(list(range(len(part))))
     return torch.cat(logits), torch.cat(hidden)
+
+
+# The drafter's windows compile measures (`window_acceptance`), and the positions it scores: the
+# last WINDOW_POSITIONS tokens of a text of WINDOW_TEXT (or the last quarter of as many as the
+# context holds, when that is shorter).
+WINDOWS = (64, 128, 256, 512, 1024, 2048)
+WINDOW_POSITIONS = 256
+WINDOW_TEXT = 4096
+
+
+def window_acceptance(target: ModelRunner, draft: ModelRunner, text: list[int],
+                      windows: tuple[int, ...] = WINDOWS, positions: int = WINDOW_POSITIONS) -> dict | None:
+    """How much of the drafter's acceptance a window keeps (`Plan.draft_window`): at each of the
+    text's last `positions` tokens, whether the drafter's greedy guess at the next token is the
+    target's, the drafter reading the whole text before them, and reading only the last `w`
+    tokens before them (as at run time: the window, then the tokens since). Teacher-forced: one
+    prefill of the target, one of the drafter, and one short one per window. Windows that leave
+    nothing out are not measured; None when none is left."""
+    start = len(text) - positions
+    windows = tuple(w for w in windows if w < start)
+    if not windows or positions < 1:
+        return None
+    t0 = time.perf_counter()
+    drafter = Drafter(draft, target.vocab_size)
+    want = _greedy(target, text, start, lambda x: x)
+    known = drafter.known(text)
+    agree = lambda seq: (_greedy(draft, seq, len(seq) - positions, drafter.fit) == want).float().mean().item()
+    whole = agree(known)
+    kept = [agree(known[start - w :]) / whole if whole else 1.0 for w in windows]
+    target.reset()
+    draft.reset()
+    return {"windows": list(windows), "kept": [round(k, 4) for k in kept], "acceptance": round(whole, 4),
+            "text_tokens": len(text), "positions": positions, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _greedy(runner: ModelRunner, seq: list[int], start: int, fit) -> torch.Tensor:
+    """The model's greedy next token at positions start..len(seq) - 1 of `seq`, fed from an empty
+    cache: the tokens before `start` in the prefill's forwards (no output head), the rest in
+    forwards whose logits are kept only as their argmax (a long text's logits would not fit)."""
+    runner.reset()
+    runner.prefill(seq[:start])
+    out = []
+    for i in range(start, len(seq), MAX_ROWS):
+        part = seq[i : i + MAX_ROWS]
+        out.append(fit(runner.forward_chain(part)).argmax(-1))
+        runner.commit(list(range(len(part))))
+    return torch.cat(out)
 
 
 def _common_prefix(seqs: list[list[int]]) -> int:

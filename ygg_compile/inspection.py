@@ -266,6 +266,10 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
         info.add_row("retrieval", f"{graft.target_tokens} of {graft.labelled_tokens} retrieved tokens were the target's "
                      f"on the calibration continuations; P(first copied token accepted) by match length, seen once/twice: "
                      f"{first}; adjacency table: {graft.adjacency_rows} tokens")
+    win = plan.draft_window
+    info.add_row("drafter's window", "not measured: the drafter reads every prompt whole" if win is None else
+                 f"top-1 agreement {win.acceptance:.1%} reading {win.text_tokens} tokens whole; kept reading only the "
+                 "last " + ", ".join(f"{w}: {k:.0%}" for w, k in zip(win.windows, win.kept)) + f" ({win.source})")
     con.print(info)
     con.print(roofline_table(plan))
 

@@ -81,21 +81,29 @@ def long_category(tokens: int) -> str:
 def long_prompts(lengths: list[int], encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]) -> list[Prompt]:
     """One prompt of about each length in tokens (as `encode` counts them, before a chat template
     adds its own): LONG_ASK, then the standard library's source cut to fit."""
-    need = max(lengths) - len(encode(LONG_ASK))
+    ask = len(encode(LONG_ASK))
+    ids = stdlib_text(LONG_SOURCES, max(lengths) - ask, encode, f"--long {max(lengths)}")
+    return [Prompt(f"long-{n}", long_category(n), LONG_ASK + decode(ids[: n - ask])) for n in lengths]
+
+
+# The long text compile measures the drafter's window on (`ygg_compile.calibrate.window_acceptance`):
+# other modules than the benchmark's, so the plan is not fitted to the text it is timed on.
+WINDOW_SOURCES = ("functools", "enum", "textwrap", "shutil", "tarfile")
+
+
+def stdlib_text(names: tuple[str, ...], need: int, encode: Callable[[str], list[int]], what: str) -> list[int]:
+    """At least `need` tokens of the named standard-library modules' source, in order (only as many
+    modules as it takes); one line naming `what` asked for more when they hold fewer."""
     text, ids = "", []
-    for name in LONG_SOURCES:
+    for name in names:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
             continue
         text += f"# {name}.py\n\n" + Path(spec.origin).read_text(encoding="utf-8") + "\n\n"
         ids = encode(text)
         if len(ids) >= need:
-            break
-    if len(ids) < need:
-        raise YggError(f"the standard library's {', '.join(LONG_SOURCES)} give {len(ids)} tokens, fewer than "
-                       f"--long {max(lengths)} needs")
-    ask = len(encode(LONG_ASK))
-    return [Prompt(f"long-{n}", long_category(n), LONG_ASK + decode(ids[: n - ask])) for n in lengths]
+            return ids
+    raise YggError(f"the standard library's {', '.join(names)} give {len(ids)} tokens, fewer than {what} needs")
 
 
 def calibration(path: Path | None) -> list[str]:

@@ -29,8 +29,9 @@ ABLATIONS = {
 
 # The runtime's own choice: what a request that names no method runs (`Decoder.choose`).
 AUTO = "auto"
-CHOSEN = {AUTO: "no method named: per request, the plan's method or steps without the drafter, whichever is "
-                "modelled faster over the whole request (prefill and decode)"}
+CHOSEN = {AUTO: "no method named: per request, the plan's method (its drafter reading the whole prompt, or only its "
+                "last K tokens: `@K`) or steps without the drafter, whichever is modelled faster over the whole "
+                "request (prefill and decode)"}
 
 # Plain decoding run another way: the reference for the greedy outputs of contestants run that way.
 REFERENCES = {
@@ -39,6 +40,12 @@ REFERENCES = {
 }
 
 # ---------------------------------------------------------------- aggregation
+
+
+def _ran(record: dict, name: str) -> str:
+    """What a run ran: its method, and "@K" where its drafter read only the prompt's last K tokens."""
+    window = record.get("draft_window")
+    return record.get("method", name) + (f"@{window}" if window else "")
 
 
 def _median_ratio(num: dict[str, float], den: dict[str, float]) -> float | None:
@@ -96,7 +103,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "request_s": statistics.median(request[(name, p)] for p in mine),
                 "first_token_vs_ar": _median_ratio(of(first, name), base_first),
                 "request_speedup_vs_ar": _median_ratio(base_request, of(request, name)),
-                "methods_run": dict(collections.Counter(r.get("method", name) for v in (per[(name, p)] for p in mine) for r in v)),
+                "methods_run": dict(collections.Counter(_ran(r, name) for v in (per[(name, p)] for p in mine) for r in v)),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
                 # over llama.cpp's plain decoding of the same GGUF file, when the run has it

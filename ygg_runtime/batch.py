@@ -281,13 +281,14 @@ class Batch:
              eos_ids: frozenset[int] = frozenset(),
              on_tokens: Callable[[list[int]], None] | None = None,
              on_step: Callable[[TokenTree, Verdict], None] | None = None,
-             on_event: Callable[[Step], None] | None = None) -> Member | None:
+             on_event: Callable[[Step], None] | None = None, draft_window: int | None = None) -> Member | None:
         """A new member, prefilled at the next step; None when the batch or the cache is full now,
         or a preempted member still waits for room (try again after a step). A request that can
         never fit is refused (YggError). It takes the slots of its prompt and a step's room; more
         as it grows (`_reserve`). on_tokens hears each step's new tokens, on_step each verified
         tree and its verdict, on_event each step's metrics event (`ygg_runtime.metrics.Step`).
-        sampling: the rule at temperature > 0 (None: the batch's, which a decoder takes from its plan)."""
+        sampling: the rule at temperature > 0 (None: the batch's, which a decoder takes from its plan);
+        draft_window: its drafter reads only the last that many prompt tokens (None: all)."""
         if len(self.running) >= self.max_batch or any(m.preempted for m in self.members):
             return None
         cap, room = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -303,7 +304,7 @@ class Batch:
             if self.drafter is not None:
                 region = self.drafter.region(base, length)
                 region.scratch = self.scratch
-                drafter = Drafter(region, self.target.vocab_size, lazy=True)
+                drafter = Drafter(region, self.target.vocab_size, lazy=True, window=draft_window)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, seed=seed, sampling=sampling or self.sampling,
                              eos_ids=eos_ids, on_step=on_step, on_event=on_event, context=cap)

@@ -68,6 +68,7 @@ def run_cmd(
     stats: bool = typer.Option(False, "--stats", help="print a table of decoding statistics (stderr)"),
     raw: bool = typer.Option(False, "--raw", help="do not wrap the prompt in the model's chat template"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="always generate --max-new-tokens tokens"),
+    draft_window: Optional[int] = typer.Option(None, "--draft-window", metavar="K", help="the drafter reads only the prompt's last K tokens (0: all of it; default: as the plan prices the request, all when --method is given)"),
     no_predictor: bool = typer.Option(False, "--no-predictor", help="egt: ignore the depth predictor, keep the planned depth"),
     no_graft: bool = typer.Option(False, "--no-graft", help="egt: draft only, without grafting retrieved tokens into its trees"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
@@ -80,13 +81,16 @@ def run_cmd(
     check_settings(max_new_tokens, temperature, top_p, seed)
     if sampling is not None:
         check_sampling(sampling)
+    if draft_window is not None and draft_window < 0:
+        raise YggError(f"--draft-window takes a number of tokens (0: the whole prompt), not {draft_window}")
     plan_bytes(artifact, expect_plan)
     require("run")
     from ygg_runtime import run  # torch and the models: only once the arguments have passed
 
     run.run(prompt, artifact, method=method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
             seed=seed, sampling=sampling, as_json=as_json, stats=stats, raw=raw, ignore_eos=ignore_eos, no_predictor=no_predictor,
-            no_graft=no_graft, eager=eager, device=device, dtype=dtype, expect_plan=expect_plan)
+            no_graft=no_graft, eager=eager, device=device, dtype=dtype, expect_plan=expect_plan,
+            draft_window=draft_window)
 
 
 @app.command("serve", rich_help_panel=RUNTIME)

@@ -63,9 +63,18 @@ class Result:
                 "metrics": self.metrics.to_dict()}
 
 
-# How much faster over a whole request plain decoding must be modelled for a request to run it in
-# place of the plan's method (as the depth predictor must beat the fixed depth: 2 %).
+# How much faster over a whole request another way must be modelled for a request to run it in
+# place of the plan's method over the whole prompt (as the depth predictor must beat the fixed depth: 2 %).
 CHOICE_GAIN = 1.02
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How a request runs: its method, the drafter's window, and why (one sentence)."""
+
+    method: str
+    window: int | None = None  # the drafter reads the last this many prompt tokens (None: all of it)
+    why: str = "the plan's method"
 
 
 class Decoder:
@@ -147,30 +156,50 @@ class Decoder:
         profile = self.plan.profile if self.plan else None
         return Curves(profile) if profile else None
 
-    def choose(self, prompt: int, new: int) -> tuple[str, str]:
-        """The method of a request that names none, and why: the plan's, unless plain decoding's
-        steps are modelled faster over the whole request — the prompt's prefill (the drafter's too,
-        for a method that drafts) and `new` tokens (the budget: output that ends sooner only shortens
-        the decode, which favours the plan's method less) at the plan's calibrated tokens per step
-        (`objective.request_ms`). They must win by the margin a plan asks of any change
-        (CHOICE_GAIN), so a close call keeps the plan's method. Where they win, the request runs pld
-        when the artifact has it: no drafter to prefill, a step of one verified token where its
-        prompt offers nothing to retrieve (plain decoding's), longer ones where it does."""
+    def choose(self, prompt: int, new: int) -> Choice:
+        """The method of a request that names none, the drafter's window, and why: the plan's method
+        over the whole prompt, unless another way is modelled faster over the whole request — the
+        prompt's prefill (the drafter's too, for a method that drafts) and `new` tokens (the budget:
+        output that ends sooner only shortens the decode, which favours drafting less) at the plan's
+        calibrated tokens per step (`objective.request_ms`). The other ways: the plan's method with
+        a drafter that reads only the last K prompt tokens, for each window K compile measured
+        (`Plan.draft_window`: the acceptance it keeps scales the tokens per step); and plain
+        steps, run as pld where the artifact has it (no drafter to prefill, a step of one verified
+        token where the prompt offers nothing to retrieve, longer where it does). Another way must
+        win by the margin a plan asks of any change (CHOICE_GAIN), so a close call keeps the plan's, and
+        a window must beat plain steps by it as well: the drafter's acceptance over a long prompt is
+        the least known figure of the three."""
         default = self.default_method
         params = self.methods.get(default)
         curves = self.curves()
         per_step = params.tokens_per_step if isinstance(params, EGTParams) else None
         fallback = "pld" if "pld" in self.methods else "ar" if "ar" in self.methods else None
         if fallback is None or curves is None or not per_step:  # ar and pld have no tokens_per_step
-            return default, "the plan's method"
+            return Choice(default)
         shape = objective.step_shape(params)
         planned = objective.request_ms(shape, per_step, prompt, new, curves)
+        said = [f"modelled {default} {planned.ms / 1e3:.1f} s (prefill {planned.prefill_ms / 1e3:.1f} s)"]
+        windowed: tuple[float, int] | None = None  # (ms, K) of the fastest window
+        window = self.plan.draft_window if self.plan is not None else None
+        if window is not None and shape.draft_widths:
+            for k, kept in zip(window.windows, window.kept):
+                if k >= prompt:
+                    break
+                cost = objective.request_ms(shape, objective.windowed_tokens_per_step(per_step, kept), prompt, new,
+                                            curves, window=k)
+                said.append(f"reading the last {k} tokens {cost.ms / 1e3:.1f} s (prefill {cost.prefill_ms / 1e3:.1f} s, "
+                            f"{kept:.0%} of the acceptance)")
+                if windowed is None or cost.ms < windowed[0]:
+                    windowed = (cost.ms, k)
         plain = objective.request_ms(objective.StepShape((), 1), 1.0, prompt, new, curves)
-        said = (f"modelled {default} {planned.ms / 1e3:.1f} s (prefill {planned.prefill_ms / 1e3:.1f} s), plain steps "
-                f"{plain.ms / 1e3:.1f} s (prefill {plain.prefill_ms / 1e3:.1f} s) for {prompt} + {new} tokens")
-        if plain.ms * CHOICE_GAIN < planned.ms:
-            return fallback, said
-        return default, said
+        said.append(f"plain steps {plain.ms / 1e3:.1f} s (prefill {plain.prefill_ms / 1e3:.1f} s)")
+        why = ", ".join(said) + f" for {prompt} + {new} tokens"
+        # Each other way must beat the plan's by the margin; a window must beat plain steps by it too.
+        windowed = windowed if windowed is not None and windowed[0] * CHOICE_GAIN < planned.ms else None
+        steps = plain.ms * CHOICE_GAIN < planned.ms
+        if windowed is not None and (not steps or windowed[0] * CHOICE_GAIN < plain.ms):
+            return Choice(default, windowed[1], why)
+        return Choice(fallback if steps else default, None, why)
 
     def kv_bytes_per_token(self) -> int:
         """What a token costs the KV caches of both models."""
@@ -219,18 +248,27 @@ class Decoder:
         eager: bool = False,
         raw: bool = False,
         ignore_eos: bool = False,
+        draft_window: int | None = None,
         on_text: Callable[[str], None] | None = None,
         on_step: Callable | None = None,
     ) -> Result:
         """Generate exactly what the target alone would (greedy), or a sample from its distribution
         by the `sampling` rule (None: the plan's; coupled prints `ar`'s tokens for the same seed).
         Ablations: predictor=False, stages, graft=False (see proposer()); eager=True runs this generation on the
-        eager forwards even when compiled ones are loaded."""
+        eager forwards even when compiled ones are loaded. draft_window: the drafter reads only the last
+        that many prompt tokens (0: all of them; None: as `choose` decides, or all when a method is named)."""
         start = time.perf_counter()
         ids = self.encode(prompt, raw)
         sampling = check_sampling(sampling or self.sampling)
-        method, choice = (method, "asked for") if method else self.choose(len(ids), max_new_tokens)
-        prop = self.proposer(method, predictor, stages, graft)
+        if draft_window is not None and draft_window < 0:
+            raise YggError(f"draft_window takes a number of tokens (0: the whole prompt), not {draft_window}")
+        if method:
+            choice = Choice(method, draft_window or None, "asked for")
+        else:
+            choice = self.choose(len(ids), max_new_tokens)
+            if draft_window is not None:
+                choice = dataclasses.replace(choice, window=draft_window or None)
+        prop = self.proposer(choice.method, predictor, stages, graft)
         compiled = {role: r.compiled for role, r in self.runners.items()}
         record = self.exactness.get(self.forward_kind(eager))
         floor = self.target.min_width
@@ -238,12 +276,18 @@ class Decoder:
             for r in self.runners.values():
                 r.compiled = None
         self.target.min_width = exactness.min_width(record)
+        if self._drafter is not None:
+            self._drafter.window = choice.window
         try:
             result = self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos,
                                     on_text, on_step, record)
-            result.metrics.choice = choice
+            result.metrics.choice = choice.why
+            drafted = isinstance(prop, proposers.DraftProposer) and self._drafter.cut > 0
+            result.metrics.draft_window = choice.window if drafted else 0
             return result
         finally:
+            if self._drafter is not None:
+                self._drafter.window = None
             self.target.min_width = floor
             for role, r in self.runners.items():
                 r.compiled = compiled[role]

@@ -57,6 +57,7 @@ class Step:
 class Metrics:
     method: str = ""
     choice: str = ""  # why the request ran `method`: "asked for", "the plan's method", or the modelled costs
+    draft_window: int = 0  # the drafter read only this many last prompt tokens (0: the whole prompt)
     sampling: str = "greedy"  # how tokens were drawn: "greedy", "coupled" or "rejection" (options.SAMPLINGS)
     prompt_tokens: int = 0
     generated_tokens: int = 0

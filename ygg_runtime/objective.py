@@ -160,9 +160,10 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
     return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
-def step_ms(shape: StepShape, curves: Curves, context: int | None = None) -> float:
-    """Modelled wall time of one step at a context length."""
-    drafting = sum(curves.t_draft(w, context) for w in shape.draft_widths)
+def step_ms(shape: StepShape, curves: Curves, context: int | None = None, draft_context: int | None = None) -> float:
+    """Modelled wall time of one step at a context length (draft_context: the drafter's, when its
+    window leaves it shorter than the target's)."""
+    drafting = sum(curves.t_draft(w, context if draft_context is None else draft_context) for w in shape.draft_widths)
     return drafting + curves.t_verify(shape.verify_width, context) + curves.t_other(shape.verify_width)
 
 
@@ -177,18 +178,20 @@ def speedup(expected_accepted: float, shape: StepShape, curves: Curves, context:
 
 
 def best_depth(reach: list[float], factors: list[float], shapes: list[StepShape], curves: Curves,
-               context: int | None = None, retrieved: tuple[float, int] | None = None) -> int:
+               context: int | None = None, retrieved: tuple[float, int] | None = None,
+               draft_context: int | None = None) -> int:
     """The depth D in 0..len(shapes) - 1 with the most tokens per modelled ms, given the depth
     predictor's reach[d - 1] = P(accepted length >= d). A step of depth D yields
     1 + factors[D] · Σ_{d ≤ D} reach[d - 1] tokens: a deep tree accepted to length A yields min(A, D)
     from a depth-D tree, and factors[D] (measured on calibration, `ygg_compile.calibrate`) scales
     that for the narrower tree the runtime grows. shapes[D] is a depth-D step (shapes[0] plain).
     retrieved: (E[A], verify width) of a retrieval-only step, which then is depth 0's option (no
-    drafter forward) in place of plain decoding."""
+    drafter forward) in place of plain decoding. draft_context: the drafter's, when a window leaves
+    it shorter than the target's."""
     zero = shapes[0] if retrieved is None else StepShape((), retrieved[1])
     best, rate = 0, (1.0 if retrieved is None else retrieved[0]) / step_ms(zero, curves, context)
     for d in range(1, len(shapes)):
-        r = (1.0 + factors[d] * sum(reach[:d])) / step_ms(shapes[d], curves, context)
+        r = (1.0 + factors[d] * sum(reach[:d])) / step_ms(shapes[d], curves, context, draft_context)
         if r > rate:
             best, rate = d, r
     return best
@@ -219,12 +222,22 @@ class RequestCost:
         return self.prefill_ms + self.decode_ms
 
 
-def request_ms(shape: StepShape, tokens_per_step: float, prompt: int, new: int, curves: Curves) -> RequestCost:
+def request_ms(shape: StepShape, tokens_per_step: float, prompt: int, new: int, curves: Curves,
+               window: int | None = None) -> RequestCost:
     """A request of `prompt` tokens and `new` new ones decoded in steps of `shape` yielding
-    `tokens_per_step`: the target's prefill, the drafter's when the shape drafts, and new /
-    tokens_per_step steps at the context halfway through the output."""
-    prefill = prefill_ms(curves, "target", prompt) + (prefill_ms(curves, "draft", prompt) if shape.draft_widths else 0.0)
-    return RequestCost(prefill, new / tokens_per_step * step_ms(shape, curves, prompt + new // 2))
+    `tokens_per_step`: the target's prefill, the drafter's when the shape drafts (of the last
+    `window` prompt tokens when it has one), and new / tokens_per_step steps at the context halfway
+    through the output (the drafter's own, shorter with a window)."""
+    seen = min(prompt, window) if window else prompt
+    prefill = prefill_ms(curves, "target", prompt) + (prefill_ms(curves, "draft", seen) if shape.draft_widths else 0.0)
+    return RequestCost(prefill, new / tokens_per_step * step_ms(shape, curves, prompt + new // 2, seen + new // 2))
+
+
+def windowed_tokens_per_step(tokens_per_step: float, kept: float) -> float:
+    """Tokens per step of a drafter that reads a window keeping `kept` of the whole prompt's
+    per-token acceptance (`Plan.draft_window`): the drafted part of a step (all but the bonus token)
+    scaled by it — first order in 1 − kept, which is small wherever a window is worth choosing."""
+    return 1.0 + (tokens_per_step - 1.0) * min(1.0, max(0.0, kept))
 
 
 def break_even(shape: StepShape, curves: Curves, context: int | None = None) -> float:

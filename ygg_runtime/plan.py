@@ -325,6 +325,22 @@ class DraftVocabReport:
 
 
 @dataclass
+class DraftWindow:
+    """How much of the drafter's acceptance a window of the prompt keeps, measured at compile
+    (`ygg_compile.calibrate.window_acceptance`): teacher-forced over a long text, the share of the
+    last `positions` tokens at which the drafter's greedy guess is the target's, reading the last
+    `windows[i]` tokens before them against reading the whole text. The runtime weighs a window's
+    `kept` acceptance against the drafter's prefill it saves, per request (`Decoder.choose`)."""
+    windows: list[int]
+    kept: list[float]  # acceptance with that window / acceptance with the whole text
+    acceptance: float  # the drafter's top-1 agreement with the target reading the whole text
+    text_tokens: int  # the text's length: windows[i] < text_tokens - positions
+    positions: int
+    source: str  # what the text was
+    seconds: float
+
+
+@dataclass
 class Planning:
     """What compile weighed to choose the plan (`ygg inspect` shows it; nothing that decodes reads it)."""
     context: int  # the calibration steps' median context, where the candidates were timed
@@ -375,6 +391,9 @@ class Plan:
     # on CUDA: the directory of Triton kernels the compile compiled (`backend.gpu.compiling_into`) and
     # the Triton that compiled them; `ygg run` on that GPU kind with that Triton compiles nothing
     triton: TritonKernels | None = None
+    # the acceptance a drafter keeps reading only a window of a long prompt (None: not measured, as
+    # in plans from before it: the drafter reads every prompt whole)
+    draft_window: DraftWindow | None = None
 
     def to_dict(self) -> dict:
         return plain(self)

@@ -16,10 +16,10 @@ from ygg_runtime.tree import TokenTree
 
 
 def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | None, draft_widths: tuple[int, ...],
-             context: int) -> TokenTree:
+             context: int, draft_context: int | None = None) -> TokenTree:
     """The subtree to verify: for each compiled verify width its E[A]-best subtree, the width with
     the most tokens per modelled ms chosen (`draft_widths`: the step's drafter forwards, counted in
-    its time); the widest without curves. Drafted and retrieved nodes compete on their path values
+    its time, at `draft_context` when a window leaves the drafter's shorter); the widest without curves. Drafted and retrieved nodes compete on their path values
     alone, so retrieval fills exactly the slots pruning leaves free."""
     widest = verify_widths[-1]
     # Path values never increase along a path, so the best subtrees lie among the `widest`
@@ -35,7 +35,7 @@ def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | N
     width = widest
     if curves is not None:
         def rate(w: int) -> float:
-            return pruning.value(w) / objective.step_ms(StepShape(draft_widths, w), curves, context)
+            return pruning.value(w) / objective.step_ms(StepShape(draft_widths, w), curves, context, draft_context)
         width = max(verify_widths, key=rate)
     sub = tree.subtree([nodes[i] for i in pruning.nodes(width)])
     sub.verify_width = fit_width(len(sub), verify_widths)

@@ -161,7 +161,10 @@ class ServerMetrics:
         self.method = Counter("ygg:request_method", "Requests admitted, by the method each runs and how it was "
                               "chosen: asked (the request's method field), plan (the plan's method), request (another "
                               "modelled faster over the whole request: a long prompt the drafter's prefill would not "
-                              "repay runs without the drafter)", ["method", "chosen"], registry=r)
+                              "repay runs without the drafter, or with a drafter that reads only its last tokens)",
+                              ["method", "chosen"], registry=r)
+        self.window = Counter("ygg:request_draft_window", "Requests admitted, by how many of the prompt's last tokens "
+                              "their drafter reads (\"whole\": all of them)", ["window"], registry=r)
         self.kv_moves = Counter("ygg:kv_region_moves", "Regions moved to grow (their rows copied)", registry=r)
         self.kv_moved = Counter("ygg:kv_moved_tokens", "Rows those moves copied", registry=r)
 
@@ -191,6 +194,7 @@ class Job:
     ignore_eos: bool
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
+    draft_window: int | None = None  # the drafter reads the last this many prompt tokens (None: all)
     arrived: float = field(default_factory=time.perf_counter)
     cancelled: bool = False  # set by the handler: the client went away or a stop string was met
     member: Member | None = None
@@ -276,7 +280,7 @@ class Scheduler:
                                          sampling=job.sampling,
                                          eos_ids=frozenset() if job.ignore_eos else self.decoder.eos_ids,
                                          on_tokens=lambda new, job=job: self._emit(job, new),
-                                         on_event=self.metrics.record)
+                                         on_event=self.metrics.record, draft_window=job.draft_window)
             except YggError as e:  # checked before queueing; only a race with nothing left could land here
                 self.queue.popleft()
                 job.send("error", ApiError(400, str(e)))
@@ -437,10 +441,11 @@ class Server:
             raise ApiError(400, f"seed must be in [0, 2^63), not {req.seed}", param="seed")
         if req.sampling is not None and req.sampling not in SAMPLINGS:
             raise ApiError(400, f"sampling must be one of {', '.join(SAMPLINGS)}, not {req.sampling!r}", param="sampling")
-        chosen = "asked"
-        if not req.method:  # the whole request priced: a long prompt may not repay the drafter's prefill
-            method, _ = self.decoder.choose(len(prompt), max_tokens)
-            chosen = "plan" if method == self.decoder.default_method else "request"
+        chosen, window = "asked", None
+        if not req.method:  # the whole request priced: a long prompt may not repay the drafter's whole prefill
+            choice = self.decoder.choose(len(prompt), max_tokens)
+            method, window = choice.method, choice.window
+            chosen = "plan" if method == self.decoder.default_method and window is None else "request"
         if len(prompt) + max_tokens > self.context:
             raise ApiError(400, f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) is more than the context "
                                 f"of {self.context} tokens; shorten the prompt or lower max_tokens", param="max_tokens",
@@ -452,8 +457,9 @@ class Server:
             raise ApiError(400, str(e).replace("--max-new-tokens", "max_tokens"),
                            param="max_tokens" if "fit" in str(e) else None) from None
         self.metrics.method.labels(method, chosen).inc()
+        self.metrics.window.labels(str(window or "whole")).inc()
         return Job(prompt, method, max_tokens, req.temperature, req.top_p, req.seed, req.sampling, req.ignore_eos,
-                   asyncio.get_running_loop(), asyncio.Queue())
+                   asyncio.get_running_loop(), asyncio.Queue(), draft_window=window)
 
     def completion_prompt(self, req: CompletionRequest) -> list[int]:
         if isinstance(req.prompt, list):

@@ -98,6 +98,8 @@ def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     t.add_row("method", m.method)
     if m.choice and m.choice != "asked for":
         t.add_row("method chosen", m.choice)
+    if m.draft_window:
+        t.add_row("drafter's window", f"the last {m.draft_window} prompt tokens")
     rules = {"greedy": "greedy", "coupled": "coupled (Gumbel-max: the text plain decoding prints with this seed)",
              "rejection": "rejection (speculative sampling: the same distribution, text that depends on the tree)"}
     t.add_row("sampling", rules.get(m.sampling, m.sampling))

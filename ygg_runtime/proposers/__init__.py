@@ -8,7 +8,7 @@ from ygg_runtime.options import METHOD_NAMES
 from ygg_runtime.params import Params
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers.ar import AR
-from ygg_runtime.proposers.base import Drafter, Hook, Proposer, Sampling, StepInfo, StepState
+from ygg_runtime.proposers.base import DraftProposer, Drafter, Hook, Proposer, Sampling, StepInfo, StepState
 from ygg_runtime.proposers.chain import Chain
 from ygg_runtime.proposers.egt import EGT
 from ygg_runtime.proposers.pld import PLD

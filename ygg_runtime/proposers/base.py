@@ -159,27 +159,45 @@ class Drafter:
     not at prefill: under load a batch may decode plainly for a request's whole life, and then its
     drafter never runs at all. The prompt counts as fed for pricing (`behind`): like an eager
     prefill, it is paid once whatever the step, not by the step that happens to draft first.
+
+    A drafter with a `window` reads only the last `window` tokens of a longer prompt (after the
+    prefix cache's rows, the chat template's system turn, when the prompt starts with them): its
+    prefill stops growing with the prompt, and so does the context its steps attend over. It sees
+    the sequence with the `cut` tokens between `head` and the window left out, at positions that
+    run on without them (RoPE sees only distances). Exactness is untouched: the drafter only
+    proposes; the objective weighs the acceptance a window keeps (measured at compile,
+    `Plan.draft_window`) against the prefill it saves (`Decoder.choose`).
     """
 
     STAND_IN = 0
 
-    def __init__(self, runner: ModelRunner, target_vocab: int, lazy: bool = False):
+    def __init__(self, runner: ModelRunner, target_vocab: int, lazy: bool = False, window: int | None = None):
         self.runner = runner
         self.target_vocab = target_vocab
         self.lazy = lazy
-        self.prompt = 0  # the prompt's tokens (all but the first root), fed or owed
+        self.window = window  # prompt tokens read at most (after the prefix cache's); None: all
+        self.prompt = 0  # the prompt's tokens (all but the first root) the drafter sees, fed or owed
+        self.head = self.cut = 0  # the prompt's tokens [head, head + cut) are left out (a window)
         self.fed: set[int] = set()
         self.ready: Tensor | None = None  # the next root's logits, when a head draft ran ahead
 
     def reset(self) -> None:
         self.runner.reset()
         self.ready = None
-        self.prompt = 0
+        self.prompt = self.head = self.cut = 0
+
+    def view(self, seq: list[int]) -> list[int]:
+        """The sequence as the drafter sees it: without the tokens its window leaves out."""
+        return seq if not self.cut else seq[: self.head] + seq[self.head + self.cut :]
+
+    def at(self, i: int) -> int:
+        """Where position i of the sequence falls in the drafter's view."""
+        return i if i <= self.head else max(self.head, i - self.cut)
 
     def behind(self, seq: list[int]) -> int:
         """Tokens of `seq` past the prompt the drafter has not fed: what its next step's first
         forward must catch up on (1, the root, after a drafting step)."""
-        return len(seq) - max(self.runner.committed, self.prompt)
+        return self.at(len(seq)) - max(self.runner.committed, self.prompt)
 
     def known(self, tokens: list[int]) -> list[int]:
         """The tokens as the drafter can embed them (see STAND_IN)."""
@@ -187,30 +205,35 @@ class Drafter:
         return tokens if all(t < v for t in tokens) else [t if t < v else self.STAND_IN for t in tokens]
 
     def prefill(self, tokens: list[int]) -> None:
-        self.prompt = len(tokens)
+        """See the prompt (all but the first root): the last `window` tokens of it, when it has a
+        window and the prompt is longer, after the prefix cache's tokens when it starts with them."""
+        prefix = self.runner.prefix
+        self.head = len(prefix.tokens) if prefix is not None and prefix.covers(tokens) else 0
+        self.cut = max(0, len(tokens) - self.head - self.window) if self.window else 0
+        self.prompt = len(tokens) - self.cut
         if not self.lazy:
-            self.runner.prefill(self.known(tokens))
+            self.runner.prefill(self.known(self.view(tokens)))
 
     def owes(self, upto: int) -> bool:
-        """Whether a lazy drafter has prompt tokens before `upto` left to feed."""
-        return self.runner.committed < min(upto, self.prompt)
+        """Whether a lazy drafter has prompt tokens before position `upto` of the sequence left to feed."""
+        return self.runner.committed < min(self.at(upto), self.prompt)
 
     def feed_prompt(self, prompt: list[int], upto: int) -> None:
-        """Feed a lazy drafter the prompt's tokens as far as `upto` (a batch prefills its target in
-        chunks, and the drafter follows a chunk behind, in the drafting forwards of the next step,
-        so no step carries a whole prompt). The prefix cache's rows come first, as alone."""
-        tokens = self.known(prompt[: self.prompt])
+        """Feed a lazy drafter the prompt's tokens as far as position `upto` (a batch prefills its
+        target in chunks, and the drafter follows a chunk behind, in the drafting forwards of the
+        next step, so no step carries a whole prompt). The prefix cache's rows come first, as alone."""
+        tokens = self.known(self.view(prompt)[: self.prompt])
         self.runner.take_prefix(tokens)
         if self.owes(upto):
-            self.runner.prefill(tokens[self.runner.committed : upto])
+            self.runner.prefill(tokens[self.runner.committed : self.at(upto)])
 
     def begin(self, seq: list[int]) -> Tensor:
         """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0.
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in
         chunks of the widest compiled width, so every forward keeps a compiled width."""
-        if self.owes(self.prompt):  # a lazy drafter's first drafting step (a batch's: what it still owes)
-            self.feed_prompt(seq, self.prompt)
-        pending = self.known(seq[self.runner.committed :])
+        if self.owes(len(seq)):  # a lazy drafter's first drafting step (a batch's: what it still owes)
+            self.feed_prompt(seq, len(seq))
+        pending = self.known(seq[self.runner.committed + self.cut :])  # committed ≥ head: past the cut
         ready, self.ready = self.ready, None
         if ready is not None and len(pending) == 1:  # the root was fed ahead, at tree slot 0
             self.fed = {0}

@@ -79,13 +79,16 @@ class Planner:
             child = tree.add(node, token, q, self.accept(q))
             heapq.heappush(frontier, (-tree.path_values[child], child))
 
-    def prune(self, tree: TokenTree, context: int, depth: int, behind: int = 0) -> TokenTree:
+    def prune(self, tree: TokenTree, context: int, depth: int, behind: int = 0,
+              draft_context: int | None = None) -> TokenTree:
         """The verified subtree (`prune.verified`), all drafting of a depth-`depth` step counted."""
-        return prune.verified(tree, self.verify_widths, self.curves, self.shape(depth, behind=behind).draft_widths, context)
+        return prune.verified(tree, self.verify_widths, self.curves, self.shape(depth, behind=behind).draft_widths, context,
+                              draft_context)
 
-    def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int) -> float:
+    def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int,
+                draft_context: int | None = None) -> float:
         """The objective's modelled time of a step (`curves` required)."""
-        return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context)
+        return objective.step_ms(StepShape(draft_widths, verify_width), self.curves, context, draft_context)
 
     def shape(self, depth: int, verify_width: int | None = None, behind: int = 0) -> StepShape:
         """The forwards of a depth-`depth` step (at the usual verify width unless given). behind:
@@ -157,19 +160,21 @@ class EGT(DraftProposer):
         # After steps that skipped the drafter, its next step first feeds what it missed: a cost
         # the depth choice and the width choice both count.
         behind = self.drafter.behind(seq) if self.max_depth else 0
+        drafts_at = self.drafter.at(len(seq))  # the drafter's context: shorter than seq's when it reads a window
         if self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
             plain = None if retrieved is None else (alone_value, retrieved[1].verify_width)
             shapes = self.shapes
             if behind > BEGIN_WIDTH:
                 shapes = [shapes[0]] + [self.planner.shape(d, s.verify_width, behind) for d, s in enumerate(shapes) if d]
-            self.step_depth = objective.best_depth(reach, self.factors, shapes, self.planner.curves, len(seq), plain)
+            self.step_depth = objective.best_depth(reach, self.factors, shapes, self.planner.curves, len(seq), plain,
+                                                   drafts_at)
         elif retrieved is not None and self.step_depth and self.planner.curves is not None and self.params.tokens_per_step:
             # without a predictor: retrieval alone when it beats the calibrated fixed-depth step per ms
             curves, context = self.planner.curves, len(seq)
             alone_rate = alone_value / self.planner.step_ms((), retrieved[1].verify_width, context)
             shape = self.planner.shape(self.step_depth, behind=behind)
-            if alone_rate > self.params.tokens_per_step / objective.step_ms(shape, curves, context):
+            if alone_rate > self.params.tokens_per_step / objective.step_ms(shape, curves, context, drafts_at):
                 self.step_depth = 0
         if self.step_depth == 0:  # the drafter catches up on these tokens at its next step
             self.drafted, verified = retrieved or (TokenTree(seq[-1], child_rule="deterministic"),) * 2
@@ -191,7 +196,7 @@ class EGT(DraftProposer):
             tree = self.drafted
             best = sorted(range(1, len(tree)), key=lambda v: -tree.path_values[v])[: self.retriever.params.under]
             self.retriever.graft(tree, best)
-        verified = self.planner.prune(self.drafted, len(seq), self.step_depth, behind)
+        verified = self.planner.prune(self.drafted, len(seq), self.step_depth, behind, drafts_at)
         mark = self._clock("rounds", mark)
         if self.params.stages.ahead():
             self.guesses = self._ahead(verified)
