@@ -193,12 +193,14 @@ def test_bench_bad_input_is_one_line(artifact, tmp_path, args, needle):
 def test_bench_long_prompts_time_whole_requests_and_what_a_request_naming_no_method_runs(artifact, tmp_path):
     """--long: prompts of about the lengths asked, cut from the standard library's source, one
     category each; every contestant's time to the first token and whole request beside TPOT, paired
-    with ar's; `auto` (no method named) runs what `Decoder.choose` picks, and says which."""
+    with ar's; `auto` (no method named) runs what `Decoder.choose` picks, and says which;
+    --ignore-eos: every run generates the whole budget."""
     proc = ygg("bench", "--artifact", artifact, "--long", "64,150", "--methods", "chain,auto", "--peers", "none",
-               "-n", 8, "-o", tmp_path)
+               "-n", 8, "-o", tmp_path, "--ignore-eos")
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["config"]["contestants"] == ["ar", "chain", "auto"] and "--long 64,150" in results["config"]["prompts"]
+    assert results["config"]["ignore_eos"] is True and {r["generated_tokens"] for r in results["runs"]} == {8}
     lengths = {r["category"]: r["prompt_tokens"] for r in results["runs"] if r["contestant"] == "ar"}
     assert set(lengths) == {"long-64", "long-150"} and 64 <= lengths["long-64"] < lengths["long-150"] <= 150 + 40
     rows = {(r["category"], r["contestant"]): r for r in results["summary"]}
@@ -215,7 +217,8 @@ def test_bench_long_prompts_time_whole_requests_and_what_a_request_naming_no_met
 def test_inspect_explains_the_plan_and_draws_a_tree(artifact, tmp_path):
     proc = ygg("inspect", artifact, "--prompt", "Once upon a time", "--method", "specinfer", "-n", 16, "-o", tmp_path)
     assert proc.returncode == 0, proc.stderr
-    for needle in ("chain", "specinfer", "break-even", "predicted speed-up", "T(W) target", "exactness", "attention"):
+    for needle in ("chain", "specinfer", "break-even", "predicted speed-up", "T(W) target", "exactness", "attention",
+                   "drafter's window"):
         assert needle in proc.stdout, needle
     assert "greedy output is identical to this artifact's plain decoding" in " ".join(proc.stdout.split()).replace("│ ", "")
     for png in ("tree.png", "tw_curves.png"):
@@ -242,3 +245,15 @@ def test_every_contestant_of_a_full_bench_draws_in_a_colour_of_its_own():
              "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-pld"]
     colours = [to_hex(plots._color(n, i)) for i, n in enumerate(names)] + [to_hex(plots._color("ar", 0))]
     assert len(set(colours)) == len(colours), colours
+
+
+def test_a_transformers_peer_told_to_ignore_eos_has_no_end_of_sequence_token():
+    """--ignore-eos reaches the peers: transformers' generation config then carries no EOS token
+    (so it runs the whole budget, as ours and llama.cpp's loop do)."""
+    from types import SimpleNamespace
+
+    from ygg_compile.peers import HFPeers
+
+    peers = SimpleNamespace(eos_ids=[7, 9], pad_id=7)
+    assert HFPeers.config(peers, "hf", 16, 0.0, 1.0).eos_token_id == [7, 9]
+    assert HFPeers.config(peers, "hf", 16, 0.0, 1.0, ignore_eos=True).eos_token_id is None

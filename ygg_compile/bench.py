@@ -127,7 +127,7 @@ class Method(Contestant):
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
         res = self.decoder.generate(ids, max_new_tokens=opts.max_new_tokens, temperature=opts.temperature,
                                     top_p=opts.top_p, seed=seed, sampling=opts.sampling, method=self.method,
-                                    **self.options)
+                                    ignore_eos=opts.ignore_eos, **self.options)
         return {"tokens": res.token_ids, "wall_s": res.wall_s, **res.metrics.to_dict()}
 
 
@@ -140,7 +140,8 @@ class Peer(Contestant):
         self.peers, self.name = peers, name  # loaded on first use: a resumed run may need none
 
     def run(self, ids: list[int], opts: BenchOptions, seed: int) -> dict:
-        r = self.peers(self.name).generate(self.name, ids, opts.max_new_tokens, opts.temperature, opts.top_p, seed)
+        r = self.peers(self.name).generate(self.name, ids, opts.max_new_tokens, opts.temperature, opts.top_p, seed,
+                                           opts.ignore_eos)
         # the keys of ours that transformers lets us measure; the time split is ours alone
         return {"tokens": r.tokens, "tpot_ms": r.tpot_ms, "wall_s": r.wall_s, "prefill_s": r.prefill_s,
                 "steps": r.chunks, "mean_accepted_length": r.mean_accepted_length, "acceptance_rate": None,
@@ -302,7 +303,7 @@ def _load_peers(plan: Plan, peers: list[str]) -> PeerFamily:
 
 # A resumed run must agree with the runs it reuses on these; the prompt and contestant selection
 # may change (runs outside the new selection are left out of the results, missing ones are run).
-RESUME_KEYS = ("artifact_created", "max_new_tokens", "temperature", "top_p", "sampling", "seed", "rounds")
+RESUME_KEYS = ("artifact_created", "max_new_tokens", "temperature", "top_p", "sampling", "seed", "rounds", "ignore_eos")
 
 
 def _config(opts: BenchOptions, plan: Plan, contestants: list[str], prompt_keys: list[str]) -> dict:
@@ -319,6 +320,7 @@ def _config(opts: BenchOptions, plan: Plan, contestants: list[str], prompt_keys:
         "sampling": opts.sampling or plan.sampling,
         "seed": opts.seed,
         "rounds": opts.rounds,
+        "ignore_eos": opts.ignore_eos,
         "command": opts.command,
     }
 
@@ -341,7 +343,8 @@ def _resume(log: Path, config: dict) -> tuple[dict | None, list[dict]]:
     if not lines or not isinstance(lines[0], dict) or "config" not in lines[0]:
         raise YggError(f"{log} is not a benchmark log: remove it or drop --resume")
     old = lines[0]["config"]
-    differ = [k for k in RESUME_KEYS if old.get(k) != config[k]]
+    # (a log from before --ignore-eos ran without it)
+    differ = [k for k in RESUME_KEYS if old.get(k, False if k == "ignore_eos" else None) != config[k]]
     if differ:
         raise YggError(f"cannot resume {log}: the earlier run had different {', '.join(differ)}")
     keys, names = set(config["prompt_keys"]), set(config["contestants"])

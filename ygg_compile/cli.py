@@ -140,6 +140,7 @@ def bench_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>)"),
     resume: bool = typer.Option(False, "--resume", help="continue an interrupted benchmark in the same directory"),
     long: Optional[str] = typer.Option(None, "--long", metavar="TOKENS", help="long prompts in place of the prompt set: code from the standard library to summarise, about this many tokens each (comma-separated, e.g. 1000,4000,16000); reports time to first token and whole-request latency beside TPOT"),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="every contestant generates --max-new-tokens tokens, past the answer's end (ours and the peers alike)"),
 ) -> None:
     """Time every compiled method and the peers (transformers, llama.cpp) on the same prompts, interleaved."""
     peer_list = [p for p in _split(peers) or [] if p != "none"]
@@ -148,7 +149,7 @@ def bench_cmd(
         peers=peer_list, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
         sampling=sampling, rounds=rounds, output=output,
         resume=resume, command=shlex.join(["ygg", *[a for a in sys.argv[1:] if a != "--debug"]]),
-        long=_lengths(long),
+        long=_lengths(long), ignore_eos=ignore_eos,
     )
     commands("bench").bench(opts)
 

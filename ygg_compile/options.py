@@ -105,6 +105,7 @@ class BenchOptions:
     resume: bool = False
     command: str = ""
     long: list[int] | None = None  # prompts of about these many tokens in place of the prompt set (ygg_compile.prompts)
+    ignore_eos: bool = False  # every contestant generates max_new_tokens, past the answer's end
 
     def __post_init__(self) -> None:
         check_settings(self.max_new_tokens, self.temperature, self.top_p, self.seed)

@@ -110,11 +110,11 @@ class PeerProcess:
             raise
 
     def generate(self, peer: str, ids: list[int], max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None):
+                 top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False):
         if self.proc is None or not self.proc.is_alive():
             self.start(peer)
         try:
-            self.conn.send((peer, ids, max_new_tokens, temperature, top_p, seed))
+            self.conn.send((peer, ids, max_new_tokens, temperature, top_p, seed, ignore_eos))
         except (BrokenPipeError, ConnectionResetError, EOFError, OSError):
             raise self._crashed(f"peer {peer}", "generating") from None
         return self._answer(f"peer {peer}", "generating")

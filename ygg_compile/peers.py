@@ -115,12 +115,14 @@ class HFPeers:
         self.eos_ids = list(eos_ids)
         self.pad_id = self.eos_ids[0] if self.eos_ids else 0  # one prompt per call: padding never shows
 
-    def config(self, peer: str, max_new_tokens: int, temperature: float, top_p: float):
+    def config(self, peer: str, max_new_tokens: int, temperature: float, top_p: float, ignore_eos: bool = False):
         """A clean generation config: the checkpoint's own defaults (a repetition penalty, top-k)
-        would change what is generated and make the comparison with the target's output unfair."""
+        would change what is generated and make the comparison with the target's output unfair.
+        ignore_eos: no end-of-sequence token, so every run generates max_new_tokens."""
         from transformers import GenerationConfig
 
-        kw: dict = dict(max_new_tokens=max_new_tokens, eos_token_id=self.eos_ids or None, pad_token_id=self.pad_id)
+        eos = None if ignore_eos else self.eos_ids or None
+        kw: dict = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=self.pad_id)
         if temperature > 0:
             kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
         else:
@@ -131,16 +133,16 @@ class HFPeers:
 
     @torch.inference_mode()
     def generate(self, peer: str, ids: list[int], max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None) -> PeerRun:
+                 top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False) -> PeerRun:
         if peer not in HF_PEERS:
             raise YggError(f"unknown peer '{peer}' (choose from {', '.join(HF_PEERS)})")
         extra = {}
         if peer == "hf-assisted":
             if self.draft is None:
                 raise YggError("peer hf-assisted needs the draft model")
-            self.draft.generation_config = self.config("hf", max_new_tokens, temperature, top_p)
+            self.draft.generation_config = self.config("hf", max_new_tokens, temperature, top_p, ignore_eos)
             extra["assistant_model"] = self.draft
-        cfg = self.config(peer, max_new_tokens, temperature, top_p)
+        cfg = self.config(peer, max_new_tokens, temperature, top_p, ignore_eos)
         self.target.generation_config = cfg
         if seed is not None:
             torch.manual_seed(seed)
@@ -192,7 +194,7 @@ class LlamaCppPeers:
         return self._models[peer]
 
     def generate(self, peer: str, ids: list[int], max_new_tokens: int, temperature: float = 0.0,
-                 top_p: float = 1.0, seed: int | None = None) -> PeerRun:
+                 top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False) -> PeerRun:
         if peer not in LLAMA_PEERS:
             raise YggError(f"unknown peer '{peer}' (choose from {', '.join(LLAMA_PEERS)})")
         llm = self.model(peer)
@@ -218,7 +220,7 @@ class LlamaCppPeers:
                                     typical_p=1.0, repeat_penalty=1.0, reset=True):
                 marks.append(time.perf_counter())
                 tokens.append(int(tok))
-                if tok in self.eos_ids or len(tokens) >= max_new_tokens:
+                if (tok in self.eos_ids and not ignore_eos) or len(tokens) >= max_new_tokens:
                     break
         finally:
             llm.eval = original
