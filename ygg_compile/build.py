@@ -43,7 +43,8 @@ from ygg_runtime.integrity import available_memory, file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, DraftWindow, ExactnessRecord,
-                              KernelInfo, ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, TritonKernels, WeightsInfo)
+                              KernelInfo, ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, TritonKernels,
+                              WeightsInfo)
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.runner import ModelRunner

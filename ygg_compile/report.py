@@ -103,7 +103,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 "request_s": statistics.median(request[(name, p)] for p in mine),
                 "first_token_vs_ar": _median_ratio(of(first, name), base_first),
                 "request_speedup_vs_ar": _median_ratio(base_request, of(request, name)),
-                "methods_run": dict(collections.Counter(_ran(r, name) for v in (per[(name, p)] for p in mine) for r in v)),
+                "methods_run": dict(collections.Counter(_ran(r, name) for p in mine for r in per[(name, p)])),
                 "speedup_vs_ar": _median_ratio(base, mine),
                 "speedup_vs_hf_assisted": _median_ratio(assisted, mine),
                 # over llama.cpp's plain decoding of the same GGUF file, when the run has it

@@ -187,8 +187,8 @@ class Decoder:
                     break
                 cost = objective.request_ms(shape, objective.windowed_tokens_per_step(per_step, kept), prompt, new,
                                             curves, window=k)
-                said.append(f"reading the last {k} tokens {cost.ms / 1e3:.1f} s (prefill {cost.prefill_ms / 1e3:.1f} s, "
-                            f"{kept:.0%} of the acceptance)")
+                said.append(f"reading the last {k} tokens {cost.ms / 1e3:.1f} s (prefill "
+                            f"{cost.prefill_ms / 1e3:.1f} s, {kept:.0%} of the acceptance)")
                 if windowed is None or cost.ms < windowed[0]:
                     windowed = (cost.ms, k)
         plain = objective.request_ms(objective.StepShape((), 1), 1.0, prompt, new, curves)

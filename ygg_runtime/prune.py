@@ -19,8 +19,9 @@ def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | N
              context: int, draft_context: int | None = None) -> TokenTree:
     """The subtree to verify: for each compiled verify width its E[A]-best subtree, the width with
     the most tokens per modelled ms chosen (`draft_widths`: the step's drafter forwards, counted in
-    its time, at `draft_context` when a window leaves the drafter's shorter); the widest without curves. Drafted and retrieved nodes compete on their path values
-    alone, so retrieval fills exactly the slots pruning leaves free."""
+    its time, at `draft_context` when a window leaves the drafter's shorter); the widest without
+    curves. Drafted and retrieved nodes compete on their path values alone, so retrieval fills
+    exactly the slots pruning leaves free."""
     widest = verify_widths[-1]
     # Path values never increase along a path, so the best subtrees lie among the `widest`
     # highest-valued nodes and their ancestors: the knapsack runs on those only.

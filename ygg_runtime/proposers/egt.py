@@ -82,8 +82,8 @@ class Planner:
     def prune(self, tree: TokenTree, context: int, depth: int, behind: int = 0,
               draft_context: int | None = None) -> TokenTree:
         """The verified subtree (`prune.verified`), all drafting of a depth-`depth` step counted."""
-        return prune.verified(tree, self.verify_widths, self.curves, self.shape(depth, behind=behind).draft_widths, context,
-                              draft_context)
+        drafts = self.shape(depth, behind=behind).draft_widths
+        return prune.verified(tree, self.verify_widths, self.curves, drafts, context, draft_context)
 
     def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int,
                 draft_context: int | None = None) -> float:
