@@ -218,7 +218,7 @@ def test_inspect_explains_the_plan_and_draws_a_tree(artifact, tmp_path):
     proc = ygg("inspect", artifact, "--prompt", "Once upon a time", "--method", "specinfer", "-n", 16, "-o", tmp_path)
     assert proc.returncode == 0, proc.stderr
     for needle in ("chain", "specinfer", "break-even", "predicted speed-up", "T(W) target", "exactness", "attention",
-                   "drafter's window"):
+                   "drafter's window", "answers' length"):
         assert needle in proc.stdout, needle
     assert "greedy output is identical to this artifact's plain decoding" in " ".join(proc.stdout.split()).replace("│ ", "")
     for png in ("tree.png", "tw_curves.png"):

@@ -389,6 +389,51 @@ def test_a_long_request_may_run_the_plans_method_with_a_drafter_that_reads_only_
     assert dec.generate(prompt, max_new_tokens=4, method="egt").metrics.draft_window == 0
 
 
+def test_calibrations_answers_run_to_their_first_end_token_or_are_cut_off_at_the_budget():
+    """`calibrate.output_length`: each continuation counts up to and with its first end token; one
+    that has none is counted whole and as still running (censored at the budget)."""
+    texts = {0: [1, 2, 7, 7, 9, 4], 1: [1, 2, 3, 5, 6, 6, 6], 2: [1, 2, 9, 5, 9], 3: [1, 2]}
+    lengths = {0: 2, 1: 2, 2: 2, 3: 2}  # prompt 3 made nothing: not an answer
+    found = calibrate.output_length(calibrate.Calibration([], 4, 10, 0.0, texts, lengths), [9, 8])
+    assert found == {"answers": 3, "ended": 2, "tokens": 3 + 5 + 1, "budget": 5}
+    assert calibrate.output_length(calibrate.Calibration([], 4, 10, 0.0, texts, lengths), []) is None
+
+
+def test_a_request_is_expected_to_make_the_tokens_an_answer_length_fitted_to_calibration_leaves_it():
+    """`objective.expected_tokens`: with h = answers ended / answer tokens seen, E[min(L, B)] is
+    the sum over t < B of P(L > t) = (1 - h)^t; nothing ended, or nothing measured, is the budget."""
+    from ygg_runtime.plan import OutputLength
+
+    length = OutputLength(answers=18, ended=3, tokens=300, budget=48)
+    h = 3 / 300
+    for budget in (1, 16, 64, 256, 4000):
+        survival = sum((1 - h) ** t for t in range(budget))
+        assert objective.expected_tokens(length, budget) == max(1, round(survival))
+    assert objective.expected_tokens(length, 256) < 256 and objective.expected_tokens(length, 4000) == round(1 / h)
+    assert objective.expected_tokens(OutputLength(18, 0, 864, 48), 256) == 256
+    assert objective.expected_tokens(None, 256) == 256
+
+
+def test_a_request_whose_answer_is_expected_to_end_early_is_priced_at_that_length(artifact, monkeypatch):
+    """`Decoder.choose` prices the tokens a budget is expected to make (`Plan.output_length`):
+    where answers end soon, the drafter's prefill over a long prompt is not repaid and plain steps
+    run; the reason names the expected length and the budget."""
+    import ygg_runtime
+    from ygg_runtime.plan import OutputLength
+
+    dec = ygg_runtime.load(artifact)
+    measured, cal = dec.plan.output_length, dec.plan.calibration  # compile measured its answers
+    assert measured.answers == cal.prompts and measured.budget == cal.tokens // cal.prompts
+    assert measured.tokens <= cal.tokens and 0 <= measured.ended <= measured.answers
+    priced_egt(dec, monkeypatch)
+    monkeypatch.setattr(dec.plan, "draft_window", None)
+    monkeypatch.setattr(dec.plan, "output_length", None)
+    assert dec.choose(3000, 400).method == "egt"
+    monkeypatch.setattr(dec.plan, "output_length", OutputLength(answers=18, ended=12, tokens=240, budget=48))
+    choice = dec.choose(3000, 400)
+    assert choice.method == "pld" and choice.why.endswith("for 3000 + 20 tokens (expected of a budget of 400)")
+
+
 def test_the_acceptance_a_window_keeps_is_the_drafters_greedy_agreement_reading_only_it(models):
     """`calibrate.window_acceptance`: at the text's last positions, the drafter's argmax against
     the target's, reading the whole text and only the last w tokens before them — the same

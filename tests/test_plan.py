@@ -10,8 +10,8 @@ import yaml
 from ygg_runtime.errors import YggError
 from ygg_runtime.params import ChainParams, DepthPolicy, EGTParams, GraftParams, Params, Stages
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, BatchFactors, CalibrationInfo, CPUInfo, EGTCandidate,
-                              ExactnessRecord, FileEntry, KernelInfo, ModelInfo, Plan, Planning, PredictorReport, Profile,
-                              SequoiaCandidate, StagesReport, TokenizerInfo)
+                              ExactnessRecord, FileEntry, KernelInfo, ModelInfo, OutputLength, Plan, Planning,
+                              PredictorReport, Profile, SequoiaCandidate, StagesReport, TokenizerInfo)
 
 
 def a_plan() -> Plan:
@@ -31,6 +31,7 @@ def a_plan() -> Plan:
         planning=Planning(40, [0.7, 0.2], [EGTCandidate(0, 0, 1.0, 10.0, 1.0, 1)], [SequoiaCandidate(1, 0, 1.0, 1.0)],
                           PredictorReport(False, "--no-predictor"), stages=StagesReport(Stages("ahead", "plain"), "faster")),
         tokenizer=TokenizerInfo("tokenizer.json", None, None, [2]), files={"plan-free.bin": FileEntry("cd" * 32, 10)},
+        output_length=OutputLength(answers=2, ended=1, tokens=60, budget=48),
     )
 
 
@@ -131,3 +132,7 @@ def test_every_part_of_a_plan_reads_back_typed():
     assert egt.graft.budget == 8 and isinstance(again.methods["chain"], ChainParams)
     assert again.profile.target_batch.factors == [[None, 1.2]] and again.profile.compiled_widths("draft") == [1, 2]
     assert again.planning.stages.chosen == Stages("ahead", "plain") and again.planning.egt[0].speedup == 1.0
+    assert again.output_length == OutputLength(answers=2, ended=1, tokens=60, budget=48)
+    data = a_plan().to_dict()
+    del data["output_length"]  # a plan from before calibration measured its answers' length
+    assert Plan.from_dict(data).output_length is None

@@ -43,8 +43,8 @@ from ygg_runtime.integrity import available_memory, file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params
 from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, DraftWindow, ExactnessRecord,
-                              KernelInfo, ModelInfo, Plan, Planning, Profile, StagesReport, TokenizerInfo, TritonKernels,
-                              WeightsInfo)
+                              KernelInfo, ModelInfo, OutputLength, Plan, Planning, Profile, StagesReport, TokenizerInfo,
+                              TritonKernels, WeightsInfo)
 from ygg_runtime.predictor import DepthPredictor
 from ygg_runtime.proposers import DEFAULT_PARAMS
 from ygg_runtime.runner import ModelRunner
@@ -169,6 +169,7 @@ class _Build:
     methods: dict[str, Params] = field(default_factory=dict)
     planning: Planning | None = None
     draft_window: DraftWindow | None = None
+    output_length: OutputLength | None = None
 
 
 def _resolve(b: _Build) -> None:
@@ -330,6 +331,8 @@ def _calibrate(b: _Build) -> None:
         if b.predictor and b.calib.texts:
             with b.phase("calibrate", f"reading {sum(map(len, b.calib.texts.values()))} calibration positions for the depth predictor"):
                 b.agreement = calibrate.agreement(b.runners["target"], b.runners["draft"], b.calib.texts)
+    found = calibrate.output_length(b.calib, b.tok_info.eos_token_ids)
+    b.output_length = typed.build(OutputLength, found, "the answers' length") if found else None
     with b.phase("calibrate", "measuring the acceptance a window of a long prompt keeps the drafter"):
         b.draft_window = _draft_window(b.runners, b.codec, b.max_context)
     with b.phase("calibrate", "keeping the calibration in the artifact"):
@@ -408,6 +411,7 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
         tokenizer=b.tok_info,
         files=files,
         draft_window=b.draft_window,
+        output_length=b.output_length,
     )
     (b.tmp / PLAN_FILE).write_text(plan.to_yaml())
     return plan

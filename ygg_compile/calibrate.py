@@ -287,6 +287,22 @@ def _greedy(runner: ModelRunner, seq: list[int], start: int, fit) -> torch.Tenso
     return torch.cat(out)
 
 
+def output_length(calib: Calibration, eos_ids: list[int]) -> dict | None:
+    """How long the target's answers to the calibration prompts run (`Plan.output_length`): each
+    continuation up to and with its first end-of-sequence token, or all of it where none came
+    within the tokens calibration decoded (the probe decodes past an end: the answer is cut off
+    there, not the text). None without continuations or an end token to look for."""
+    ends = set(eos_ids)
+    answers = [calib.texts[i][calib.prompt_lengths[i]:] for i in sorted(calib.texts)]
+    answers = [a for a in answers if a]
+    if not answers or not ends:
+        return None
+    lengths = [next((j + 1 for j, t in enumerate(a) if t in ends), None) for a in answers]
+    return {"answers": len(answers), "ended": sum(n is not None for n in lengths),
+            "tokens": sum(len(a) if n is None else n for a, n in zip(answers, lengths)),
+            "budget": max(map(len, answers))}
+
+
 def _common_prefix(seqs: list[list[int]]) -> int:
     n = min(len(s) for s in seqs)
     return next((i for i in range(n) if len({s[i] for s in seqs}) > 1), n)

@@ -270,6 +270,11 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
     info.add_row("drafter's window", "not measured: the drafter reads every prompt whole" if win is None else
                  f"top-1 agreement {win.acceptance:.1%} reading {win.text_tokens} tokens whole; kept reading only the "
                  "last " + ", ".join(f"{w}: {k:.0%}" for w, k in zip(win.windows, win.kept)) + f" ({win.source})")
+    length = plan.output_length
+    info.add_row("answers' length", "not measured: a request is priced at its whole budget" if length is None else
+                 f"{length.ended} of {length.answers} calibration answers ended within {length.budget} tokens "
+                 f"({length.tokens} answer tokens); a budget of 256 is priced at "
+                 f"{objective.expected_tokens(length, 256)}")
     con.print(info)
     con.print(roofline_table(plan))
 

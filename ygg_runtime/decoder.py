@@ -159,9 +159,10 @@ class Decoder:
     def choose(self, prompt: int, new: int) -> Choice:
         """The method of a request that names none, the drafter's window, and why: the plan's method
         over the whole prompt, unless another way is modelled faster over the whole request — the
-        prompt's prefill (the drafter's too, for a method that drafts) and `new` tokens (the budget:
-        output that ends sooner only shortens the decode, which favours drafting less) at the plan's
-        calibrated tokens per step (`objective.request_ms`). The other ways: the plan's method with
+        prompt's prefill (the drafter's too, for a method that drafts) and the tokens a budget of
+        `new` is expected to make (`objective.expected_tokens`: calibration's answers tell how often
+        an answer ends before its budget; a shorter decode repays a drafter's prefill less) at the
+        plan's calibrated tokens per step (`objective.request_ms`). The other ways: the plan's method with
         a drafter that reads only the last K prompt tokens, for each window K compile measured
         (`Plan.draft_window`: the acceptance it keeps scales the tokens per step); and plain
         steps, run as pld where the artifact has it (no drafter to prefill, a step of one verified
@@ -177,6 +178,7 @@ class Decoder:
         if fallback is None or curves is None or not per_step:  # ar and pld have no tokens_per_step
             return Choice(default)
         shape = objective.step_shape(params)
+        budget, new = new, objective.expected_tokens(self.plan.output_length if self.plan is not None else None, new)
         planned = objective.request_ms(shape, per_step, prompt, new, curves)
         said = [f"modelled {default} {planned.ms / 1e3:.1f} s (prefill {planned.prefill_ms / 1e3:.1f} s)"]
         windowed: tuple[float, int] | None = None  # (ms, K) of the fastest window
@@ -193,7 +195,8 @@ class Decoder:
                     windowed = (cost.ms, k)
         plain = objective.request_ms(objective.StepShape((), 1), 1.0, prompt, new, curves)
         said.append(f"plain steps {plain.ms / 1e3:.1f} s (prefill {plain.prefill_ms / 1e3:.1f} s)")
-        why = ", ".join(said) + f" for {prompt} + {new} tokens"
+        expected = f" (expected of a budget of {budget})" if new < budget else ""
+        why = ", ".join(said) + f" for {prompt} + {new} tokens{expected}"
         # Each other way must beat the plan's by the margin; a window must beat plain steps by it too.
         windowed = windowed if windowed is not None and windowed[0] * CHOICE_GAIN < planned.ms else None
         steps = plain.ms * CHOICE_GAIN < planned.ms

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
-from ygg_runtime.plan import Profile
+from ygg_runtime.plan import OutputLength, Profile
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,18 @@ def request_ms(shape: StepShape, tokens_per_step: float, prompt: int, new: int, 
     seen = min(prompt, window) if window else prompt
     prefill = prefill_ms(curves, "target", prompt) + (prefill_ms(curves, "draft", seen) if shape.draft_widths else 0.0)
     return RequestCost(prefill, new / tokens_per_step * step_ms(shape, curves, prompt + new // 2, seen + new // 2))
+
+
+def expected_tokens(length: OutputLength | None, budget: int) -> int:
+    """The tokens a request with `budget` new tokens is expected to make: E[min(L, budget)] for an
+    answer length L with a constant chance h a token to be the last, h fitted to calibration's
+    answers (`Plan.output_length`) by maximum likelihood with the answers still running at
+    calibration's budget counted as censored there: h = answers that ended / answer tokens seen.
+    E[min(L, B)] = (1 - (1 - h)^B) / h. No answer ended (or nothing measured): the whole budget."""
+    if length is None or length.ended <= 0 or length.tokens <= 0 or budget <= 0:
+        return budget
+    h = min(1.0, length.ended / length.tokens)
+    return max(1, min(budget, round((1.0 - (1.0 - h) ** budget) / h)))
 
 
 def windowed_tokens_per_step(tokens_per_step: float, kept: float) -> float:

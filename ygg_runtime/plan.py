@@ -341,6 +341,19 @@ class DraftWindow:
 
 
 @dataclass
+class OutputLength:
+    """How long the target's answers run, learnt from calibration: each calibration prompt's
+    continuation up to its first end-of-sequence token (`ended` of the `answers` did end, after
+    `tokens` answer tokens in all), the rest cut off at the `budget` calibration decodes. The
+    runtime prices a request at its expected output rather than its budget
+    (`objective.expected_tokens`): a drafter's prefill repays only over tokens actually made."""
+    answers: int
+    ended: int
+    tokens: int  # answer tokens over all answers, each up to its end or to the budget
+    budget: int  # new tokens calibration decodes per prompt: an answer that runs on is seen only so far
+
+
+@dataclass
 class Planning:
     """What compile weighed to choose the plan (`ygg inspect` shows it; nothing that decodes reads it)."""
     context: int  # the calibration steps' median context, where the candidates were timed
@@ -394,6 +407,9 @@ class Plan:
     # the acceptance a drafter keeps reading only a window of a long prompt (None: not measured, as
     # in plans from before it: the drafter reads every prompt whole)
     draft_window: DraftWindow | None = None
+    # how long calibration's answers ran (None: not measured, as in plans from before it: a request
+    # is priced at its whole budget)
+    output_length: OutputLength | None = None
 
     def to_dict(self) -> dict:
         return plain(self)
