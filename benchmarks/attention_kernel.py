@@ -3,12 +3,15 @@ and how fast is each at the shapes decoding uses (the Qwen2.5-Coder-1.5B target'
 2 KV heads, head dim 128, bfloat16).
 
     .venv/bin/python benchmarks/attention_kernel.py [--trials N] [--repeats N] [--out FILE.json]
+        [--dtype float32] [--shapes W:CONTEXT,...] [--library ARTIFACT/kernels.so]
 
 Layout: one query row whose three newest keys are (a) contiguous after the prefix, as in plain
 decoding, or (b) spread over the slots of a tree verify with other keys between them; the two
 outputs must be bitwise equal. Width: the same row alone and among 3 or 15 other rows. Speed: one
 call at W query rows over a context of L keys (a tree's rows after it), both kernels alternating,
-median of the repeats after a warm-up. Run it alone on the machine.
+median of the repeats after a warm-up. `--library` times the kernels an artifact was built with
+(its `kernels.so`) instead of this checkout's: run once each way, alternately, to compare two
+revisions (a process registers one library). Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch.nn.functional as F
 
 from ygg_runtime.backend import native
 
-H, KV, D, DTYPE = 12, 2, 128, torch.bfloat16
+H, KV, D = 12, 2, 128
+DTYPE = torch.bfloat16  # --dtype sets it
 
 
 def sdpa(q, k, v, mask):
@@ -103,20 +107,26 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=400)
     ap.add_argument("--repeats", type=int, default=21)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    ap.add_argument("--shapes", default="2:300,4:300,8:300,16:300,16:1000,64:600,512:512", help="WIDTH:CONTEXT,...")
+    ap.add_argument("--library", type=Path, help="a kernels.so to time (an artifact's) instead of this checkout's")
     args = ap.parse_args()
-    native.load()
+    global DTYPE
+    DTYPE = getattr(torch, args.dtype)
+    native.load(args.library)
     same = layout_trials(args.trials)
     for name, counts in same.items():
         print(f"{name}: row bitwise the same with holes among its keys in {counts['holes']}/{args.trials} trials, "
               f"at widths 1, 2, 4 and 16 in {counts['width']}/{args.trials}")
-    shapes = [(2, 300), (4, 300), (8, 300), (16, 300), (16, 1000), (64, 600), (512, 512)]
+    shapes = [tuple(int(x) for x in shape.split(":")) for shape in args.shapes.split(",")]
     rows = timings(shapes, args.repeats)
     print(f"{'W':>4} {'context':>8} {'ygg ms':>8} {'sdpa ms':>8}  (one call; a forward makes one per layer)")
     for r in rows:
         print(f"{r['width']:>4} {r['context']:>8} {r['ygg_ms']:>8.3f} {r['sdpa_ms']:>8.3f}")
     if args.out:
-        args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "trials": args.trials, "layout": same,
-                                        "timings": rows}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "dtype": args.dtype,
+                                        "library": str(native.loaded()), "trials": args.trials,
+                                        "layout": same, "timings": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

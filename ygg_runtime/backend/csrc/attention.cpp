@@ -46,6 +46,7 @@ namespace {
 constexpr int L = 16;   // slots per score block, lanes of the denominator
 constexpr int HB = 8;   // query heads scored and accumulated together, at most
 constexpr int64_t MAX_ROWS = 32;  // query rows per task
+constexpr int64_t KB = 8;  // key blocks transposed at a time (64 KB in float32 at head dim 128)
 
 // The machine's own vectors: VW lanes (16 with AVX-512, 8 with AVX2). The kernel's lanes are
 // 16 wide whatever the machine; each op is lane-wise, so a 16-lane block taken as 16 / VW native
@@ -200,24 +201,24 @@ void score(const float* qr, int64_t G, const float* kT, int64_t D, float scale, 
 }
 
 // acc[i][d] += e_t * v_t[d] for the row's visible slots t0 <= t < t1 in ascending order, for NH
-// heads and head dimensions d0 .. d0+nd (nd <= C x VW): e [t][G] the weights by position, head i
-// at e[t * G + i], jr the slots, acc head i's sums at acc + i * ash (float32 in memory between
-// calls: storing and reloading a sum is exact, so a row's sum over all its slots is one fused
+// heads and head dimensions d0 .. d0+nd (nd <= C x VW): e the weights by head and slot (slot j's of
+// head i at e[i * es + j - e0]), jr the slots, acc head i's sums at acc + i * ash (float32 in memory
+// between calls: storing and reloading a sum is exact, so a row's sum over all its slots is one fused
 // multiply-add chain, t ascending, however its slots are cut into blocks).
 template <typename T, int NH, int C>
-void weigh(const float* e, int64_t G, const T* v, int64_t kss, const int64_t* jr, int64_t t0, int64_t t1, int64_t d0,
-           int64_t nd, float* acc, int64_t ash) {
+void weigh(const float* e, int64_t es, int64_t e0, const T* v, int64_t kss, const int64_t* jr, int64_t t0, int64_t t1,
+           int64_t d0, int64_t nd, float* acc, int64_t ash) {
   vn a[NH][C];
   for (int i = 0; i < NH; ++i)
     for (int c = 0; c < C; ++c) a[i][c] = load(acc + i * ash + d0 + c * VW);
   if (nd == C * VW) {  // whole vectors (every head dimension of the models we run): no test in the loop
     for (int64_t t = t0; t < t1; ++t) {
       const T* vr = v + jr[t] * kss + d0;
-      const float* et = e + t * G;
+      const float* et = e + (jr[t] - e0);
       vn vv[C];
       for (int c = 0; c < C; ++c) vv[c] = to_f32(vr + c * VW);
       for (int i = 0; i < NH; ++i) {
-        const vn w = splat(et[i]);
+        const vn w = splat(et[i * es]);
         for (int c = 0; c < C; ++c) a[i][c] = fma(w, vv[c], a[i][c]);
       }
     }
@@ -230,7 +231,7 @@ void weigh(const float* e, int64_t G, const T* v, int64_t kss, const int64_t* jr
         for (int l = 0; l < VW && c * VW + l < nd; ++l) vv[c][l] = static_cast<float>(vr[c * VW + l]);
       }
       for (int i = 0; i < NH; ++i) {
-        const vn w = splat(e[t * G + i]);
+        const vn w = splat(e[i * es + jr[t] - e0]);
         for (int c = 0; c < C; ++c) a[i][c] = fma(w, vv[c], a[i][c]);
       }
     }
@@ -261,10 +262,10 @@ template <int NH>
 struct Weigh {  // C vectors of dimensions at a time: as many (up to 4) as keep NH x C sums in registers
   static constexpr int C = (NH + 1) * 4 + 1 <= REGS ? 4 : (NH + 1) * 2 + 1 <= REGS ? 2 : 1, DC = C * VW;
   template <typename T>
-  static void run(const float* e, int64_t G, const T* v, int64_t kss, const int64_t* jr, int64_t t0, int64_t t1,
-                  int64_t D, float* acc, int64_t ash) {
+  static void run(const float* e, int64_t es, int64_t e0, const T* v, int64_t kss, const int64_t* jr, int64_t t0,
+                  int64_t t1, int64_t D, float* acc, int64_t ash) {
     for (int64_t d0 = 0; d0 < D; d0 += DC)
-      weigh<T, NH, C>(e, G, v, kss, jr, t0, t1, d0, std::min<int64_t>(DC, D - d0), acc, ash);
+      weigh<T, NH, C>(e, es, e0, v, kss, jr, t0, t1, d0, std::min<int64_t>(DC, D - d0), acc, ash);
   }
 };
 // A row's sums are padded to whole vectors of the widest C (their padding lanes stay zero).
@@ -292,7 +293,7 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
   // Positions a block of step 3 takes: about 16 KB of values, which the rows then read from L1.
   const int64_t TB = std::clamp<int64_t>(16384 / (D * static_cast<int64_t>(sizeof(T))), L, 256);
   at::parallel_for(0, KV * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf, sc, kT(D * L), e, eh, den, acc;
+    std::vector<float> qf, sc, kT(KB * D * L), den, acc;
     std::vector<int64_t> js, first(MAX_ROWS + 1), at(MAX_ROWS);
     std::vector<std::pair<int64_t, int64_t>> spans, merged;  // 16-slot blocks [first, last]
     std::vector<int64_t> offset;  // each merged span's first block, in the task's block numbering
@@ -343,55 +344,69 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
         for (int64_t i = 0; i < G; ++i)
           for (int64_t d = 0; d < D; ++d)
             qf[(r * D + d) * G + i] = static_cast<float>(qp[(g * G + i) * qsh + (r0 + r) * qsw + d]);
-      // 1. Scores of every block a row's span holds: 16 slots in the lanes, d summed in order.
+      // 1. Scores of every block a row's span holds: 16 slots in the lanes, d summed in order. KB
+      // blocks at a time: their keys transposed once, then every row takes them while they sit in
+      // the second-level cache (each row's queries in the first, its scores written in order).
       sc.resize(R * G * NB * L);
       for (size_t m = 0; m < merged.size(); ++m) {
-        for (int64_t b = merged[m].first; b <= merged[m].second; ++b) {
-          const int64_t j0 = b * L, bi = offset[m] + b - merged[m].first;
-          transpose_keys(kp + g * ksh + j0 * kss, kss, std::min<int64_t>(L, S - j0), D, kT.data());
-          for (int64_t r = 0; r < R; ++r) {
-            if (b < spans[r].first || b > spans[r].second) continue;  // not this row's
-            for (int64_t i0 = 0; i0 < G; i0 += HB)
-              by_heads<Score>(std::min<int64_t>(HB, G - i0), qf.data() + r * D * G + i0, G,
-                              static_cast<const float*>(kT.data()), D, scale, sc.data() + ((r * G + i0) * NB + bi) * L, NB * L);
+        for (int64_t b0 = merged[m].first; b0 <= merged[m].second; b0 += KB) {
+          const int64_t b1 = std::min(b0 + KB - 1, merged[m].second);
+          for (int64_t b = b0; b <= b1; ++b) {
+            const int64_t j0 = b * L;
+            transpose_keys(kp + g * ksh + j0 * kss, kss, std::min<int64_t>(L, S - j0), D, kT.data() + (b - b0) * D * L);
           }
+          for (int64_t r = 0; r < R; ++r)  // the group's blocks this row sees
+            for (int64_t b = std::max(b0, spans[r].first); b <= std::min(b1, spans[r].second); ++b) {
+              const int64_t bi = offset[m] + b - merged[m].first;
+              for (int64_t i0 = 0; i0 < G; i0 += HB)
+                by_heads<Score>(std::min<int64_t>(HB, G - i0), qf.data() + r * D * G + i0, G,
+                                static_cast<const float*>(kT.data() + (b - b0) * D * L), D, scale,
+                                sc.data() + ((r * G + i0) * NB + bi) * L, NB * L);
+            }
         }
       }
-      // 2. Row by row, the softmax weights over the row's visible slots (e, by position) and their sum.
-      e.resize(G * first[R]);  // [position][head], row r's from G * first[r]
-      den.assign(R * G, 0.0f);
+      // 2. Row by row and head by head, the softmax weights over the row's visible slots, each in
+      // place of its slot's score: e_t = exp(score_t - max), t the slot's position among the row's
+      // visible ones (its prefix's slots in order, contiguous, then its tree's), summed in lane
+      // t mod 16 of the denominator.
+      den.resize(R * G);
       for (int64_t r = 0; r < R; ++r) {
         const int64_t* jr = js.data() + first[r];
-        const int64_t n = first[r + 1] - first[r], np = (n + L - 1) / L * L, base = spans[r].first * L;
+        const int64_t n = first[r + 1] - first[r], base = spans[r].first * L;
         const int64_t prefix = std::max<int64_t>(0, hip[r0 + r] - lop[r0 + r]);  // its first slots, contiguous
-        eh.resize(np);
+        const int64_t whole = prefix / VW * VW;  // positions taken a vector at a time from contiguous slots
         for (int64_t i = 0; i < G; ++i) {
-          const float* s = sc.data() + ((r * G + i) * NB + at[r]) * L;  // s[j - base]: slot j's score
-          float* ei = eh.data();
-          if (prefix) std::memcpy(ei, s + (jr[0] - base), prefix * sizeof(float));
-          for (int64_t t = prefix; t < n; ++t) ei[t] = s[jr[t] - base];
+          float* s = sc.data() + ((r * G + i) * NB + at[r]) * L;  // s[j - base]: slot j's score
+          float* sp = whole ? s + (jr[0] - base) : s;  // sp[t]: position t's, t < whole
           vn mv = splat(-INFINITY);
-          for (int64_t t = 0; t < np; t += VW) {
-            vn x = load(ei + t);
-            for (int64_t l = std::max<int64_t>(0, n - t); l < VW; ++l) x[l] = -INFINITY;  // lanes past the row's slots
+          for (int64_t t = 0; t < whole; t += VW) {
+            const vn x = load(sp + t);
             mv = x > mv ? x : mv;
           }
-          float m = -INFINITY;
-          for (int l = 0; l < VW; ++l) m = std::max(m, mv[l]);
+          float mx = -INFINITY;
+          for (int l = 0; l < VW; ++l) mx = mv[l] > mx ? mv[l] : mx;
+          for (int64_t t = whole; t < n; ++t) mx = s[jr[t] - base] > mx ? s[jr[t] - base] : mx;
+          const vn m = splat(mx);
           vn lanes[NV] = {};  // lane l of the 16: lanes[l / VW][l % VW]
-          for (int64_t t = 0; t < np; t += VW) {
-            vn x = exp_neg(load(ei + t) - m);
-            for (int64_t l = std::max<int64_t>(0, n - t); l < VW; ++l) x[l] = 0.0f;
-            store(ei + t, x);
+          for (int64_t t = 0; t < whole; t += VW) {
+            const vn x = exp_neg(load(sp + t) - m);
+            store(sp + t, x);
             lanes[t / VW % NV] += x;
+          }
+          for (int64_t t = whole; t < n; t += VW) {  // the rest, lane by lane: past n, weights of 0
+            float x[VW];
+            for (int l = 0; l < VW; ++l) x[l] = t + l < n ? s[jr[t + l] - base] : 0.0f;
+            store(x, exp_neg(load(x) - m));
+            for (int l = 0; l < VW; ++l)
+              if (t + l < n) s[jr[t + l] - base] = x[l];
+              else x[l] = 0.0f;
+            lanes[t / VW % NV] += load(x);
           }
           float h[L];
           for (int c = 0; c < NV; ++c) store(h + c * VW, lanes[c]);
           for (int w = L / 2; w >= 1; w /= 2)
             for (int l = 0; l < w; ++l) h[l] += h[l + w];
           den[r * G + i] = h[0];
-          float* er = e.data() + G * first[r] + i;
-          for (int64_t t = 0; t < n; ++t) er[t * G] = ei[t];
         }
       }
       // 3. The weighted values, blocks of TB positions at a time across the task's rows: a block of
@@ -406,10 +421,11 @@ void run(const at::Tensor& q, const at::Tensor& cache, int64_t layer, const at::
         for (int64_t r = 0; r < R; ++r) {
           const int64_t n = first[r + 1] - first[r];
           if (t0 >= n) continue;
-          for (int64_t i0 = 0; i0 < G; i0 += HB)
-            by_heads<Weigh>(std::min<int64_t>(HB, G - i0), static_cast<const float*>(e.data() + G * first[r] + i0), G,
-                            vp + g * ksh, kss, static_cast<const int64_t*>(js.data() + first[r]), t0,
-                            std::min(n, t0 + TB), D, acc.data() + (r * G + i0) * DP, DP);
+          for (int64_t i0 = 0; i0 < G; i0 += HB)  // the weights where step 2 left them, in the scores' places
+            by_heads<Weigh>(std::min<int64_t>(HB, G - i0),
+                            static_cast<const float*>(sc.data() + ((r * G + i0) * NB + at[r]) * L), NB * L, spans[r].first * L, vp + g * ksh, kss,
+                            static_cast<const int64_t*>(js.data() + first[r]), t0, std::min(n, t0 + TB), D,
+                            acc.data() + (r * G + i0) * DP, DP);
         }
       for (int64_t r = 0; r < R; ++r) {
         const bool none = first[r + 1] == first[r];
