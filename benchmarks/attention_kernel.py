@@ -4,6 +4,7 @@ and how fast is each at the shapes decoding uses (the Qwen2.5-Coder-1.5B target'
 
     .venv/bin/python benchmarks/attention_kernel.py [--trials N] [--repeats N] [--out FILE.json]
         [--dtype float32] [--shapes W:CONTEXT,...] [--library ARTIFACT/kernels.so]
+        [--save-bits FILE.pt | --check-bits FILE.pt]
 
 Layout: one query row whose three newest keys are (a) contiguous after the prefix, as in plain
 decoding, or (b) spread over the slots of a tree verify with other keys between them; the two
@@ -11,13 +12,16 @@ outputs must be bitwise equal. Width: the same row alone and among 3 or 15 other
 call at W query rows over a context of L keys (a tree's rows after it), both kernels alternating,
 median of the repeats after a warm-up. `--library` times the kernels an artifact was built with
 (its `kernels.so`) instead of this checkout's: run once each way, alternately, to compare two
-revisions (a process registers one library). Run it alone on the machine.
+revisions (a process registers one library); `--save-bits` with one library and `--check-bits` with
+the other tell whether they give the same bits on random calls (dtypes, head counts and dimensions,
+widths, prefixes, trees and cache layouts drawn from a fixed seed). Run it alone on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -28,6 +32,7 @@ import torch.nn.functional as F
 from ygg_runtime.backend import native
 
 H, KV, D = 12, 2, 128
+BIT_CALLS = 400  # --save-bits / --check-bits
 DTYPE = torch.bfloat16  # --dtype sets it
 
 
@@ -73,6 +78,34 @@ def layout_trials(trials: int, context: int = 100) -> dict[str, dict[str, int]]:
     return same
 
 
+def random_calls(n: int) -> list[torch.Tensor]:
+    """The kernel's outputs on n random calls drawn from a fixed seed: float32, bfloat16 and float16;
+    1-3 KV heads of 1-12 query heads each; head dims 16-128; 1-64 rows, each with its own prefix
+    range in a cache of up to ~1 300 slots and its own tree window; the rows' new keys written to
+    random slots."""
+    rng = random.Random(0)
+    outs = []
+    for trial in range(n):
+        dt = rng.choice([torch.float32, torch.bfloat16, torch.float16])
+        kv, groups, d = rng.choice([1, 2, 3]), rng.choice([1, 2, 5, 6, 8, 9, 12]), rng.choice([16, 40, 64, 80, 96, 128])
+        w = rng.choice([1, 2, 3, 8, 16, 33, 64])
+        t = rng.choice([w, w + 5])
+        s = rng.choice([64, 300, 1200]) + w + t + 20
+        g = torch.Generator().manual_seed(trial)
+        q = (torch.randn(1, kv * groups, w, d, generator=g) * rng.choice([0.5, 3, 10])).to(dt)
+        k, v = torch.randn(1, kv, w, d, generator=g).to(dt), torch.randn(1, kv, w, d, generator=g).to(dt)
+        cache = torch.randn(2, 2, kv, s, d, generator=g).to(dt)
+        lo, hi = torch.zeros(w, dtype=torch.long), torch.zeros(w, dtype=torch.long)
+        tree, slots = torch.zeros(w, t, dtype=torch.bool), torch.empty(w, dtype=torch.long)
+        for r in range(w):
+            lo[r] = rng.randrange(0, s - t - 1)
+            hi[r] = lo[r] if rng.random() < 0.15 else rng.randrange(int(lo[r]), s - t)
+            tree[r] = torch.tensor([rng.random() < 0.3 for _ in range(t)])
+            slots[r] = rng.randrange(0, s)
+        outs.append(native.attention(q, k, v, cache, rng.randrange(0, 2), slots, lo, hi, tree))
+    return outs
+
+
 def timings(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
     g = torch.Generator().manual_seed(1)
     rows = []
@@ -110,10 +143,25 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--shapes", default="2:300,4:300,8:300,16:300,16:1000,64:600,512:512", help="WIDTH:CONTEXT,...")
     ap.add_argument("--library", type=Path, help="a kernels.so to time (an artifact's) instead of this checkout's")
+    bits = ap.add_mutually_exclusive_group()
+    bits.add_argument("--save-bits", type=Path, help="save the outputs of random calls there, and stop")
+    bits.add_argument("--check-bits", type=Path, help="compare the outputs of the same calls with a saved file")
     args = ap.parse_args()
     global DTYPE
     DTYPE = getattr(torch, args.dtype)
     native.load(args.library)
+    if args.save_bits or args.check_bits:
+        outs = random_calls(BIT_CALLS)
+        if args.save_bits:
+            torch.save(outs, args.save_bits)
+            print(f"{len(outs)} calls' outputs saved to {args.save_bits}")
+        else:
+            saved = torch.load(args.check_bits)
+            same = sum(torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+                                   b.view(torch.int16 if b.element_size() == 2 else torch.int32))
+                       for a, b in zip(outs, saved, strict=True))
+            print(f"{same}/{len(outs)} calls bitwise the same as {args.check_bits}'s")
+        return
     same = layout_trials(args.trials)
     for name, counts in same.items():
         print(f"{name}: row bitwise the same with holes among its keys in {counts['holes']}/{args.trials} trials, "
