@@ -160,11 +160,13 @@ def free_port() -> int:
 class Served:
     """A `ygg serve` process on a free loopback port, ready once /health answers."""
 
-    def __init__(self, artifact: Path, *args: str, command: str = YGG):
+    def __init__(self, artifact: Path, *args: str, command: str = YGG, api_key: str | None = None):
+        """api_key: the server asks for it, given as $YGG_API_KEY; the client sends it."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        env = os.environ | ({"YGG_API_KEY": api_key} if api_key is not None else {})
         self.proc = subprocess.Popen([command, "serve", "--artifact", str(artifact), "--port", str(self.port), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         deadline = time.monotonic() + TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -177,7 +179,8 @@ class Served:
         else:
             self.stop()
             raise AssertionError("ygg serve did not become ready")
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", timeout=TIMEOUT, max_retries=0)
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key=api_key or "none", timeout=TIMEOUT,
+                                    max_retries=0)
         self.model = self.client.models.list().data[0].id
 
     def metrics(self) -> dict[str, float]:

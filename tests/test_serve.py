@@ -54,6 +54,7 @@ def complete(server: Served, prompt: str, n: int, **extra):
     ({"max_batch": MAX_ROWS + 1}, f"--max-batch must be in 1..{MAX_ROWS}"),
     ({"max_queue": -1}, "--max-queue must be at least 0"),
     ({"port": 65536}, "--port must be in 0..65535"),
+    ({"api_key": ""}, "--api-key must be a non-empty key"),
 ])
 def test_python_and_the_cli_refuse_the_same_serve_options(bad, needle):
     """One home for serve's defaults and checks: `serve()` from Python refuses what `ygg serve` does,
@@ -62,6 +63,37 @@ def test_python_and_the_cli_refuse_the_same_serve_options(bad, needle):
         ServeOptions(**bad)
     (option, value), = bad.items()
     assert_one_line_error(ygg("serve", "-a", "/nonexistent", f"--{option.replace('_', '-')}", value), needle)
+
+
+def test_a_server_with_an_api_key_answers_401_in_one_line_without_it_and_serves_with_it(artifact, decoder):
+    """`ygg serve` with a key ($YGG_API_KEY here, `--api-key` alike): every /v1 request without the
+    bearer token, or with another, gets 401 in one line of OpenAI's JSON (before its body is even
+    read); /health and /metrics stay open; with the key, a completion is the target's own output."""
+    served = Served(artifact, api_key="s3cret")
+    try:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            for r in (httpx.get(served.url + "/v1/models", headers=headers, timeout=TIMEOUT),
+                      httpx.post(served.url + "/v1/completions", content=b"not json", headers=headers,
+                                 timeout=TIMEOUT)):
+                assert r.status_code == 401 and "\n" not in r.text.strip()
+                assert r.json()["error"]["code"] == "invalid_api_key"
+        assert httpx.get(served.url + "/health", timeout=TIMEOUT).status_code == 200
+        assert httpx.get(served.url + "/metrics", timeout=TIMEOUT).status_code == 200
+        out = complete(served, PROMPTS[0], 8)
+        assert out.choices[0].token_ids == alone(decoder, PROMPTS[0], 8)
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("host, key, warned", [("127.0.0.1", None, False), ("::1", None, False),
+                                               ("localhost", None, False), ("0.0.0.0", None, True),
+                                               ("0.0.0.0", "k", False), ("10.1.2.3", None, True)])
+def test_a_server_that_answers_beyond_loopback_without_a_key_is_warned(host, key, warned):
+    """Bound beyond loopback without a key, `ygg serve` starts with a one-line warning (never binding
+    such an address here: the line comes from the options)."""
+    line = ServeOptions(host=host, api_key=key).exposed()
+    assert (line is not None) == warned
+    assert line is None or ("without --api-key" in line and "\n" not in line)
 
 
 def test_the_server_counts_each_step_as_the_generation_does(decoder):

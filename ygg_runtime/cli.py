@@ -105,9 +105,11 @@ def serve_cmd(
     kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", metavar="GiB", help="the KV cache both models share (default: half the free memory, at most what --max-batch sequences of the artifact's context use)"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="YGG_API_KEY", metavar="KEY", show_envvar=True, help="every /v1 request must send `Authorization: Bearer KEY` (else 401)"),
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
-    opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware, kv_cache_gb=kv_cache_gb)
+    opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware, kv_cache_gb=kv_cache_gb,
+                        api_key=api_key)
     opts.check_address()
     plan_bytes(artifact, expect_plan)
     require("serve")

@@ -7,6 +7,7 @@ loads anything, so bad input is refused at once.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import socket
 from dataclasses import dataclass
@@ -76,6 +77,9 @@ class ServeOptions:
     max_queue: int = 64  # requests waiting for a batch row at most (more: 429)
     cost_aware: bool = True  # CAST: trees sized to the batch's load
     kv_cache_gb: float | None = None  # the KV cache's size (None: KV_CACHE_SHARE of free memory)
+    # the bearer token every /v1 request must send (None: none asked; `ygg serve --api-key` or
+    # $YGG_API_KEY, as vLLM's --api-key / $VLLM_API_KEY)
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         check_max_batch(self.max_batch)
@@ -85,6 +89,16 @@ class ServeOptions:
             raise YggError(f"--max-queue must be at least 0, not {self.max_queue}")
         if not 0 <= self.port < 65536:
             raise YggError(f"--port must be in 0..65535, not {self.port}")
+        if self.api_key is not None and (not self.api_key.strip() or self.api_key != self.api_key.strip()):
+            raise YggError("--api-key must be a non-empty key without spaces around it")
+
+    def exposed(self) -> str | None:
+        """The warning a server that answers beyond this machine without a key gets (None: it is
+        bound to loopback, or it asks for a key)."""
+        if self.api_key is not None or _loopback(self.host):
+            return None
+        return (f"warning: serving on {self.host} without --api-key: anyone who reaches this port may run requests "
+                f"(set --api-key or $YGG_API_KEY)")
 
     def check_address(self) -> None:
         """A clear line now rather than uvicorn's log after the models have loaded."""
@@ -93,3 +107,13 @@ class ServeOptions:
                 pass
         except OSError as e:
             raise YggError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
+
+
+def _loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

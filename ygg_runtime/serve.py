@@ -21,6 +21,7 @@ imported, not as names to look up in this module.)
 """
 
 import asyncio
+import hmac
 import json
 import signal
 import threading
@@ -584,8 +585,10 @@ class Server:
         yield "data: [DONE]\n\n"
 
 
-def create_app(server: Server) -> "FastAPI":
-    """The ASGI app; the end of its lifespan stops the scheduler."""
+def create_app(server: Server, api_key: str | None = None) -> "FastAPI":
+    """The ASGI app; the end of its lifespan stops the scheduler. api_key: every /v1 request must
+    send it as `Authorization: Bearer <key>`, or gets 401 (/health and /metrics stay open to load
+    balancers and scrapers, as vLLM's do)."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -601,6 +604,17 @@ def create_app(server: Server) -> "FastAPI":
             server.scheduler.stop()
 
     app = FastAPI(title="Yggdrasil", lifespan=lifespan)
+
+    if api_key is not None:
+        expected = f"Bearer {api_key}".encode()
+
+        @app.middleware("http")
+        async def authorize(request: Request, call_next):
+            sent = request.headers.get("authorization", "").encode()
+            if request.url.path.startswith("/v1") and not hmac.compare_digest(sent, expected):
+                return ApiError(401, "invalid or missing API key: send the header `Authorization: Bearer <key>`",
+                                code="invalid_api_key").response()
+            return await call_next(request)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
@@ -677,7 +691,7 @@ def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()
         slots, why = kv_slots(decoder, opts.kv_cache_gb, opts.max_batch)
         err.print(why)
     server = Server(decoder, model_name, opts.max_batch, opts.max_queue, opts.cost_aware, slots)
-    config = uvicorn.Config(create_app(server), host=host, port=port, log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(server, opts.api_key), host=host, port=port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=600)
     http = uvicorn.Server(config)
     # Signals reach the main thread only: hand them to uvicorn, whose graceful shutdown stops
@@ -708,5 +722,7 @@ def serve_artifact(opts: ServeOptions, artifact: Path, model_name: Optional[str]
               + ("the text plain decoding gives it, whatever else is running)" if decoder.sampling == "coupled"
                  else "a sample that depends on the batch it runs in)"))
     err.print(cache)
+    if warning := opts.exposed():
+        err.print(warning)
     serve(decoder, name, opts, slots)
     err.print("ygg serve: stopped")
