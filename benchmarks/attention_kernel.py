@@ -157,9 +157,8 @@ def main() -> None:
             print(f"{len(outs)} calls' outputs saved to {args.save_bits}")
         else:
             saved = torch.load(args.check_bits)
-            same = sum(torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
-                                   b.view(torch.int16 if b.element_size() == 2 else torch.int32))
-                       for a, b in zip(outs, saved, strict=True))
+            bits = lambda t: t.view(torch.int16 if t.element_size() == 2 else torch.int32)  # NaNs compare too
+            same = sum(torch.equal(bits(a), bits(b)) for a, b in zip(outs, saved, strict=True))
             print(f"{same}/{len(outs)} calls bitwise the same as {args.check_bits}'s")
         return
     same = layout_trials(args.trials)

@@ -23,7 +23,7 @@ from ygg_runtime.artifact import plan_sha256, read_plan
 from ygg_runtime.errors import YggError
 from ygg_runtime.exactness import Machine, verdict
 from ygg_runtime.files import output_dir, write_atomic
-from ygg_runtime.options import check_max_new_tokens
+from ygg_runtime.options import MAX_NEW_TOKENS, check_max_new_tokens
 from ygg_runtime.params import EGTParams, Params, PLDParams, SequoiaParams, Stages
 from ygg_runtime.plan import Plan, PredictorReport, StagesReport
 from ygg_runtime.tree import DRAFT
@@ -273,8 +273,8 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
     length = plan.output_length
     info.add_row("answers' length", "not measured: a request is priced at its whole budget" if length is None else
                  f"{length.ended} of {length.answers} calibration answers ended within {length.budget} tokens "
-                 f"({length.tokens} answer tokens); a budget of 256 is priced at "
-                 f"{objective.expected_tokens(length, 256)}")
+                 f"({length.tokens} answer tokens); the default budget of {MAX_NEW_TOKENS} is priced at "
+                 f"{objective.expected_tokens(length, MAX_NEW_TOKENS)}")
     con.print(info)
     con.print(roofline_table(plan))
 

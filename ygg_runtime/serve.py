@@ -691,8 +691,8 @@ def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()
         slots, why = kv_slots(decoder, opts.kv_cache_gb, opts.max_batch)
         err.print(why)
     server = Server(decoder, model_name, opts.max_batch, opts.max_queue, opts.cost_aware, slots)
-    config = uvicorn.Config(create_app(server, opts.api_key), host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=600)
+    config = uvicorn.Config(create_app(server, opts.api_key), host=host, port=port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=600)
     http = uvicorn.Server(config)
     # Signals reach the main thread only: hand them to uvicorn, whose graceful shutdown stops
     # accepting, waits for running requests, then ends the app's lifespan (which stops the scheduler).
