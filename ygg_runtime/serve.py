@@ -30,7 +30,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,55 +119,62 @@ class ServerMetrics:
     output (bonus excluded, after any stop or length cut), and accepted_tokens_per_pos[i] counts
     drafts whose accepted path reached depth i + 1."""
 
-    def __init__(self) -> None:
+    def __init__(self, mirror: Callable[..., Any] | None = None) -> None:
+        """mirror(metric, kind, name, doc, labels, buckets): what to use in the metric's place, given
+        it (`ygg_runtime.ray_serve` sends every update to Ray's metrics too, labelled by replica)."""
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         r = self.registry = CollectorRegistry()
-        self.num_drafts = Counter("vllm:spec_decode_num_drafts", "Verified trees with a drafted token", registry=r)
-        self.num_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens verified", registry=r)
-        self.num_accepted_tokens = Counter("vllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted", registry=r)
-        self.accepted_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                        "Drafts whose accepted path reached this depth (0-based)", ["position"],
-                                        registry=r)
-        self.running = Gauge("vllm:num_requests_running", "Requests decoding in the batch", registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests queued for a batch row", registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of admitted requests", registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated", registry=r)
-        self.success = Counter("vllm:request_success", "Requests finished", ["finished_reason"], registry=r)
-        buckets = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
-        self.tpot = Histogram("vllm:time_per_output_token_seconds", "Time per output token after the first", buckets=buckets,
-                              registry=r)
-        self.latency = Histogram("vllm:e2e_request_latency_seconds", "Request latency, arrival to last token",
-                                 buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300), registry=r)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Arrival to first token",
-                              buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20), registry=r)
-        self.steps = Counter("ygg:batch_steps", "Target verify forwards, by sequences verified together",
-                             ["sequences"], registry=r)
-        self.nodes = Counter("ygg:batch_verified_nodes", "Tree nodes (roots included) verified, by sequences "
-                             "verified together: divided by ygg:batch_steps and sequences, the tree size per sequence",
-                             ["sequences"], registry=r)
-        self.preemptions = Counter("vllm:num_preemptions", "Requests preempted: their cache slots taken back, "
-                                   "recomputed when room returns", registry=r)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Share of the KV cache's slots the running requests hold "
-                              "(1 = full)", registry=r)
-        self.kv_tokens = Gauge("ygg:kv_cache_tokens", "KV cache slots: the cache's (capacity), the running requests' "
-                               "regions' (held), their sequences' tokens (written), and what reserving each one's "
-                               "max_tokens up front would hold for them (upfront: how Yggdrasil 0.2 took the cache)",
-                               ["kind"], registry=r)
-        self.kv_token_steps = Counter("ygg:kv_cache_token_steps", "ygg:kv_cache_tokens (held, written, upfront) "
-                                      "summed over the batch's steps: their ratios over an interval are the cache's "
-                                      "use in it, whatever the scrape interval", ["kind"], registry=r)
-        self.kv_token_bytes = Gauge("ygg:kv_cache_token_bytes", "Bytes a token takes in the KV cache (both models)",
-                                    registry=r)
-        self.method = Counter("ygg:request_method", "Requests admitted, by the method each runs and how it was "
-                              "chosen: asked (the request's method field), plan (the plan's method), request (another "
-                              "modelled faster over the whole request: a long prompt the drafter's prefill would not "
-                              "repay runs without the drafter, or with a drafter that reads only its last tokens)",
-                              ["method", "chosen"], registry=r)
-        self.window = Counter("ygg:request_draft_window", "Requests admitted, by how many of the prompt's last tokens "
-                              "their drafter reads (\"whole\": all of them)", ["window"], registry=r)
-        self.kv_moves = Counter("ygg:kv_region_moves", "Regions moved to grow (their rows copied)", registry=r)
-        self.kv_moved = Counter("ygg:kv_moved_tokens", "Rows those moves copied", registry=r)
+        kinds = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
+
+        def family(kind: str, name: str, doc: str, labels: tuple[str, ...] = (), buckets: tuple | None = None):
+            extra = {"buckets": buckets} if buckets else {}
+            made = kinds[kind](name, doc, labels, registry=r, **extra)
+            return made if mirror is None else mirror(made, kind, name, doc, labels, buckets)
+
+        self.num_drafts = family("counter", "vllm:spec_decode_num_drafts", "Verified trees with a drafted token")
+        self.num_draft_tokens = family("counter", "vllm:spec_decode_num_draft_tokens", "Drafted tokens verified")
+        self.num_accepted_tokens = family("counter", "vllm:spec_decode_num_accepted_tokens", "Drafted tokens accepted")
+        self.accepted_per_pos = family("counter", "vllm:spec_decode_num_accepted_tokens_per_pos",
+                                       "Drafts whose accepted path reached this depth (0-based)", ("position",))
+        self.running = family("gauge", "vllm:num_requests_running", "Requests decoding in the batch")
+        self.waiting = family("gauge", "vllm:num_requests_waiting", "Requests queued for a batch row")
+        self.prompt_tokens = family("counter", "vllm:prompt_tokens", "Prompt tokens of admitted requests")
+        self.generation_tokens = family("counter", "vllm:generation_tokens", "Tokens generated")
+        self.success = family("counter", "vllm:request_success", "Requests finished", ("finished_reason",))
+        self.tpot = family("histogram", "vllm:time_per_output_token_seconds", "Time per output token after the first",
+                           buckets=(0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5))
+        self.latency = family("histogram", "vllm:e2e_request_latency_seconds", "Request latency, arrival to last token",
+                              buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300))
+        self.ttft = family("histogram", "vllm:time_to_first_token_seconds", "Arrival to first token",
+                           buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20))
+        self.steps = family("counter", "ygg:batch_steps", "Target verify forwards, by sequences verified together",
+                            ("sequences",))
+        self.nodes = family("counter", "ygg:batch_verified_nodes", "Tree nodes (roots included) verified, by sequences "
+                            "verified together: divided by ygg:batch_steps and sequences, the tree size per sequence",
+                            ("sequences",))
+        self.preemptions = family("counter", "vllm:num_preemptions", "Requests preempted: their cache slots taken "
+                                  "back, recomputed when room returns")
+        self.kv_usage = family("gauge", "vllm:kv_cache_usage_perc", "Share of the KV cache's slots the running "
+                               "requests hold (1 = full)")
+        self.kv_tokens = family("gauge", "ygg:kv_cache_tokens", "KV cache slots: the cache's (capacity), the running "
+                                "requests' regions' (held), their sequences' tokens (written), and what reserving each "
+                                "one's max_tokens up front would hold for them (upfront: how Yggdrasil 0.2 took the "
+                                "cache)", ("kind",))
+        self.kv_token_steps = family("counter", "ygg:kv_cache_token_steps", "ygg:kv_cache_tokens (held, written, "
+                                     "upfront) summed over the batch's steps: their ratios over an interval are the "
+                                     "cache's use in it, whatever the scrape interval", ("kind",))
+        self.kv_token_bytes = family("gauge", "ygg:kv_cache_token_bytes", "Bytes a token takes in the KV cache (both "
+                                     "models)")
+        self.method = family("counter", "ygg:request_method", "Requests admitted, by the method each runs and how it "
+                             "was chosen: asked (the request's method field), plan (the plan's method), request "
+                             "(another modelled faster over the whole request: a long prompt the drafter's prefill "
+                             "would not repay runs without the drafter, or with a drafter that reads only its last "
+                             "tokens)", ("method", "chosen"))
+        self.window = family("counter", "ygg:request_draft_window", "Requests admitted, by how many of the prompt's "
+                             "last tokens their drafter reads (\"whole\": all of them)", ("window",))
+        self.kv_moves = family("counter", "ygg:kv_region_moves", "Regions moved to grow (their rows copied)")
+        self.kv_moved = family("counter", "ygg:kv_moved_tokens", "Rows those moves copied")
 
     def record(self, step: Step) -> None:
         if step.drafted:
@@ -401,11 +408,11 @@ class StopText:
 
 class Server:
     def __init__(self, decoder: Decoder, model_name: str, max_batch: int = MAX_BATCH, max_queue: int = 64,
-                 cost_aware: bool = True, kv_slots: int | None = None):
+                 cost_aware: bool = True, kv_slots: int | None = None, metrics: ServerMetrics | None = None):
         if decoder.codec is None:
             raise YggError("this artifact has no tokenizer to serve text with")
         self.decoder, self.model_name = decoder, model_name
-        self.metrics = ServerMetrics()
+        self.metrics = metrics or ServerMetrics()
         self.scheduler = Scheduler(decoder, max_batch, max_queue, self.metrics, cost_aware, kv_slots)
         self.created = int(time.time())
         self.context = decoder.max_context or decoder.target.max_len
@@ -709,13 +716,18 @@ def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()
         raise YggError(f"the HTTP server did not start on {host}:{port} (its log above says why)")
 
 
-def serve_artifact(opts: ServeOptions, artifact: Path, model_name: Optional[str], eager: bool,
-                   expect_plan: Optional[str]) -> None:
+def model_name(decoder: Decoder, given: str | None = None) -> str:
+    """The model name clients send: `given`, or the target's (a path's last part)."""
+    target = decoder.plan.models["target"].spec if decoder.plan else "model"
+    return given or (Path(target).name if "/" in target or Path(target).exists() else target)
+
+
+def serve_artifact(opts: ServeOptions, artifact: Path, given: str | None, eager: bool,
+                   expect_plan: str | None) -> None:
     """What `ygg serve` does once `ygg_runtime.cli` has checked its arguments."""
     decoder = load(artifact, eager=eager, expect_plan=expect_plan)
     slots, cache = kv_slots(decoder, opts.kv_cache_gb, opts.max_batch)
-    target = decoder.plan.models["target"].spec if decoder.plan else "model"
-    name = model_name or (Path(target).name if "/" in target or Path(target).exists() else target)
+    name = model_name(decoder, given)
     err.print(f"serving {name} ({decoder.default_method}, {decoder.forwards}) on http://{opts.host}:{opts.port}/v1 · batch "
               f"≤ {opts.max_batch}, queue ≤ {opts.max_queue} · Ctrl-C or SIGTERM stops it once running requests finish")
     err.print(f"exactness: {decoder.verdict()[1]} · sampling at temperature > 0: {decoder.sampling} (a request's seed gives "
