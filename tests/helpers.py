@@ -160,11 +160,13 @@ def free_port() -> int:
 class Served:
     """A `ygg serve` process on a free loopback port, ready once /health answers."""
 
-    def __init__(self, artifact: Path, *args: str, command: str = YGG, api_key: str | None = None):
-        """api_key: the server asks for it, given as $YGG_API_KEY; the client sends it."""
+    def __init__(self, artifact: Path, *args: str, command: str = YGG, api_key: str | None = None,
+                 env: dict[str, str] | None = None):
+        """api_key: the server asks for it, given as $YGG_API_KEY; the client sends it. env: more
+        environment for the server."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = os.environ | ({"YGG_API_KEY": api_key} if api_key is not None else {})
+        env = os.environ | (env or {}) | ({"YGG_API_KEY": api_key} if api_key is not None else {})
         self.proc = subprocess.Popen([command, "serve", "--artifact", str(artifact), "--port", str(self.port), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         deadline = time.monotonic() + TIMEOUT

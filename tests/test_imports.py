@@ -12,12 +12,12 @@ import import_graph  # noqa: E402
 
 
 # Our own imports inside a function, each on purpose (the graph counts them, so no cycle hides there):
-# the command line imports what its commands do once their arguments pass (`ygg run`'s and `ygg
-# serve`'s bodies in the runtime, the toolchain's commands in ygg_compile), so a refused call never
+# the command line imports what its commands do once their arguments pass (`ygg run`'s, `ygg serve`'s
+# and `ygg serve --ray`'s bodies in the runtime, the toolchain's commands in ygg_compile), so a refused call never
 # imports torch; the runtime package exports `load`, `Decoder` and `Result` on first use (PEP 562),
 # so its light modules import without torch; the CUDA backend (Triton, which a CUDA build of torch
 # brings and a CPU install lacks) is imported on its first use on a GPU.
-DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2, "ygg_runtime.cli": 2, "ygg_runtime.backend": 1}
+DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2, "ygg_runtime.cli": 3, "ygg_runtime.backend": 1}
 
 
 @pytest.mark.parametrize("package", ["ygg_compile", "ygg_runtime"])
@@ -97,7 +97,8 @@ def test_every_library_we_import_is_declared():
 
 def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra():
     """What `pip install yggdrasil` installs is all ygg_runtime imports, but for the server's module,
-    which may also import the `serve` extra, and the CUDA backend's, the `gpu` extra (Triton); and
+    which may also import the `serve` extra, Ray Serve's, which may import the `ray` extra too, and
+    the CUDA backend's, the `gpu` extra (Triton); and
     the extras the `ygg` command asks for (ygg_runtime.cli.EXTRAS) are pyproject.toml's, module for
     distribution."""
     from ygg_runtime.cli import EXTRAS
@@ -106,7 +107,8 @@ def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra(
     declared = _declared()
     for path in (root / "ygg_runtime").rglob("*.py"):
         triton = path.parent.name == "backend" and (path.name.startswith("triton_") or path.name == "cuda.py")
-        allowed = declared[""] | (declared["gpu"] if triton else {"serve.py": declared["serve"]}.get(path.name, set()))
+        extras = {"serve.py": declared["serve"], "ray_serve.py": declared["serve"] | declared["ray"]}
+        allowed = declared[""] | (declared["gpu"] if triton else extras.get(path.name, set()))
         outside = {m for m in _third_party_imports(path) if not _distributions(m) & allowed}
         assert outside == set(), path.name
     for extra, modules in EXTRAS.items():

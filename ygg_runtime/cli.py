@@ -18,8 +18,8 @@ from typing import Optional
 import typer
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, ServeOptions, check_sampling,
-                                 check_settings)
+from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, RayOptions, ServeOptions,
+                                 check_sampling, check_settings)
 from ygg_runtime.plan import plan_bytes
 
 METHODS = ", ".join(METHOD_NAMES)  # for help strings
@@ -32,8 +32,9 @@ TOOLCHAIN = r"Make and measure artifacts (pip install 'yggdrasil\[compile]')"  #
 EXTRAS = {
     "serve": ("fastapi", "uvicorn", "pydantic", "prometheus_client"),
     "compile": ("transformers", "accelerate", "huggingface_hub", "gguf", "sklearn", "matplotlib"),
+    "ray": ("ray", "psutil"),
 }
-NEEDS = {"run": (), "serve": ("serve",), "compile": ("compile",), "bench": ("compile",),
+NEEDS = {"run": (), "serve": ("serve",), "serve --ray": ("serve", "ray"), "compile": ("compile",), "bench": ("compile",),
          "bench-serve": ("compile", "serve"), "inspect": ("compile",), "cache": ("compile",)}
 
 app = typer.Typer(
@@ -106,16 +107,38 @@ def serve_cmd(
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="YGG_API_KEY", metavar="KEY", show_envvar=True, help="every /v1 request must send `Authorization: Bearer KEY` (else 401)"),
+    ray: bool = typer.Option(False, "--ray", help="serve as replicas of a Ray Serve application; --artifact may then be a directory of artifacts, one per machine kind (pip install 'yggdrasil[ray]')", rich_help_panel="Ray Serve"),
+    replicas: int = typer.Option(1, "--replicas", help="--ray: replicas to run", rich_help_panel="Ray Serve"),
+    autoscale: Optional[str] = typer.Option(None, "--autoscale", metavar="MIN,MAX", help="--ray: as many replicas as the load asks, between MIN and MAX", rich_help_panel="Ray Serve"),
+    replica_threads: Optional[int] = typer.Option(None, "--replica-threads", help="--ray: torch threads (and Ray CPUs) a replica (default: this machine's cores over the replicas; 1 on a cluster joined)", rich_help_panel="Ray Serve"),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="--ray: join this running Ray cluster (default: start one of this machine alone, on loopback)", rich_help_panel="Ray Serve"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="--ray: the Prometheus port of the Ray this command starts, with every replica's metrics", rich_help_panel="Ray Serve"),
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
     opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware, kv_cache_gb=kv_cache_gb,
                         api_key=api_key)
-    opts.check_address()
-    plan_bytes(artifact, expect_plan)
-    require("serve")
-    from ygg_runtime import serve  # torch, FastAPI and the models: only once the arguments have passed
+    given = {"--replicas": replicas != 1, "--autoscale": autoscale is not None, "--replica-threads": replica_threads
+             is not None, "--ray-address": ray_address is not None, "--metrics-port": metrics_port is not None}
+    if not ray and any(given.values()):
+        raise YggError(f"{', '.join(k for k, v in given.items() if v)} needs --ray")
+    if given["--replicas"] and given["--autoscale"]:
+        raise YggError("give --replicas or --autoscale, not both")
+    if not ray:
+        opts.check_address()
+        plan_bytes(artifact, expect_plan)
+        require("serve")
+        from ygg_runtime import serve  # torch, FastAPI and the models: only once the arguments have passed
 
-    serve.serve_artifact(opts, artifact, model_name, eager, expect_plan)
+        serve.serve_artifact(opts, artifact, model_name, eager, expect_plan)
+        return
+    ray_opts = RayOptions(replicas, RayOptions.parse_autoscale(autoscale), replica_threads, ray_address, metrics_port)
+    if ray_address is None:
+        opts.check_address()
+    require("serve --ray")
+    from ygg_runtime import ray_serve
+
+    ray_serve.candidates(artifact)  # one line now for a directory without artifacts or with a broken plan
+    ray_serve.serve_ray(opts, ray_opts, artifact, model_name, eager, expect_plan)
 
 
 

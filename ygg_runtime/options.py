@@ -109,6 +109,53 @@ class ServeOptions:
             raise YggError(f"cannot listen on {self.host}:{self.port}: {e.strerror or e}") from None
 
 
+@dataclass(frozen=True)
+class RayOptions:
+    """How `ygg serve --ray` runs its replicas (`ygg_runtime.ray_serve`): a fixed number, or as many
+    as the load asks between autoscale's bounds; each with `threads` torch threads (and as many of
+    Ray's CPUs). address: a running Ray cluster to join (None: start one of this machine alone, on
+    loopback, whose Prometheus endpoint for the replicas' metrics is metrics_port)."""
+
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None
+    threads: int | None = None  # None: this machine's cores over the most replicas (1 on a cluster joined)
+    address: str | None = None
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise YggError(f"--replicas must be at least 1, not {self.replicas}")
+        if self.autoscale is not None and not 1 <= self.autoscale[0] <= self.autoscale[1]:
+            raise YggError(f"--autoscale takes MIN,MAX with 1 <= MIN <= MAX, not {self.autoscale[0]},{self.autoscale[1]}")
+        if self.threads is not None and self.threads < 1:
+            raise YggError(f"--replica-threads must be at least 1, not {self.threads}")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise YggError(f"--metrics-port must be in 1..65535, not {self.metrics_port}")
+        if self.metrics_port is not None and self.address is not None:
+            raise YggError("--metrics-port sets the Ray this command starts; a cluster joined with --ray-address "
+                           "exports metrics on the port it was started with")
+
+    @property
+    def most(self) -> int:
+        """Replicas at most."""
+        return self.autoscale[1] if self.autoscale else self.replicas
+
+    def replica_threads(self, cores: int) -> int:
+        if self.threads is not None:
+            return self.threads
+        return 1 if self.address is not None else max(1, cores // self.most)
+
+    @staticmethod
+    def parse_autoscale(text: str | None) -> tuple[int, int] | None:
+        if text is None:
+            return None
+        low, _, high = text.partition(",")
+        try:
+            return int(low), int(high)
+        except ValueError:
+            raise YggError(f"--autoscale takes MIN,MAX (two numbers of replicas), not {text!r}") from None
+
+
 def _loopback(host: str) -> bool:
     """Whether `host` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
     if host == "localhost":
