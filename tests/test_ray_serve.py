@@ -328,6 +328,39 @@ serve.delete("refused")
     assert complete(ray_served, PROMPTS[0], 4).choices[0].finish_reason == "length"  # the application serves on
 
 
+def test_bench_serve_measures_each_method_through_ray_beside_ygg_serve(artifact, tmp_path, ray_served):
+    """`ygg bench-serve --ray 2`: the same methods, prompts and clients through a Ray of its own with
+    two replicas, beside `ygg serve`; every output is ar's, each Ray row is set against the direct
+    one, and its Ray is gone when it ends (the module's stays)."""
+    def raylets() -> set[int]:
+        return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "raylet"}
+
+    before = raylets()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": i, "category": "c", "turns": [p]}) + "\n"
+                               for i, p in enumerate(PROMPTS[:3])))
+    out = tmp_path / "serve"
+    proc = ygg("bench-serve", "--artifact", artifact, "--prompts", prompts, "--concurrency", "2", "--methods", "egt,ar",
+               "-n", 12, "--ray", "2", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((out / "results.json").read_text())
+    assert [r["replicas"] for r in report["config"]["ray"]] == [2]
+    rows = {r["method"]: r for r in report["summary"]}
+    assert set(rows) == {"egt", "ar", "egt@ray×2", "ar@ray×2"}
+    assert all(r["outputs_equal_ar"] == "3/3" for r in rows.values())
+    for m in ("egt", "ar"):
+        ray_row = rows[f"{m}@ray×2"]
+        assert ray_row["via"] == "ray×2" and ray_row["metrics"] is None and ray_row["background_cores"] is not None
+        assert ray_row["vs_direct"]["tokens_per_s"] == pytest.approx(ray_row["tokens_per_s"] / rows[m]["tokens_per_s"])
+    assert "## Through Ray Serve" in (out / "summary.md").read_text()
+    assert raylets() == before
+
+
+def test_bench_serve_refuses_bad_replica_counts_in_one_line(artifact):
+    assert_one_line_error(ygg("bench-serve", "-a", artifact, "--ray", "0"), "--ray takes distinct replica counts")
+    assert_one_line_error(ygg("bench-serve", "-a", artifact, "--ray", "two"), "--ray takes replica counts")
+
+
 def test_every_ray_process_listens_and_talks_on_loopback_only(ray_served):
     """Every socket of the processes `ygg serve --ray` started (GCS, raylet, workers, proxy,
     replicas, the agents): bound to and connected with 127.0.0.1 (or ::1) alone."""

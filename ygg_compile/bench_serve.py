@@ -312,17 +312,75 @@ def load_level(client: "Client | LlamaServer", prompts: list[Prompt], method: st
     return rows, time.perf_counter() - start
 
 
-def start_server(opts: ServeBenchOptions, max_batch: int) -> tuple[subprocess.Popen, int]:
-    port = free_port()
+def serve_command(opts: ServeBenchOptions, port: int, max_batch: int) -> list[str]:
+    """`ygg serve` of the artifact on a loopback port, as every server of ours here runs it."""
     cmd = [sys.executable, "-m", "ygg_compile", "serve", "--artifact", str(opts.artifact), "--port", str(port),
            "--max-batch", str(max_batch), "--max-queue", str(max(64, 4 * max_batch)), "--model-name", "bench"]
     if not opts.cost_aware:
         cmd.append("--no-cost-aware")
     if opts.kv_cache_gb is not None:
         cmd += ["--kv-cache-gb", str(opts.kv_cache_gb)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return cmd
+
+
+def start_server(opts: ServeBenchOptions, max_batch: int) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(serve_command(opts, port, max_batch), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     wait_ready(proc, lambda: scrape(port), "ygg serve")
     return proc, port
+
+
+class RayServer:
+    """`ygg serve --ray` of the same artifact on loopback: `replicas` replicas sharing the threads
+    the direct server has (each `threads // replicas`), each with the direct server's batch, in a
+    Ray of this machine alone started by the command (and stopped with it). Driven by the same
+    clients; its /metrics through Ray's proxy is one replica's, so its levels carry no server
+    account. While another contestant runs, its Ray idles: the CPU its processes take then is
+    recorded (`background_cores`), as it slows whatever else runs on the machine."""
+
+    def __init__(self, opts: ServeBenchOptions, max_batch: int, replicas: int, threads: int):
+        self.replicas, self.threads = replicas, max(1, threads // replicas)
+        self.name = f"ray×{replicas}"
+        self.cmd = serve_command(opts, 0, max_batch) + ["--ray", "--replicas", str(replicas),
+                                                        "--replica-threads", str(self.threads)]
+        self.proc: subprocess.Popen | None = None
+        self.client: Client | None = None
+
+    def start(self, chat: bool) -> None:
+        port = free_port()
+        self.cmd[self.cmd.index("--port") + 1] = str(port)
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)  # a Ctrl-C here reaches it through stop(), once
+
+        def models() -> None:  # Ray's proxy is up before the application: 200 once a replica answers
+            if _get(port, "/v1/models") != 200:
+                raise OSError("not yet")
+        wait_ready(self.proc, models, f"ygg serve --ray ({self.name})")
+        self.client = Client(port, "bench", chat)
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of the command and every process of its Ray so far."""
+        import psutil  # comes with ray
+
+        if self.proc is None:
+            return 0.0
+        total = 0.0
+        try:
+            root = psutil.Process(self.proc.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return 0.0
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def stop(self) -> None:
+        stop(self.proc)
 
 
 def percentile(xs: list[float], q: float) -> float | None:
@@ -408,10 +466,10 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     levels = sorted(set(opts.concurrency))
     peers: dict[str, LlamaServer] = {}
     if gguf is not None:
-        import torch
-
-        peers[LlamaServer.name] = LlamaServer(gguf, torch.get_num_threads(), plan.max_context, codec, opts.chat)
-    contestants = [*opts.methods, *peers]
+        peers[LlamaServer.name] = LlamaServer(gguf, torch_threads(), plan.max_context, codec, opts.chat)
+    rays = [RayServer(opts, levels[-1], r, torch_threads()) for r in opts.ray]
+    via = {f"{m}@{ray.name}": (ray, m) for ray in rays for m in opts.methods}  # a method through Ray Serve
+    contestants = [*opts.methods, *via, *peers]
     proc = None
     results: list[dict] = []
     runs: list[dict] = []
@@ -421,6 +479,12 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
         left_out[name] = peers[name].failure(e)
         ui.note(f"{left_out[name]}; its runs are left out, every other contestant's are kept")
         peers.pop(name).stop()
+
+    def lose_ray(ray: RayServer, e: BaseException) -> None:
+        why = f"ygg serve --ray ({ray.name}) failed: {first_line(e)}"
+        ui.note(f"{why}; its runs are left out, every other contestant's are kept")
+        left_out.update({m: why for m, (r, _) in via.items() if r is ray})
+        ray.stop()
 
     try:
         with ui.step(f"starting ygg serve (batch ≤ {levels[-1]})"):
@@ -433,9 +497,14 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                     peer.complete(encoded[0], name, 8)  # its warm-up: a build that crashes does so here
                 except PEER_ERRORS as e:
                     leave_out(name, e)
+        for ray in rays:
+            with ui.step(f"starting ygg serve --ray with {ray.replicas} replica(s) of {ray.threads} thread(s)"):
+                ray.start(opts.chat)
         with ui.step("warming up"):
             for m in opts.methods:
                 client.complete(encoded[0], m, 8)
+                for ray in rays:  # every replica: Ray's router spreads requests sent together
+                    load_level(ray.client, [encoded[0]] * 2 * ray.replicas, m, 2 * ray.replicas, 8)
         total = len(levels) * len(contestants) * len(encoded)
         label = f"{len(encoded)} prompts × {len(contestants)} contestants at concurrency {','.join(map(str, levels))}"
         done = 0
@@ -446,7 +515,16 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                     if m in left_out:
                         done += len(encoded)
                         continue
-                    if m in peers:  # no /metrics of ours to read
+                    idle = {ray: ray.cpu_seconds() for ray in rays if via.get(m, (None,))[0] is not ray}
+                    if m in via:  # ours through Ray's proxy: no one account of the replicas' /metrics here
+                        try:
+                            rows, wall = load_level(via[m][0].client, encoded, via[m][1], c, budget)
+                        except PEER_ERRORS as e:
+                            lose_ray(via[m][0], e)
+                            done += len(encoded)
+                            continue
+                        summary = {**level_summary(rows, wall, {}, {}, None), "metrics": None}
+                    elif m in peers:  # no /metrics of ours to read
                         try:
                             rows, wall = load_level(peers[m], encoded, m, c, budget)
                         except PEER_ERRORS as e:
@@ -459,14 +537,17 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                         with Scraper(port) as scraper:
                             rows, wall = load_level(client, encoded, m, c, budget)
                         summary = level_summary(rows, wall, before, scrape(port), scraper.samples)
-                    results.append({"method": m, "concurrency": c, "peer": m in peers, **summary})
+                    background = sum(ray.cpu_seconds() - before for ray, before in idle.items())
+                    results.append({"method": m, "concurrency": c, "peer": m in peers,
+                                    "via": via[m][0].name if m in via else None, **summary,
+                                    "background_cores": background / wall if rays else None})
                     runs += [{"method": m, "concurrency": c, **r} for r in rows]
                     done += len(rows)
                     ui.progress(label, done, total, unit="requests")
     finally:
         stop(proc)
-        for peer in peers.values():
-            peer.stop()
+        for server in [*peers.values(), *rays]:
+            server.stop()
     results = [r for r in results if r["method"] not in left_out]  # a level it finished before it died too
     runs = [r for r in runs if r["method"] not in left_out]
     reference = {(r["concurrency"], r["prompt"]): r["tokens"] for r in runs if r["method"] == "ar"}
@@ -484,6 +565,11 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     ar = {r["concurrency"]: r["tokens_per_s"] for r in results if r["method"] == "ar"}
     for res in results:
         res["tokens_per_s_vs_ar"] = res["tokens_per_s"] / ar[res["concurrency"]] if res["concurrency"] in ar else None
+    direct = {(r["method"], r["concurrency"]): r for r in results if not r["peer"] and not r["via"]}
+    for res in results:  # through Ray against the same method served directly, at the same level
+        if res["via"] and (d := direct.get((via[res["method"]][1], res["concurrency"]))):
+            res["vs_direct"] = {k: res[k] / d[k] if res[k] and d[k] else None
+                                for k in ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50")}
     by_peer = {(r["method"], r["concurrency"]): r for r in results if r["peer"]}
     for res in results:  # each of ours against each peer at the same level
         res["vs_peers"] = {p: {"tokens_per_s": res["tokens_per_s"] / other["tokens_per_s"],
@@ -491,6 +577,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                            for (p, c), other in by_peer.items() if c == res["concurrency"] and not res["peer"]}
     report = {"config": {"command": opts.command, "artifact": str(opts.artifact), "concurrency": levels,
                          "methods": opts.methods, "peers": list(peers), "left_out": left_out,
+                         "ray": [{"name": r.name, "replicas": r.replicas, "threads_each": r.threads} for r in rays],
                          "max_new_tokens": budget, "chat": opts.chat,
                          "kv_cache_gb": opts.kv_cache_gb, "prompts": len(encoded),
                          "cost_aware": opts.cost_aware, "date": time.strftime("%Y-%m-%d %H:%M:%S")},
@@ -503,11 +590,19 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     return report
 
 
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def summary_markdown(report: dict) -> str:
     cfg, mach = report["config"], report["machine"]
+    bandwidth = f", {mach['read_bandwidth_gbs']} GB/s read" if mach.get("read_bandwidth_gbs") else ""
     lines = ["# Yggdrasil serving benchmark", "",
              f"- **Command**: `{cfg['command']}`",
-             f"- **Machine**: {mach['cpu']}, {mach['threads']} torch threads; {mach['dtype']} on {mach['device']}",
+             f"- **Machine**: {mach['cpu']}{bandwidth}, {mach['threads']} torch threads; {mach['dtype']} on "
+             f"{mach['device']}",
              f"- **Load**: {cfg['prompts']} prompts per (method, concurrency), "
              + ("chat requests without max_tokens (each answer runs to its end of turn or the context)"
                 if cfg.get("chat") else f"{cfg['max_new_tokens']} new tokens at most")
@@ -559,6 +654,23 @@ def summary_markdown(report: dict) -> str:
                      f"{'yes' if r['metrics_agree'] else 'NO'} |")
     for peer, why in (cfg.get("left_out") or {}).items():
         lines += ["", f"Left out: **{peer}**, {why}"]
+    if cfg.get("ray"):
+        lines += ["", "## Through Ray Serve", "",
+                  "Each method through `ygg serve --ray` (" + ", ".join(
+                      f"{r['name']}: {r['replicas']} replica(s) of {r['threads_each']} thread(s)" for r in cfg["ray"])
+                  + f") over the same method served directly ({mach['threads']} threads), at the same concurrency, "
+                  "in the same run: ratios above 1 are Ray's cost for TTFT and TPOT, its gain for tokens/s. "
+                  "Idle Ray: the cores the processes of the Rays not under load took while the direct level "
+                  "ran (a Ray idling beside a server slows it).", "",
+                  "| through | method | concurrency | tokens/s × | TTFT p50 × | TPOT p50 × | idle Ray, cores |",
+                  "|---|---|---|---|---|---|---|"]
+        direct = {(r["method"], r["concurrency"]): r for r in report["summary"] if not r.get("via") and not r["peer"]}
+        for r in sorted(report["summary"], key=lambda r: (r["method"], r["concurrency"])):
+            if v := r.get("vs_direct"):
+                method = r["method"].split("@")[0]
+                idle = direct.get((method, r["concurrency"]), {}).get("background_cores")
+                lines.append(f"| {r['via']} | {method} | {r['concurrency']} | {f(v['tokens_per_s'], '.3f')} "
+                             f"| {f(v['ttft_ms_p50'], '.3f')} | {f(v['tpot_ms_p50'], '.3f')} | {f(idle, '.3f')} |")
     if cfg.get("peers"):
         lines += ["", "## Against the serving peers", "",
                   "Ours over theirs at the same concurrency, on the same prompts (tokens/s: higher is better for us; "

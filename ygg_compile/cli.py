@@ -168,17 +168,22 @@ def bench_serve_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>-serve)"),
     chat: bool = typer.Option(False, "--chat", help="chat requests without max_tokens, as the openai client sends them by default (answers run to their end of turn)"),
     kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", metavar="GiB", help="the server's KV cache (default: ygg serve's)"),
+    ray: Optional[str] = typer.Option(None, "--ray", metavar="R1,R2", help="each method also through `ygg serve --ray` with these replica counts, sharing the server's threads (needs the ray extra)"),
 ) -> None:
     """Load `ygg serve` on loopback at several concurrency levels: aggregate tokens/s and per-request TPOT."""
     try:
         levels = [int(c) for c in concurrency.split(",") if c.strip()]
     except ValueError:
         raise YggError(f"--concurrency takes integers, e.g. 1,2,4,8 (not {concurrency})") from None
+    try:
+        replicas = [int(r) for r in (ray or "").split(",") if r.strip()]
+    except ValueError:
+        raise YggError(f"--ray takes replica counts, e.g. 1,2 (not {ray})") from None
     opts = ServeBenchOptions(artifact, prompts, _split(categories, "--categories"), limit, levels,
                              [m.strip() for m in methods.split(",") if m.strip()], max_new_tokens, output,
                              not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]), _split(peers, "--peers") or [],
-                             chat, kv_cache_gb)
-    commands("bench-serve").bench_serve(opts)
+                             chat, kv_cache_gb, replicas)
+    commands("bench-serve --ray" if replicas else "bench-serve").bench_serve(opts)
 
 
 cache_app = typer.Typer(no_args_is_help=True, help="List or clear what Yggdrasil keeps in the user cache "

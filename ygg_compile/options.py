@@ -139,10 +139,13 @@ class ServeBenchOptions:
     peers: list[str] = field(default_factory=list)  # SERVE_PEERS driven with the same load
     chat: bool = False  # chat requests without max_tokens (the openai client's default), not completions
     kv_cache_gb: float | None = None  # the server's KV cache (None: its default)
+    ray: list[int] = field(default_factory=list)  # replica counts: each method also through `ygg serve --ray`
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 64:
             raise YggError("--concurrency takes levels in 1..64, e.g. 1,2,4,8")
+        if self.ray and (min(self.ray) < 1 or len(set(self.ray)) != len(self.ray)):
+            raise YggError("--ray takes distinct replica counts of at least 1, e.g. 1,2")
         ServeOptions(kv_cache_gb=self.kv_cache_gb)  # serve's own check of it
         if unknown := [p for p in self.peers if p not in SERVE_PEERS]:
             raise YggError(f"unknown serving peer '{unknown[0]}' (choose from {', '.join(SERVE_PEERS)})")

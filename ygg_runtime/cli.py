@@ -35,7 +35,7 @@ EXTRAS = {
     "ray": ("ray", "psutil"),
 }
 NEEDS = {"run": (), "serve": ("serve",), "serve --ray": ("serve", "ray"), "compile": ("compile",), "bench": ("compile",),
-         "bench-serve": ("compile", "serve"), "inspect": ("compile",), "cache": ("compile",)}
+         "bench-serve": ("compile", "serve"), "bench-serve --ray": ("compile", "serve", "ray"), "inspect": ("compile",), "cache": ("compile",)}
 
 app = typer.Typer(
     add_completion=False,
