@@ -42,6 +42,7 @@ from ygg_compile.peers import llama_gguf
 from ygg_compile.prompts import read_jsonl
 from ygg_runtime.ui import Reporter
 from ygg_runtime.artifact import read_plan
+from ygg_runtime.backend import native
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.metrics import tpot_ms
@@ -453,6 +454,8 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
     if unknown:
         raise YggError(f"method '{unknown[0]}' is not in this artifact (it has: {', '.join(plan.methods)})")
     gguf = LlamaServer.check(plan) if opts.peers else None  # refused before anything is written or started
+    if plan.device.startswith("cpu") and (Path(opts.artifact) / native.LIBRARY).is_file():
+        native.load(Path(opts.artifact) / native.LIBRARY)  # machine_info then measures the machine's roofs
     out = output_dir(opts.output or default_output(opts.artifact), "benchmark results")
     prompts = read_jsonl(opts.prompts, opts.categories, opts.limit)
     with ui.step("loading the tokenizer"):
