@@ -151,6 +151,24 @@ def test_ray_options_are_refused_in_one_line(artifact, args, needle):
     assert_one_line_error(ygg("serve", "-a", artifact, *args), needle)
 
 
+def test_a_replica_is_sent_no_more_requests_than_its_batch_and_autoscales_between_the_bounds_given():
+    """The deployment's options (nothing started): Ray sends a replica at most its batch, its proxy
+    holds the queue, --autoscale MIN,MAX bounds the replicas and aims at half a batch each."""
+    config = ray_serve.ReplicaConfig.from_args({"artifacts": "/artifacts", "max_batch": 6, "max_queue": 10})
+    scaled = ray_serve.deployment(config, autoscale=(1, 3), cpus=2)
+    options = scaled._deployment_config
+    assert (options.max_ongoing_requests, options.max_queued_requests) == (6, 10)
+    assert (options.autoscaling_config.min_replicas, options.autoscaling_config.max_replicas,
+            options.autoscaling_config.target_ongoing_requests) == (1, 3, 3)
+    assert scaled.ray_actor_options == {"num_cpus": 2}
+    fixed = ray_serve.deployment(config, replicas=3)
+    assert fixed.num_replicas == 3 and fixed._deployment_config.autoscaling_config is None
+    with pytest.raises(YggError, match="unknown application argument replicas"):
+        ray_serve.ReplicaConfig.from_args({"artifacts": "/artifacts", "replicas": 2})
+    with pytest.raises(YggError, match="needs artifacts=DIR"):
+        ray_serve.ReplicaConfig.from_args({})
+
+
 def test_serving_on_a_machine_no_artifact_was_built_for_is_refused_before_ray_starts(roots):
     assert_one_line_error(ygg("serve", "--ray", "-a", roots["other"], "--port", free_port()),
                           "no artifact under", "Imaginary CPU 9000")
