@@ -245,18 +245,22 @@ def test_compile_reuses_a_matching_profile_and_reprofile_measures_again(tmp_path
     assert moved.returncode == 0 and "measuring target T(W)" in said and "another machine" in said
 
 
-def test_an_avx2_only_cpu_files_its_profiles_apart_from_an_avx512_one_of_the_same_name(monkeypatch):
-    """Zen 3 and Zen 4 EPYCs both say "AMD EPYC": the AVX2-only one's profiles and results get a
-    directory of their own (its kernels, `--dtype auto` and timings differ), the others keep theirs."""
+def test_cpus_of_one_name_file_their_profiles_apart_by_instruction_set_class(monkeypatch):
+    """Zen 3 and Zen 4 EPYCs both say "AMD EPYC", Xeons with and without AMX "Intel Xeon": each
+    instruction-set class gets a directory of its own (its kernels, `--dtype auto` and timings differ)."""
     import torch
 
     from ygg_compile import hardware
     from ygg_runtime.plan import CPUInfo
 
     threads = torch.get_num_threads()
-    for isa, slug in ((["avx", "avx2", "avx512f", "avx512_vnni", "fma"], f"cpu-amd-epyc-{threads}t"),
-                      (["avx", "avx2", "fma"], f"cpu-amd-epyc-avx2-{threads}t"), (["avx", "sse4_2"], f"cpu-amd-epyc-{threads}t")):
-        monkeypatch.setattr(hardware, "cpu_info", lambda isa=isa: CPUInfo("AMD EPYC", threads, isa))
+    for model, isa, slug in (
+            ("AMD EPYC", ["avx", "avx2", "avx512f", "avx512_vnni", "fma"], f"cpu-amd-epyc-avx512-{threads}t"),
+            ("AMD EPYC", ["avx", "avx2", "fma"], f"cpu-amd-epyc-avx2-{threads}t"),
+            ("AMD EPYC", ["avx", "sse4_2"], f"cpu-amd-epyc-{threads}t"),
+            ("Intel(R) Xeon(R) Processor", ["avx2", "avx512f", "amx_tile", "amx_int8"], f"cpu-intel-xeon-amx-{threads}t"),
+            ("Intel(R) Xeon(R) Processor", ["avx2", "avx512f"], f"cpu-intel-xeon-avx512-{threads}t")):
+        monkeypatch.setattr(hardware, "cpu_info", lambda model=model, isa=isa: CPUInfo(model, threads, isa))
         assert hardware.device_slug("cpu") == slug
 
 

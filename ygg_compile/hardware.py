@@ -38,15 +38,24 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return names[dtype]
 
 
+def isa_class(isa: list[str] | tuple[str, ...] | set[str]) -> str:
+    """The instruction-set class a CPU's kernels and timings follow: amx, avx512, avx2, or "" (none
+    of them). Machines of one name differ in it (Zen 3 and Zen 4 EPYCs, Xeons with and without AMX)."""
+    isa = set(isa)
+    if "amx_tile" in isa:
+        return "amx"
+    return "avx512" if "avx512f" in isa else "avx2" if "avx2" in isa else ""
+
+
 def device_slug(device: str) -> str:
-    """A directory name for results measured here, e.g. cpu-amd-epyc-2t, cpu-amd-epyc-avx2-2t or
-    cuda-nvidia-a100-sxm4-80gb."""
+    """A directory name for profiles and results measured here: the vendor and model with the
+    instruction-set class and threads for a CPU (cpu-amd-epyc-avx512-2t, cpu-intel-xeon-amx-2t), the
+    GPU's name for a GPU (cuda-nvidia-h200), so one folder never mixes machines of other kernels."""
     if device.startswith("cuda") and torch.cuda.is_available():
         kind, name, suffix = "cuda", torch.cuda.get_device_name(), ""
-    else:  # an AVX2-only CPU files apart from AVX-512 ones of its name (Zen 3 and Zen 4 EPYCs): other
-        # kernels, another `--dtype auto`, other timings
+    else:
         cpu = cpu_info()
-        width = "-avx2" if "avx2" in cpu.isa and "avx512f" not in cpu.isa else ""
+        width = f"-{cls}" if (cls := isa_class(cpu.isa)) else ""
         kind, name, suffix = "cpu", cpu.model, f"{width}-{torch.get_num_threads()}t"
     name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|\d+-core", "", name.lower())
     return f"{kind}-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-") + suffix
