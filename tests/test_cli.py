@@ -378,5 +378,5 @@ def test_a_refused_call_answers_before_torch_is_imported(tmp_path, args, needle)
     assert proc.returncode == 1 and said == [f"error: {said[0][7:]}"] and needle in said[0], proc.stderr[-2000:]
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert {"ygg_compile", "ygg_compile.cli"} <= imported  # the measurement saw the command line
-    assert not {"torch", "transformers", "ygg_compile.commands", "ygg_runtime.run", "ygg_runtime.serve",
+    assert not {"torch", "transformers", "ygg_compile.commands", "ygg_runtime.run", "ygg_runtime.serving.app",
                 "ygg_runtime.artifact"} & imported

@@ -69,7 +69,7 @@ def test_every_link_in_the_docs_resolves_and_every_file_they_name_exists(doc):
 def test_the_checks_find_a_broken_link_a_missing_heading_and_a_missing_file(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("# Title\n\n[ok](#title) [gone](nothing.md) [heading](#no-such) `ygg_runtime/nothing.py` "
-                   "`ygg_runtime/serve.py`\n\n```\n[in a fence](ignored.md)\n```\n")
+                   "`ygg_runtime/serving/app.py`\n\n```\n[in a fence](ignored.md)\n```\n")
     assert broken_links(doc) == ["nothing.md: no such file", "#no-such: no such heading"]
     assert missing_files(doc) == ["ygg_runtime/nothing.py"]
 

@@ -96,9 +96,9 @@ def test_every_library_we_import_is_declared():
 
 
 def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra():
-    """What `pip install yggdrasil` installs is all ygg_runtime imports, but for the server's module,
-    which may also import the `serve` extra, Ray Serve's, which may import the `ray` extra too, and
-    the CUDA backend's, the `gpu` extra (Triton); and
+    """What `pip install yggdrasil` installs is all ygg_runtime imports, but for the server's modules
+    (`ygg_runtime.serving`), which may also import the `serve` extra (Ray Serve's the `ray` extra
+    too), and the CUDA backend's, the `gpu` extra (Triton); and
     the extras the `ygg` command asks for (ygg_runtime.cli.EXTRAS) are pyproject.toml's, module for
     distribution."""
     from ygg_runtime.cli import EXTRAS
@@ -107,8 +107,9 @@ def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra(
     declared = _declared()
     for path in (root / "ygg_runtime").rglob("*.py"):
         triton = path.parent.name == "backend" and (path.name.startswith("triton_") or path.name == "cuda.py")
-        extras = {"serve.py": declared["serve"], "ray_serve.py": declared["serve"] | declared["ray"]}
-        allowed = declared[""] | (declared["gpu"] if triton else extras.get(path.name, set()))
+        serving = path.parent.name == "serving"
+        extra = declared["serve"] | (declared["ray"] if path.name == "ray_serve.py" else set()) if serving else set()
+        allowed = declared[""] | (declared["gpu"] if triton else extra)
         outside = {m for m in _third_party_imports(path) if not _distributions(m) & allowed}
         assert outside == set(), path.name
     for extra, modules in EXTRAS.items():

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import TIMEOUT, Served, assert_one_line_error, free_port, ygg
 from ygg_runtime import artifact as artifacts
-from ygg_runtime import ray_serve
+from ygg_runtime.serving import ray_serve
 from ygg_runtime.errors import YggError
 from ygg_runtime.plan import PLAN_FILE, Plan
 
@@ -183,12 +183,12 @@ def test_the_deploy_configs_build_the_application_ygg_serve_runs():
     for c in (config, embedded):
         (application,) = c["applications"]
         module, _, name = application["import_path"].partition(":")
-        assert (module, name) == ("ygg_runtime.ray_serve", "app")
+        assert (module, name) == ("ygg_runtime.serving.ray_serve", "app")
         ray_serve.ReplicaConfig.from_args(application["args"])
         assert [d["name"] for d in application["deployments"]] == [ray_serve.APP_NAME]
     env = {e["name"]: e for c in manifest["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"]
            for e in c.get("env", [])}
-    assert env[ray_serve.PROXY_CALLBACK]["value"] == "ygg_runtime.ray_serve:proxy_middlewares"
+    assert env[ray_serve.PROXY_CALLBACK]["value"] == "ygg_runtime.serving.ray_serve:proxy_middlewares"
     assert "secretKeyRef" in env["YGG_API_KEY"]["valueFrom"]
 
 
@@ -327,7 +327,7 @@ import os
 os.environ[{ray_serve.LOCAL_ONLY!r}] = "0"
 import ray
 from ray import serve
-from ygg_runtime import ray_serve
+from ygg_runtime.serving import ray_serve
 ray.init(address="auto", log_to_driver=False)
 args = {{"artifacts": {str(roots["other"])!r}}}
 try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ import httpx2 as httpx  # the HTTP client the openai package itself uses
 import openai
 import pytest
 
-from helpers import TIMEOUT, Served, assert_one_line_error, free_port, ygg
+from helpers import TIMEOUT, Served, assert_one_line_error, ygg
 from ygg_runtime import artifact as artifacts
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import MAX_ROWS, ServeOptions
@@ -99,7 +98,7 @@ def test_a_server_that_answers_beyond_loopback_without_a_key_is_warned(host, key
 def test_the_server_counts_each_step_as_the_generation_does(decoder):
     """One step event feeds the generation's metrics and /metrics' spec-decode counters alike: a
     drafted token that the target accepted but the budget cut counts in neither."""
-    from ygg_runtime.serve import ServerMetrics
+    from ygg_runtime.serving.metrics import ServerMetrics
 
     prompt = decoder.encode(PROMPTS[0], raw=True)
     cut = 0
@@ -480,7 +479,8 @@ def test_a_request_without_a_method_runs_what_the_decoder_chooses_for_its_length
     import asyncio
 
     from ygg_runtime.decoder import Choice
-    from ygg_runtime.serve import CompletionRequest, Server
+    from ygg_runtime.serving.api import CompletionRequest
+    from ygg_runtime.serving.server import Server
 
     server = Server(decoder, "tiny", max_batch=2)
     asked = []

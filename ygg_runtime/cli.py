@@ -127,7 +127,7 @@ def serve_cmd(
         opts.check_address()
         plan_bytes(artifact, expect_plan)
         require("serve")
-        from ygg_runtime import serve  # torch, FastAPI and the models: only once the arguments have passed
+        from ygg_runtime.serving import app as serve  # torch, FastAPI and the models: only once the arguments have passed
 
         serve.serve_artifact(opts, artifact, model_name, eager, expect_plan)
         return
@@ -135,7 +135,7 @@ def serve_cmd(
     if ray_address is None:
         opts.check_address()
     require("serve --ray")
-    from ygg_runtime import ray_serve
+    from ygg_runtime.serving import ray_serve
 
     ray_serve.candidates(artifact)  # one line now for a directory without artifacts or with a broken plan
     ray_serve.serve_ray(opts, ray_opts, artifact, model_name, eager, expect_plan)

@@ -68,7 +68,7 @@ def check_sampling(sampling: str) -> str:
 
 @dataclass(frozen=True)
 class ServeOptions:
-    """How `ygg serve` (and `ygg_runtime.serve.serve` from Python) serves. Invalid values raise
+    """How `ygg serve` (and `ygg_runtime.serving.app.serve` from Python) serves. Invalid values raise
     YggError when the options are made, before any model loads."""
 
     host: str = "127.0.0.1"  # loopback unless told otherwise
@@ -111,7 +111,7 @@ class ServeOptions:
 
 @dataclass(frozen=True)
 class RayOptions:
-    """How `ygg serve --ray` runs its replicas (`ygg_runtime.ray_serve`): a fixed number, or as many
+    """How `ygg serve --ray` runs its replicas (`ygg_runtime.serving.ray_serve`): a fixed number, or as many
     as the load asks between autoscale's bounds; each with `threads` torch threads (and as many of
     Ray's CPUs). address: a running Ray cluster to join (None: start one of this machine alone, on
     loopback, whose Prometheus endpoint for the replicas' metrics is metrics_port)."""

@@ -47,7 +47,9 @@ from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import cpu_info
 from ygg_runtime.options import MAX_BATCH, RayOptions, ServeOptions
 from ygg_runtime.plan import PLAN_FILE, Plan
-from ygg_runtime.serve import Server, ServerMetrics, create_app, kv_slots, model_name
+from ygg_runtime.serving.app import create_app, model_name
+from ygg_runtime.serving.metrics import ServerMetrics
+from ygg_runtime.serving.server import Server, kv_slots
 from ygg_runtime.ui import err
 
 APP_NAME = "ygg"  # the Serve application's and its deployment's name
@@ -290,8 +292,8 @@ def deployment(config: ReplicaConfig, replicas: int = 1, autoscale: tuple[int, i
 
 
 def app(args: dict[str, Any]):
-    """The application builder: `serve run ygg_runtime.ray_serve:app artifacts=DIR [max_batch=8 ...]`,
-    or `import_path: ygg_runtime.ray_serve:app` in a Serve config file (deploy/ray-serve.yaml)."""
+    """The application builder: `serve run ygg_runtime.serving.ray_serve:app artifacts=DIR [max_batch=8 ...]`,
+    or `import_path: ygg_runtime.serving.ray_serve:app` in a Serve config file (deploy/ray-serve.yaml)."""
     config = ReplicaConfig.from_args(dict(args))
     return deployment(config).bind(dict(args))
 
@@ -309,7 +311,7 @@ LOST = ("the replica running this request stopped before it finished (Ray restar
 
 class ReplicaLost:
     """A middleware of Ray Serve's HTTP proxy (set by `start_local`; on a cluster of one's own,
-    RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=ygg_runtime.ray_serve:proxy_middlewares in the nodes'
+    RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=ygg_runtime.serving.ray_serve:proxy_middlewares in the nodes'
     environment, as deploy/rayservice.yaml does) for a request
     whose replica died under it (or that its replica failed in plain text): the proxy leaves a non-streamed one without a response (which
     uvicorn answers "Internal Server Error" in plain text) and cuts a stream off mid-body; here the first becomes one line of OpenAI's JSON error and
