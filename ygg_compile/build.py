@@ -1,21 +1,18 @@
 """`ygg compile`: resolve and convert both models, check they share a tokenizer, write the artifact.
 
-Everything is written into a temporary directory beside the output and renamed at the very end, so
-an interrupted or failed compile leaves nothing half-written at the output path.
+Everything is written into a temporary directory beside the output and renamed at the very end
+(`ygg_compile.staging`), so an interrupted or failed compile leaves nothing half-written at the
+output path. The drafter's head is cut by `ygg_compile.draft_vocab`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import gc
 import os
-import re
 import shutil
-import signal
 import statistics
 import tempfile
-import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
 from dataclasses import dataclass, field, replace
@@ -23,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from tokenizers import Tokenizer
 
@@ -32,13 +29,13 @@ from ygg_compile import (aot, calibrate, calibration_file, draft_vocab, footprin
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions, check_output
+from ygg_compile.staging import interrupts, staged
 from ygg_runtime.ui import Reporter
-from ygg_runtime import engine, exactness, objective, proposers, typed
+from ygg_runtime import exactness, objective, proposers, typed
 from ygg_runtime.backend import gpu, native
 from ygg_runtime.artifact import PLAN_FILE
 from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
-from ygg_runtime.errors import YggError, first_line, out_of_space
-from ygg_runtime.files import cache_dir, locked
+from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import available_memory, file_entry
 from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.params import EGTParams, Params
@@ -86,7 +83,7 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
         if interrupted.is_set():
             raise KeyboardInterrupt
 
-    with _interrupts() as interrupted, _staging(out) as tmp, _kernels_into(tmp, device):
+    with interrupts() as interrupted, staged(out) as tmp, _kernels_into(tmp, device):
         b = _Build(opts, ui, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor, stored)
         try:
             for stage in (_resolve, _convert, _aot, _invariance, _profile, _calibrate, _plan):
@@ -295,8 +292,8 @@ def _aot(b: _Build) -> None:
     if opts.aot and not b.aot_skipped:
         _compile_forward(b.runners, "target", tmp, phase, b.ui, seconds, narrowest)
     special = sorted(set(b.tokenizer.all_special_ids) | set(b.tok_info.eos_token_ids))
-    b.vocab = _cut_draft_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special, opts, tmp, phase, b.ui,
-                              b.stored.calib if b.stored else None)
+    b.vocab = draft_vocab.cut_drafter_head(b.runners, b.models, b.codec, b.calib_prompts, b.calib_tokens, special,
+                                           opts.draft_vocab, tmp, phase, b.ui, b.stored.calib if b.stored else None)
     if opts.aot and not b.aot_skipped:
         _compile_forward(b.runners, "draft", tmp, phase, b.ui, seconds, narrowest)
     if b.aot_skipped:
@@ -417,114 +414,6 @@ def _write(b: _Build, started: float, phases: dict[str, float]) -> Plan:
     return plan
 
 
-@contextlib.contextmanager
-def _interrupts() -> Iterator[threading.Event]:
-    """Remember a Ctrl-C (or a SIGTERM: `kill`, a CI timeout) even if a library catches the
-    KeyboardInterrupt it raises (AOTInductor's compile can), so the compile still stops at the next
-    phase and leaves nothing behind."""
-    seen = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield seen
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def handler(signum, frame):
-        seen.set()
-        raise KeyboardInterrupt
-
-    for sig in previous:
-        signal.signal(sig, handler)
-    try:
-        yield seen
-    finally:
-        for sig, before in previous.items():
-            signal.signal(sig, before)
-
-
-@contextlib.contextmanager
-def _staging(out: Path) -> Iterator[Path]:
-    """A temporary directory beside `out`, renamed to `out` only when the body succeeds. One
-    compile per `out` at a time (a lock beside it); holding the lock, the temporary directories of
-    compiles that died (SIGKILL, power loss) are provably stale and removed."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with locked(out, wait=False, remove=True) as mine:
-            if not mine:
-                raise YggError(f"another `ygg compile` is writing {out} right now: wait for it to finish, "
-                               "or compile to another -o")
-            _remove_stale(out)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-            try:
-                yield tmp
-                _honour_umask(tmp)
-                old = None
-                if out.exists():
-                    old = out.with_name(f".{out.name}.old-{int(time.time())}")
-                    out.rename(old)
-                tmp.rename(out)
-                if old is not None:
-                    shutil.rmtree(old, ignore_errors=True)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-    except YggError:
-        raise
-    except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):  # a copy's error names its source, then the file written
-            raise _no_space(out, e.strerror, e.filename2 or e.filename) from e
-        if e.filename is None or not Path(e.filename).is_relative_to(out.parent):
-            raise
-        raise YggError(f"cannot write to {out.parent}: {e.strerror or e}") from e
-    except Exception as e:  # libraries that write (safetensors, AOTInductor's C++ compiler) say it their own way
-        if full := out_of_space(e):
-            raise _no_space(out, full, None) from e
-        raise
-
-
-def _no_space(out: Path, why: str, filename: str | None) -> YggError:
-    """A full disk (or file-size limit) anywhere a compile writes, named as such: AOTInductor's
-    C++ compiler reported it as a bare "C++ compile error"."""
-    if filename:
-        return YggError(f"out of disk space ({why}) writing {filename}: nothing was written to {out} — free space "
-                        "and compile again")
-    return YggError(f"out of disk space ({why}): nothing was written to {out} — free space where a compile writes "
-                    f"(beside it, the cache {cache_dir()}, and {tempfile.gettempdir()} for the C++ compiler) and "
-                    "compile again")
-
-
-def _remove_stale(out: Path) -> None:
-    """Leftovers of killed compiles into `out` (the caller holds its lock, so none is running):
-    our temporary directories, and a previous artifact set aside just before a kill."""
-    pattern = re.compile(rf"\.{re.escape(out.name)}\.(tmp-[a-z0-9_]{{8}}|old-\d+)")
-    for p in out.parent.iterdir():
-        if p.is_dir() and pattern.fullmatch(p.name):
-            if p.name.startswith(f".{out.name}.old-") and not out.exists():
-                p.rename(out)  # killed between setting the old artifact aside and renaming the new one in
-            else:
-                shutil.rmtree(p, ignore_errors=True)
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where Linux shows it; else set, read, restore."""
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/self/status") as f:
-            return int(next(line for line in f if line.startswith("Umask:")).split()[1], 8)
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _honour_umask(root: Path) -> None:
-    """Give the artifact the modes the user's umask asks for: mkdtemp and the temporary files some
-    writers use are created 0700/0600, which would leave an artifact built by one account (or a CI
-    job) unreadable to another."""
-    mask = _umask()
-    for p in [root, *root.rglob("*")]:
-        if p.is_symlink():
-            continue
-        full = 0o777 if p.is_dir() or p.stat().st_mode & 0o111 else 0o666
-        p.chmod(full & ~mask)
-
-
 def _shared_tokenizer(draft: sources.ModelSource, target: sources.ModelSource):
     toks = []
     for src in (draft, target):
@@ -637,46 +526,6 @@ def _compile_forward(runners: dict, role: str, tmp: Path, phase, ui: Reporter, s
         if narrowest[role] > 1:
             ui.note(f"{role}: export could not keep a one-row forward in the compiled graph; one-row forwards run eager")
         runners[role].compiled = CompiledForward(path, runners[role].model, narrowest[role])
-
-
-def _cut_draft_head(runners: dict, models: dict[str, ModelInfo], codec: TextCodec, texts_in: list[str], tokens: int,
-                    special: list[int], opts: CompileOptions, tmp: Path, phase, ui: Reporter,
-                    stored: calibrate.Calibration | None = None) -> dict:
-    """The drafter's head cut to the rows `--draft-vocab` asks for or `auto` measures
-    (ygg_compile.draft_vocab), on the target's greedy continuations of the calibration prompts
-    (a stored calibration's own, when given); the drafter is rewritten and reloaded in place.
-    Returns the plan's record of the choice."""
-    asked = draft_vocab.parse(opts.draft_vocab)
-    draft = runners["draft"]
-    texts, starts = {}, {}
-    if stored is not None:
-        texts, starts = stored.texts, stored.prompt_lengths
-    elif asked is None and draft.model.args.vocab_size > draft_vocab.SMALL_VOCAB:
-        with phase("draft vocab", f"decoding {len(texts_in)} calibration prompts with the target for the drafter's vocabulary"):
-            ar = proposers.build("ar", {}, None)
-            for i, text in enumerate(texts_in):
-                ids = codec.encode(text)
-                if len(ids) + tokens + 1 > runners["target"].max_len:
-                    continue
-                out, _ = engine.generate(runners["target"], ar, ids, max_new_tokens=tokens)
-                texts[i], starts[i] = ids + out, len(ids)
-    with phase("draft vocab", "measuring the drafter's head cut to the tokens it needs"):
-        choice = draft_vocab.choose(runners["target"], draft, texts, starts, special, asked)
-        if choice.ids is not None:
-            args = ModelArgs.load(tmp / "draft" / "config.json")
-            state = load_file(str(tmp / "draft" / "model.safetensors"))
-            head_bytes = lambda s: sum(v.numel() * v.element_size() for k, v in s.items() if k.startswith("output."))  # noqa: E731
-            before = head_bytes(state)
-            args, state = draft_vocab.cut_head(args, state, choice.ids)
-            after = head_bytes(state)
-            save_file(state, str(tmp / "draft" / "model.safetensors"))
-            args.save(tmp / "draft" / "config.json")
-            del state
-            if models["draft"].weights.kind != "float":
-                models["draft"].weights.bytes += after - before
-            runners["draft"] = ModelRunner(load_model(tmp / "draft", draft.device, invariant=False), draft.max_len)
-            ui.note(f"drafter head: {choice.rows} of {choice.vocab} tokens ({choice.why})")
-    return {"rows": choice.rows, "vocab": choice.vocab, "why": choice.why, "candidates": choice.table}
 
 
 def _static_trees(methods: dict[str, dict]) -> list[int]:

@@ -27,16 +27,26 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ygg_compile.profile import forward_times
 from ygg_compile.roofline import model_costs
 from ygg_runtime.errors import YggError
-from ygg_runtime.model import ModelArgs
+from ygg_runtime import engine, proposers
+from ygg_runtime.model import ModelArgs, load_model
 from ygg_runtime.quant import pack, unpack
 from ygg_runtime.runner import ModelRunner
+
+if TYPE_CHECKING:
+    from ygg_compile.calibrate import Calibration
+    from ygg_runtime.plan import ModelInfo
+    from ygg_runtime.text import TextCodec
+    from ygg_runtime.ui import Reporter
 
 CANDIDATES = (4096, 8192, 16384, 32768, 65536)  # head rows tried by `auto` (besides the whole vocabulary)
 SMALL_VOCAB = 16384  # a vocabulary this small keeps its whole head (the head is cheap already)
@@ -190,3 +200,42 @@ def cut_head(args: ModelArgs, state: dict[str, Tensor], ids: Tensor) -> tuple[Mo
     state["head_ids"] = ids.clone()
     return replace(args, head_rows=len(ids), tie_embeddings=False), state
 
+
+def cut_drafter_head(runners: dict, models: dict[str, ModelInfo], codec: TextCodec, texts_in: list[str], tokens: int,
+                     special: list[int], draft_vocab: str, tmp: Path, phase, ui: Reporter,
+                     stored: Calibration | None = None) -> dict:
+    """The drafter's head cut to the rows `--draft-vocab` asks for or `auto` measures
+    (`choose`), on the target's greedy continuations of the calibration prompts
+    (a stored calibration's own, when given); the drafter is rewritten and reloaded in place.
+    Returns the plan's record of the choice."""
+    asked = parse(draft_vocab)
+    draft = runners["draft"]
+    texts, starts = {}, {}
+    if stored is not None:
+        texts, starts = stored.texts, stored.prompt_lengths
+    elif asked is None and draft.model.args.vocab_size > SMALL_VOCAB:
+        with phase("draft vocab", f"decoding {len(texts_in)} calibration prompts with the target for the drafter's vocabulary"):
+            ar = proposers.build("ar", {}, None)
+            for i, text in enumerate(texts_in):
+                ids = codec.encode(text)
+                if len(ids) + tokens + 1 > runners["target"].max_len:
+                    continue
+                out, _ = engine.generate(runners["target"], ar, ids, max_new_tokens=tokens)
+                texts[i], starts[i] = ids + out, len(ids)
+    with phase("draft vocab", "measuring the drafter's head cut to the tokens it needs"):
+        choice = choose(runners["target"], draft, texts, starts, special, asked)
+        if choice.ids is not None:
+            args = ModelArgs.load(tmp / "draft" / "config.json")
+            state = load_file(str(tmp / "draft" / "model.safetensors"))
+            head_bytes = lambda s: sum(v.numel() * v.element_size() for k, v in s.items() if k.startswith("output."))  # noqa: E731
+            before = head_bytes(state)
+            args, state = cut_head(args, state, choice.ids)
+            after = head_bytes(state)
+            save_file(state, str(tmp / "draft" / "model.safetensors"))
+            args.save(tmp / "draft" / "config.json")
+            del state
+            if models["draft"].weights.kind != "float":
+                models["draft"].weights.bytes += after - before
+            runners["draft"] = ModelRunner(load_model(tmp / "draft", draft.device, invariant=False), draft.max_len)
+            ui.note(f"drafter head: {choice.rows} of {choice.vocab} tokens ({choice.why})")
+    return {"rows": choice.rows, "vocab": choice.vocab, "why": choice.why, "candidates": choice.table}
