@@ -7,8 +7,8 @@ GPU; on a CPU the buffer's views are the inputs themselves.
 
 On a GPU a forward is hundreds of kernel launches (the 1.5B target's: 8 a layer × 28 layers and
 the head), each microseconds of host time, where its weights stream in under a millisecond on an
-H200 (launched one by one, its T(1) was 38.2 ms against a 0.88 ms floor: docs/measured.md, "The GPU
-path on a GPU for the first time"), so `CapturedForwards` records each forward width once as a
+H200 (launched one by one, its T(1) was 38.2 ms against a 0.88 ms floor:
+docs/notes/2026-11-27-the-gpu-path-on-a-gpu-for.md), so `CapturedForwards` records each forward width once as a
 CUDA graph over a static device copy of the buffer and the model's cache, and replays it: one
 copy in, one replay (gpt-fast's captured decode step, SGLang's verify graphs, Sequoia's graph per
 tree width). A captured forward computes the output head for all W rows (H = W) and sees a tree
