@@ -128,3 +128,33 @@ def test_no_backend_module_imports_the_plan_schema():
                 seen.add(t)
                 todo.append(t)
         assert "ygg_runtime.plan" not in seen, start
+
+
+def layers(package: str) -> list[set[str]]:
+    """docs/design.md's layer table of `package`, bottom first: each layer's modules, dotted in full."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
+    table = text.split(f"### {package}\n", 1)[1].strip().split("\n\n", 1)[0]
+    rows = [line.split("|")[2] for line in table.splitlines()[2:] if line.startswith("|")]
+    return [{package if m == package else f"{package}.{m}" for m in re.findall(r"`([\w.]+)`", row)} for row in rows]
+
+
+def climbs(graph: dict[str, set[str]], stack: list[set[str]]) -> list[str]:
+    level = {m: i for i, layer in enumerate(stack) for m in layer}
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if level.get(d, -1) > level.get(m, -1))
+
+
+@pytest.mark.parametrize("package", ["ygg_compile", "ygg_runtime"])
+def test_every_module_sits_in_one_layer_of_the_design_map_and_imports_none_above_it(package):
+    graph, _, _ = import_graph.imports(package)
+    stack = layers(package)
+    placed = [m for layer in stack for m in layer]
+    assert sorted(set(graph) - set(placed)) == [] and sorted(set(placed) - set(graph)) == []
+    assert len(placed) == len(set(placed))  # one layer each
+    assert climbs(graph, stack) == []
+
+
+def test_a_climbing_import_is_found():
+    stack = [{"p.base"}, {"p.top"}]
+    assert climbs({"p.base": {"p.top"}, "p.top": {"p.base"}}, stack) == ["p.base -> p.top"]
