@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+RESULTS = ROOT / "benchmarks" / "results"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), RESULTS / "README.md"]
 # Where a doc's short file names are read from ("backend/ops.py" in the runtime's design, a results
 # folder in a table of results.md), besides the repository's root and the doc's own folder.
 BASES = ("", "ygg_runtime", "ygg_compile", "benchmarks/results")
@@ -81,3 +82,8 @@ def test_nothing_cites_a_document_or_section_the_repository_does_not_have():
              for m in FOREIGN.finditer(p.read_text(encoding="utf-8"))]
     assert cited == []
     assert FOREIGN.search("as DESIGN" + ".md says") and FOREIGN.search("see \u00a711")
+
+
+def test_the_results_index_lists_every_results_folder_once():
+    listed = re.findall(r"^\| \[([^\]]+)\]\(", (RESULTS / "README.md").read_text(encoding="utf-8"), flags=re.M)
+    assert sorted(listed) == sorted(d.name for d in RESULTS.iterdir() if d.is_dir())

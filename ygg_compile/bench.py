@@ -355,6 +355,8 @@ def machine_info(plan: Plan) -> dict:
     cpu = hardware.cpu_info()
     info = {
         "cpu": cpu.model,
+        "isa": hardware.isa_class(cpu.isa) or "none",  # the class the device slug names (avx2, avx512, amx)
+        "cpu_flags": list(cpu.isa),
         "threads": torch.get_num_threads(),
         "cores": os.cpu_count(),
         "torch": str(torch.__version__),
