@@ -345,10 +345,13 @@ def test_chat_requests_without_max_tokens_all_run_together_and_each_gets_its_own
     eight run together, and each answer is the request's `ar` output alone."""
     s = Served(artifact, "--max-batch", "8")
     try:
-        got, peak = chat_load(s, CHATS)
+        got, _ = chat_load(s, CHATS)
         assert got == [chat_alone(decoder, p) for p in CHATS]
-        assert peak == 8
-        assert s.metrics()["vllm:num_preemptions_total"] == 0
+        # all eight verified together in some step (the server's own count: a 50 ms sample of the
+        # running gauge can miss a short overlap on a loaded machine, as a fresh clone's suite showed)
+        metrics = s.metrics()
+        assert metrics.get("ygg:batch_steps_total{sequences=8}", 0) > 0
+        assert metrics["vllm:num_preemptions_total"] == 0
     finally:
         s.stop()
 
