@@ -341,17 +341,17 @@ class RayServer:
     recorded (`background_cores`), as it slows whatever else runs on the machine."""
 
     def __init__(self, opts: ServeBenchOptions, max_batch: int, replicas: int, threads: int):
+        self.opts, self.max_batch = opts, max_batch
         self.replicas, self.threads = replicas, max(1, threads // replicas)
         self.name = f"ray×{replicas}"
-        self.cmd = serve_command(opts, 0, max_batch) + ["--ray", "--replicas", str(replicas),
-                                                        "--replica-threads", str(self.threads)]
         self.proc: subprocess.Popen | None = None
         self.client: Client | None = None
 
     def start(self, chat: bool) -> None:
         port = free_port()
-        self.cmd[self.cmd.index("--port") + 1] = str(port)
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        cmd = serve_command(self.opts, port, self.max_batch) + ["--ray", "--replicas", str(self.replicas),
+                                                                 "--replica-threads", str(self.threads)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)  # a Ctrl-C here reaches it through stop(), once
 
         def models() -> None:  # Ray's proxy is up before the application: 200 once a replica answers
@@ -468,9 +468,10 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
         raise YggError("every prompt is longer than the artifact's context: compile with a larger --max-context")
     levels = sorted(set(opts.concurrency))
     peers: dict[str, LlamaServer] = {}
+    threads = torch_threads()  # the direct server's (it runs with the default): the peers' and Rays' too
     if gguf is not None:
-        peers[LlamaServer.name] = LlamaServer(gguf, torch_threads(), plan.max_context, codec, opts.chat)
-    rays = [RayServer(opts, levels[-1], r, torch_threads()) for r in opts.ray]
+        peers[LlamaServer.name] = LlamaServer(gguf, threads, plan.max_context, codec, opts.chat)
+    rays = [RayServer(opts, levels[-1], r, threads) for r in opts.ray]
     via = {f"{m}@{ray.name}": (ray, m) for ray in rays for m in opts.methods}  # a method through Ray Serve
     contestants = [*opts.methods, *via, *peers]
     proc = None
@@ -573,6 +574,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
         if res["via"] and (d := direct.get((via[res["method"]][1], res["concurrency"]))):
             res["vs_direct"] = {k: res[k] / d[k] if res[k] and d[k] else None
                                 for k in ("tokens_per_s", "ttft_ms_p50", "tpot_ms_p50")}
+            res["direct_background_cores"] = d["background_cores"]  # the idle Rays beside the direct level
     by_peer = {(r["method"], r["concurrency"]): r for r in results if r["peer"]}
     for res in results:  # each of ours against each peer at the same level
         res["vs_peers"] = {p: {"tokens_per_s": res["tokens_per_s"] / other["tokens_per_s"],
@@ -667,13 +669,11 @@ def summary_markdown(report: dict) -> str:
                   "ran (a Ray idling beside a server slows it).", "",
                   "| through | method | concurrency | tokens/s × | TTFT p50 × | TPOT p50 × | idle Ray, cores |",
                   "|---|---|---|---|---|---|---|"]
-        direct = {(r["method"], r["concurrency"]): r for r in report["summary"] if not r.get("via") and not r["peer"]}
         for r in sorted(report["summary"], key=lambda r: (r["method"], r["concurrency"])):
             if v := r.get("vs_direct"):
-                method = r["method"].split("@")[0]
-                idle = direct.get((method, r["concurrency"]), {}).get("background_cores")
-                lines.append(f"| {r['via']} | {method} | {r['concurrency']} | {f(v['tokens_per_s'], '.3f')} "
-                             f"| {f(v['ttft_ms_p50'], '.3f')} | {f(v['tpot_ms_p50'], '.3f')} | {f(idle, '.3f')} |")
+                lines.append(f"| {r['via']} | {r['method'].split('@')[0]} | {r['concurrency']} "
+                             f"| {f(v['tokens_per_s'], '.3f')} | {f(v['ttft_ms_p50'], '.3f')} "
+                             f"| {f(v['tpot_ms_p50'], '.3f')} | {f(r['direct_background_cores'], '.3f')} |")
     if cfg.get("peers"):
         lines += ["", "## Against the serving peers", "",
                   "Ours over theirs at the same concurrency, on the same prompts (tokens/s: higher is better for us; "

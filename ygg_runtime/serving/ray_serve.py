@@ -45,6 +45,7 @@ from ygg_runtime.artifact import load, plan_sha256
 from ygg_runtime.backend import gpu
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.integrity import cpu_info
+from ygg_runtime.machine import CPUInfo
 from ygg_runtime.options import MAX_BATCH, RayOptions, ServeOptions
 from ygg_runtime.plan import PLAN_FILE, Plan
 from ygg_runtime.serving.app import create_app, model_name
@@ -121,20 +122,20 @@ def candidates(root: Path) -> dict[Path, Plan]:
     return plans
 
 
+def cpu_label(cpu: CPUInfo) -> str:
+    """A CPU as artifacts are matched to it: its model and vector instruction set."""
+    return f"CPU {cpu.model} ({' '.join(sorted(cpu.isa)) or 'no vector flags'})"
+
+
 def built_for(plan: Plan) -> str:
     """The machine an artifact was compiled for, in words."""
-    if plan.gpu is not None:
-        return f"GPU {plan.gpu.label()}"
-    return f"CPU {plan.cpu.model} ({' '.join(sorted(plan.cpu.isa)) or 'no vector flags'})"
+    return f"GPU {plan.gpu.label()}" if plan.gpu is not None else cpu_label(plan.cpu)
 
 
 def this_machine() -> tuple[str | None, str]:
     """(the GPU's label or None, the CPU's label): what `built_for` is compared with."""
-    gpu_label = None
-    if torch.cuda.is_available():
-        gpu_label = f"GPU {gpu.info('cuda').label()}"
-    cpu = cpu_info()
-    return gpu_label, f"CPU {cpu.model} ({' '.join(sorted(cpu.isa)) or 'no vector flags'})"
+    gpu_label = f"GPU {gpu.info('cuda').label()}" if torch.cuda.is_available() else None
+    return gpu_label, cpu_label(cpu_info())
 
 
 def choose_artifact(root: Path, machine: tuple[str | None, str] | None = None) -> Path:
@@ -228,7 +229,6 @@ class Replica:
             slots, _ = kv_slots(decoder, c.kv_cache_gb, int(c.max_batch))
             self.server = Server(decoder, model_name(decoder, c.model_name), int(c.max_batch), int(c.max_queue),
                                  c.cost_aware, slots, metrics=ServerMetrics(mirror=Mirrored.make))
-            self.artifact = path
             err.print(f"ygg replica: serving {path} ({built_for(decoder.plan)}) with {threads} thread(s)")
         except BaseException as e:  # noqa: BLE001 - said by the constructor, which Ray reports
             self.failure = e
