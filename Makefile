@@ -22,11 +22,11 @@ install-qwen: $(VENV)/.installed-qwen
 
 # llama.cpp as a benchmark peer (llama-cpp-python builds it from source: a few minutes, once). On a
 # CPU with AMX, without ggml's AMX path, which dies in llama.cpp 0.3.36's first decode there
-# (ygg_compile.peers.llama_cmake_args; no cached wheel, which may hold a native build).
+# (ygg_bench.peers.llama_cmake_args; no cached wheel, which may hold a native build).
 install-llama: $(VENV)/.installed-llama
 
 $(VENV)/.installed-llama: $(VENV)/.installed
-	@args="$$($(BIN)/python -m ygg_compile.peers --cmake-args)"; \
+	@args="$$($(BIN)/python -m ygg_bench.peers --cmake-args)"; \
 	if [ -n "$$args" ]; then echo "building llama.cpp for this CPU without ggml's AMX path: $$args"; fi; \
 	CMAKE_ARGS="$$args $${CMAKE_ARGS:-}" $(BIN)/pip install -q $${args:+--no-cache-dir} -e '.[llama]'
 	touch $@
@@ -53,7 +53,7 @@ test: install install-llama
 # Each package's module graph, read from the source: what imports what, lines, imports hidden in
 # functions, and any cycle (tests/test_imports.py keeps it acyclic).
 imports:
-	@$(PYTHON) tools/import_graph.py ygg_compile; echo; $(PYTHON) tools/import_graph.py ygg_runtime
+	@$(PYTHON) tools/import_graph.py ygg_bench; echo; $(PYTHON) tools/import_graph.py ygg_compile; echo; $(PYTHON) tools/import_graph.py ygg_runtime
 
 # Every compiled method and the peers (transformers; llama.cpp on the same GGUF files) on Spec-Bench
 # (10 prompts in each of six categories, 128 new tokens, interleaved, medians); results under

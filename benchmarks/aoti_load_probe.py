@@ -7,7 +7,7 @@ stage's line printed before the next starts, so a crash names the stage it died 
   package loader   torch's C++ AOTIModelPackageLoader, as `ygg run` loaded packages (ygg_runtime.compiled)
   first run        the user-managed weights handed over, one forward, compared with eager
 
-    python3 benchmarks/aoti_load_probe.py [-o FILE] [--cases a,b]
+    python3 benchmarks/aoti_load_probe.py [-o FILE.json] [--cases a,b]
 
 Cases: `mlp` (two linear layers, nothing of ours; weights in the .so, or left out and handed over
 as user-managed constants) and `ygg` (a two-layer `Transformer` exported with the CPU's composition
@@ -128,12 +128,16 @@ def load_case(case: str, path: Path) -> None:
         compiled = graph.run(list(args))[0].float()
         said = f"max |compiled - eager| {(compiled - eager).abs().max().item():.3g}"
         if kind == "ygg" and DEVICE == "cuda":  # the same forward on our Triton kernels (both uncaptured)
-            from ygg_compile.roofline import cuda_ms
+            from ygg_bench import harness
             from ygg_runtime.backend import cuda
 
-            aoti_ms = cuda_ms(lambda: graph.run(list(args)))
-            model.ops = cuda.OPS
-            said += f"; {aoti_ms:.3f} ms a forward, ours {cuda_ms(lambda: model(*args)):.3f} ms"
+            def ours() -> None:
+                model.ops = cuda.OPS
+                model(*args)
+
+            ms = harness.medians(harness.interleaved({"aoti": lambda: graph.run(list(args)), "ours": ours}, 20,
+                                                     device="cuda"))
+            said += f"; {ms['aoti']:.3f} ms a forward, ours {ms['ours']:.3f} ms"
     print(f"{next(stage)}: ok, {said}", flush=True)
 
 
@@ -144,12 +148,13 @@ def _child(*argv: str, timeout: int = 300) -> tuple[int, list[str], str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-o", "--out", type=Path, help="also write the report here")
+    from ygg_bench import harness
+
+    ap = harness.parser(__doc__, repeats=None)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--compile", nargs=2, metavar=("CASE", "PATH"), help=argparse.SUPPRESS)  # in a child
     ap.add_argument("--load", nargs=2, metavar=("CASE", "PATH"), help=argparse.SUPPRESS)  # in a fresh child
-    args = ap.parse_args()
+    args = harness.parse(ap)
     if args.compile:
         return compile_case(args.compile[0], Path(args.compile[1]))
     if args.load:
@@ -172,7 +177,7 @@ def main() -> None:
             lines.append(f"{case}: {how}, {time.time() - start:.0f} s" + (f"; {done[-1]}" if done else ""))
         print(lines[-1], flush=True)
     if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+        harness.write_json(args.out, {"torch": torch.__version__, "cases": lines[1:]})
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 and how fast is each at the shapes decoding uses (the Qwen2.5-Coder-1.5B target's: 12 query heads,
 2 KV heads, head dim 128, bfloat16).
 
-    .venv/bin/python benchmarks/attention_kernel.py [--trials N] [--repeats N] [--out FILE.json]
+    .venv/bin/python benchmarks/attention_kernel.py [--trials N] [--repeats N] [-o FILE.json]
         [--dtype float32] [--shapes W:CONTEXT,...] [--library ARTIFACT/kernels.so]
         [--save-bits FILE.pt | --check-bits FILE.pt]
 
@@ -19,16 +19,13 @@ widths, prefixes, trees and cache layouts drawn from a fixed seed). Run it alone
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
-import statistics
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ygg_bench import harness
 from ygg_runtime.backend import native
 
 H, KV, D = 12, 2, 128
@@ -124,29 +121,21 @@ def timings(shapes: list[tuple[int, int]], repeats: int) -> list[dict]:
                 torch.full((w,), context), torch.ones(w, w, dtype=torch.bool).tril())
         calls = {"ygg": lambda: native.attention(q, k[:, :, context : context + w], v[:, :, context : context + w], *view),
                  "sdpa": lambda: sdpa(q, k, v, mask)}
-        samples = {name: [] for name in IMPLS}
-        for r in range(repeats + 1):
-            for name in (list(IMPLS) if r % 2 else list(IMPLS)[::-1]):
-                start = time.perf_counter()
-                calls[name]()
-                if r:
-                    samples[name].append(1000 * (time.perf_counter() - start))
-        rows.append({"width": w, "context": context, **{f"{n}_ms": round(statistics.median(s), 4) for n, s in samples.items()}})
+        ms = harness.medians(harness.interleaved(calls, repeats), 4)
+        rows.append({"width": w, "context": context, **{f"{n}_ms": t for n, t in ms.items()}})
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.parser(__doc__, repeats=21)
     ap.add_argument("--trials", type=int, default=400)
-    ap.add_argument("--repeats", type=int, default=21)
-    ap.add_argument("--out", type=Path)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     ap.add_argument("--shapes", default="2:300,4:300,8:300,16:300,16:1000,64:600,512:512", help="WIDTH:CONTEXT,...")
     ap.add_argument("--library", type=Path, help="a kernels.so to time (an artifact's) instead of this checkout's")
     bits = ap.add_mutually_exclusive_group()
     bits.add_argument("--save-bits", type=Path, help="save the outputs of random calls there, and stop")
     bits.add_argument("--check-bits", type=Path, help="compare the outputs of the same calls with a saved file")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     global DTYPE
     DTYPE = getattr(torch, args.dtype)
     native.load(args.library)
@@ -171,9 +160,8 @@ def main() -> None:
     for r in rows:
         print(f"{r['width']:>4} {r['context']:>8} {r['ygg_ms']:>8.3f} {r['sdpa_ms']:>8.3f}")
     if args.out:
-        args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "dtype": args.dtype,
-                                        "library": str(native.loaded()), "trials": args.trials,
-                                        "layout": same, "timings": rows}, indent=1) + "\n")
+        harness.write_json(args.out, {"dtype": args.dtype, "library": str(native.loaded()), "trials": args.trials,
+                                      "layout": same, "timings": rows})
 
 
 if __name__ == "__main__":

@@ -13,19 +13,17 @@ rebuilt from the GGUF file it names, at each width: `ygg_compile.quantize`, with
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import tempfile
 from pathlib import Path
 
 import torch
 
 import ygg_runtime
+from ygg_bench import harness
 from ygg_compile import draft_vocab, prompts, quantize, sources
 from ygg_compile.aot import compile_model
 from ygg_compile.convert import convert_state
-from ygg_compile.profile import forward_times
 from ygg_runtime import engine, proposers
 from ygg_runtime.backend import native
 from ygg_runtime.compiled import CompiledForward
@@ -35,19 +33,12 @@ from ygg_runtime.runner import ModelRunner
 CATEGORIES = ("coding", "writing", "math_reasoning", "qa", "translation", "summarization")
 
 
-def forward_ms(runner: ModelRunner) -> float:
-    """T(1) at context 100: the median of 5 after 2 warm-up forwards."""
-    return forward_times(runner, (1,), context=100, repeats=5, warmup=2)[1]
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("artifact", type=Path)
+    ap = harness.parser(__doc__, artifact="", repeats=5)
     ap.add_argument("--variants", default="4:all,4:65536,4:32768,4:16384,3:all,3:32768,2:all")
     ap.add_argument("--prompts", type=Path, default=Path("../shared/data/spec_bench/question.jsonl"))
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
-    ap.add_argument("-o", "--out", type=Path)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     native.load()  # this checkout's kernels (the artifact's copy may predate a format the drafters use)
     dec = ygg_runtime.load(args.artifact)
     plan, target = dec.plan, dec.target
@@ -78,13 +69,11 @@ def main() -> None:
         runner.compiled = CompiledForward(path, model)
         read = sum(v.numel() * v.element_size() for k, v in state.items() if not k.startswith("tok_embeddings."))
         built.append((int(bits), int(vocab) if vocab != "all" else a.vocab_size, read, runner))
-    # every drafter's forward and the target's, interleaved (the machine's speed drifts)
-    times: dict[int, list[float]] = {i: [] for i in range(len(built) + 1)}
-    for _ in range(5):
-        times[len(built)].append(forward_ms(target))
-        for i, (_, _, _, runner) in enumerate(built):
-            times[i].append(forward_ms(runner))
-    target_t1 = statistics.median(times[len(built)])
+    # T(1) at context 100 of every drafter and of the target, interleaved (the machine's speed drifts)
+    runners = {i: r for i, (_, _, _, r) in enumerate(built)} | {"target": target}
+    t1 = harness.medians(harness.interleaved({i: lambda r=r: r.forward_chain([100]) for i, r in runners.items()},
+                                             args.repeats, warmup=2, setup=lambda i: runners[i].reset(100)), 2)
+    target_t1 = t1["target"]
     rows = []
     for i, (bits, head, read, runner) in enumerate(built):
         chain = proposers.build("chain", {"k": 4}, proposers.Drafter(runner, target.vocab_size))
@@ -92,14 +81,13 @@ def main() -> None:
         for p in ids:
             out, m = engine.generate(target, chain, p, max_new_tokens=args.max_new_tokens, eos_ids=frozenset(dec.eos_ids))
             tokens, forwards = tokens + len(out), forwards + m.steps
-        t1 = statistics.median(times[i])
-        row = {"bits": bits, "head_rows": head, "bytes_per_forward": read, "draft_t1_ms": round(t1, 2),
-               "target_t1_ms": round(target_t1, 2), "draft_over_target": round(t1 / target_t1, 3),
+        row = {"bits": bits, "head_rows": head, "bytes_per_forward": read, "draft_t1_ms": t1[i],
+               "target_t1_ms": target_t1, "draft_over_target": round(t1[i] / target_t1, 3),
                "tokens_per_target_forward": round(tokens / forwards, 3)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.out:
-        args.out.write_text(json.dumps({"artifact": str(args.artifact), "prompts": str(args.prompts), "rows": rows}, indent=1) + "\n")
+        harness.write_json(args.out, {"artifact": str(args.artifact), "prompts": str(args.prompts), "rows": rows})
 
 
 if __name__ == "__main__":

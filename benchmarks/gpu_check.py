@@ -38,10 +38,7 @@ where make is installed).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import platform
 import sys
 import tempfile
 import time
@@ -50,6 +47,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+
+from ygg_bench import harness
 
 if TYPE_CHECKING:
     from ygg_runtime.plan import Plan
@@ -80,6 +79,7 @@ class Check:
     def __init__(self, out: Path, budget: float):
         self.out, self.budget, self.start = out, budget, time.time()
         self.results: dict[str, dict] = {}
+        self.head = {"command": harness.command(), "revision": harness.revision()}  # the machine: its section
         self.log = (out / "gpu-check.log").open("w")
 
     def say(self, line: str) -> None:
@@ -116,18 +116,16 @@ class Check:
         self.log.flush()
 
     def write(self) -> None:
-        (self.out / "gpu-check.json").write_text(json.dumps(self.results, indent=1, default=str) + "\n")
-        (self.out / "gpu-check.md").write_text(markdown(self))
+        machine = {"machine": "not run (--only)"} if "machine" not in self.results else {}
+        harness.write_json(self.out / "gpu-check.json", {**self.head, **machine, **self.results}, markdown=markdown(self))
 
 
 def machine(device: torch.device) -> dict:
+    """The harness's record of the machine and its roofs, with Triton's version and the GPU's
+    properties the kernels are planned from."""
     import triton  # noqa: F401  (its version: the GPU attention is a Triton kernel)
-    import transformers
 
-    from ygg_compile.roofline import measure_roofs
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
-           "transformers": transformers.__version__}
+    out = harness.machine(str(device)) | {"triton": triton.__version__}
     if device.type == "cuda":
         from ygg_runtime.backend import gpu
 
@@ -136,15 +134,13 @@ def machine(device: torch.device) -> dict:
         props = torch.cuda.get_device_properties(device)
         out |= {"gpu": info.__dict__, "multiprocessors": props.multi_processor_count,
                 "l2_bytes": getattr(props, "L2_cache_size", None)}
-    roofs = measure_roofs(1 << 30, repeats=5, device=device) if device.type == "cuda" else measure_roofs(256 << 20, 3)
-    return out | {"read_GBps": round(roofs.bandwidth / 1e9, 1), "peak_TMACs": round(roofs.int8_peak / 1e12, 2),
-                  "roofs": roofs.as_dict()}
+    roofs = out["roofs"]
+    return out | {"read_GBps": round(roofs["bandwidth"] / 1e9, 1), "peak_TMACs": round(roofs["int8_peak"] / 1e12, 2)}
 
 
 def attention_check(device: torch.device) -> dict:
     """The attention kernel on this device: its error against float64, a row's bits in two layouts
     (plain decoding, a tree verify), and its time at contexts 64, 1 000 and 4 000 (a GPU's)."""
-    from ygg_compile.roofline import cuda_ms
     from ygg_runtime.backend import cuda
 
     op = cuda.OPS.attention  # on a CPU: Triton's interpreter (TRITON_INTERPRET=1)
@@ -190,7 +186,7 @@ def attention_check(device: torch.device) -> dict:
                 args = (qw[:, :heads], qw[:, heads : heads + kv], qw[:, heads + kv :], c, 0,
                         torch.arange(ctx, ctx + w, device=device), torch.zeros(w, dtype=torch.long, device=device),
                         torch.full((w,), ctx, device=device), t)
-                ms = cuda_ms(lambda: op(*args))
+                ms = harness.median_ms(lambda: op(*args), device=device)
                 kv_bytes = w * kv * (ctx + w) * dim * 2 * 2  # every row reads its keys and values
                 times[f"ctx{ctx}_W{w}"] = {"us": round(1000 * ms, 1), "GBps": round(kv_bytes / (ms / 1e3) / 1e9, 1)}
         out["us_per_layer"] = times
@@ -231,7 +227,6 @@ def gemm_check(device: torch.device, shapes: dict, bandwidth: float | None) -> d
     """The GEMM on this GPU: a row's bits at 1..64 rows wherever it sits (each shape of the target),
     each linear's time and read rate at 1, 8 and 64 rows, and the drafter's on cuBLAS beside ours
     (it needs no invariance: split-K allowed there)."""
-    from ygg_compile.roofline import cuda_ms
     from ygg_runtime.backend import cuda, triton_linear
     from ygg_runtime.backend.triton_linear import ROPE
 
@@ -271,14 +266,14 @@ def gemm_check(device: torch.device, shapes: dict, bandwidth: float | None) -> d
                 out["moved_rows"][f"{role}.{name}"] = moved
             for m in (1, 8, 64):
                 xm = x[:, :m].contiguous()
-                ms = cuda_ms(lambda: call(role, name, n, k, epi, xm))
+                ms = harness.median_ms(lambda: call(role, name, n, k, epi, xm), device=device)
                 rate = n * k * 2 / (ms / 1e3) / 1e9
                 row = {"us": round(1000 * ms, 1), "GBps": round(rate, 1),
                        "of_bandwidth": round(rate * 1e9 / bandwidth, 2) if bandwidth else None}
                 if role == "draft":  # cuBLAS, split-K allowed (the drafter needs no invariance), beside ours
                     w = weights[(role, name)]
                     with split_k_allowed():
-                        row["cublas_us"] = round(1000 * cuda_ms(lambda: torch.nn.functional.linear(xm, w)), 1)
+                        row["cublas_us"] = round(1000 * harness.median_ms(lambda: torch.nn.functional.linear(xm, w), device=device), 1)
                 out["timings"][f"{role}.{name} {n}x{k} M={m}"] = row
     moved = sum(out["moved_rows"].values())
     if moved:
@@ -676,8 +671,7 @@ def markdown(c: Check) -> str:
 
 def main() -> None:
     global DTYPE
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("-o", "--out", type=Path)
+    ap = harness.parser(__doc__, repeats=None)
     ap.add_argument("--budget", type=float, default=460.0, help="seconds for the whole check")
     ap.add_argument("--calibration", type=Path, default=CALIBRATION)
     ap.add_argument("--small", action="store_true", help="tiny shapes instead of the real pair's (a smoke test)")
@@ -689,12 +683,10 @@ def main() -> None:
     ap.add_argument("--dtype", default=DTYPE, help="the artifacts' dtype")
     ap.add_argument("--vocab", type=int, default=VOCAB, help="the random models' vocabulary (the real pair's: its "
                     "calibration's token ids must fit)")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     DTYPE = args.dtype
     device = torch.device(args.device)
-    from ygg_compile import hardware
-
-    out = args.out or REPO / "benchmarks" / "results" / hardware.device_slug(args.device)
+    out = harness.output(args.out, "", args.device)
     out.mkdir(parents=True, exist_ok=True)
     check = Check(out, args.budget)
     gpu = device.type == "cuda"

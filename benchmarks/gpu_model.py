@@ -6,7 +6,7 @@ launch, against a named GPU's roofs: a *modelled* T(W), labelled so wherever it 
 spills, shared memory), so a kernel that does not compile or spills is seen on a CPU.
 
     python benchmarks/gpu_model.py [--gpu H200] [--models qwen2.5-1.5b,qwen2.5-0.5b] [--widths 1,8,64]
-                                   [--context 64] [--compile] [--json FILE]
+                                   [--context 64] [--compile] [-o FILE.json]
 
 The model of a kernel: one launch (LAUNCH_US, inside a CUDA graph) plus the larger of its bytes at
 the GPU's read bandwidth and its multiply-adds at its bf16 tensor-core rate; a forward is the sum
@@ -17,9 +17,7 @@ prints beside the measured time (benchmarks/gpu_check.py) so the model is checke
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import json
 import os
 import re
 import subprocess
@@ -273,14 +271,14 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from ygg_bench import harness
+
+    ap = harness.parser(__doc__, repeats=None, widths="1,2,4,8,16,32,64")
     ap.add_argument("--gpu", default="H200", choices=sorted(GPUS))
     ap.add_argument("--models", default="qwen2.5-1.5b,qwen2.5-0.5b,llama-2-7b,llama-68m")
-    ap.add_argument("--widths", default="1,2,4,8,16,32,64")
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--compile", action="store_true", help="compile each kernel for sm_90 (Triton's ptxas): registers, spills")
-    ap.add_argument("--json", type=Path, help="write the results here too")
-    args = ap.parse_args()
+    args = harness.parse(ap)
     target = None
     if args.compile:
         from triton.backends.compiler import GPUTarget
@@ -290,10 +288,10 @@ def main() -> None:
     for name in args.models.split(","):
         if name not in SHAPES:
             sys.exit(f"unknown model shape {name!r}: one of {', '.join(SHAPES)}")
-        results.append(table(name, args.gpu, [int(w) for w in args.widths.split(",")], args.context, target))
+        results.append(table(name, args.gpu, args.widths, args.context, target))
         print(markdown(results[-1]), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.out:  # modelled, not measured: the machine it ran on only names where the model was drawn
+        harness.write_json(args.out, {"gpu": args.gpu, "modelled": results})
 
 
 if __name__ == "__main__":

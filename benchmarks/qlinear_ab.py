@@ -29,7 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qlinear_kernels import LAYERS, SHAPES
-from qlinear_prefetch import child, run_child
+from qlinear_prefetch import child
+
+from ygg_bench import harness
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CACHE = ((1536, 1536),) * 4  # wo four times a layer: 1.3-2.4 MB, the two cores' L2 and the L3 hold it
@@ -53,8 +55,9 @@ def tree(rev: str, root: Path) -> tuple[Path, str]:
 
 def revision_child(src: Path, cache: Path, args: argparse.Namespace, bits: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src), "YGG_CACHE": str(cache)}
-    cmd = [sys.executable, __file__, "--child", "--bits", str(bits), "--widths", args.widths, "--repeats", str(args.repeats)]
-    return run_child(cmd + (["--in-cache"] if args.in_cache else []), env, f"under {src}")
+    cmd = [sys.executable, __file__, "--child", "--bits", str(bits), "--widths", ",".join(map(str, args.widths)),
+           "--repeats", str(args.repeats)]
+    return harness.child_json(cmd + (["--in-cache"] if args.in_cache else []), env, f"under {src}")
 
 
 def ratios(before: list[dict], after: list[dict], w: str, same_only: bool) -> list[float]:
@@ -88,19 +91,15 @@ def markdown(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, repeats=5, widths="1,2,4,8,16,32,64")
     ap.add_argument("before", nargs="?")
     ap.add_argument("after", nargs="?")
-    ap.add_argument("--bits", default="4,6,8")
-    ap.add_argument("--widths", default="1,2,4,8,16,32,64")
+    ap.add_argument("--bits", type=harness.ints, default=[4, 6, 8])
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--in-cache", action="store_true")
-    ap.add_argument("-o", "--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    widths = [int(w) for w in args.widths.split(",")]
-    bits = [int(b) for b in args.bits.split(",")]
+    args = harness.parse(ap)
+    widths, bits = args.widths, args.bits
     if args.child:
         shapes, layers = (IN_CACHE, 1) if args.in_cache else (SHAPES, LAYERS)
         print(json.dumps(child(widths, args.repeats, bits[0], shapes, layers)))
@@ -133,11 +132,9 @@ def main() -> None:
               "rounds": args.rounds, "repeats": args.repeats, "widths": widths,
               "bandwidth_each": [round(x["bandwidth"] / 1e9, 1) for r in runs.values() for s in r.values() for x in s],
               "runs": {str(b): r for b, r in runs.items()}}
-    out = args.out or Path("benchmarks/results") / f"{hardware.device_slug('cpu')}-kernels"
-    out.mkdir(parents=True, exist_ok=True)
+    out = harness.output(args.out, "-kernels")
     name = "qlinear_ab_in_cache" if args.in_cache else "qlinear_ab"
-    (out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{name}.md").write_text(markdown(result))
+    harness.write_json(out / f"{name}.json", result, markdown=markdown(result))
     print(markdown(result))
     print(f"wrote {out}/{name}.json and .md")
 

@@ -3,7 +3,7 @@ four linears of each of its 28 layers: wqkv 2048x1536, wo 1536x1536, w13 17920x1
 at M = 1, 2, 4, 8, 16, 32, 64 rows, and whether each kernel is row-invariant (a row's output bitwise
 the same whatever the rows beside it, what tree verification's exactness needs).
 
-    .venv/bin/python benchmarks/qlinear_kernels.py [--repeats N] [--kernels a,b] [--dtype D] [--out FILE.json]
+    .venv/bin/python benchmarks/qlinear_kernels.py [--repeats N] [--kernels a,b] [--dtype D] [-o FILE.json]
 
 Kernels: `bf16` F.linear (oneDNN); `fp32` F.linear in float32 (what `--dtype auto` holds float
 weights in where the CPU lacks bfloat16 arithmetic: the AVX2-only EPYC); `int8pack` aten._weight_int8pack_mm (per-channel int8);
@@ -20,17 +20,13 @@ without: from which width AMX pays; the result names the path that ran). Run it 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ygg_bench import harness
 from ygg_runtime.backend import native
 from ygg_runtime.quant import Codes, pack
 
@@ -135,11 +131,12 @@ def inputs(x: torch.Tensor) -> dict[int, torch.Tensor]:
     return {k: x[:, :k].contiguous() for k in {k for _, k in SHAPES}}
 
 
-def forward_ms(fn: Forward, x: dict) -> float:
-    start = time.perf_counter()
-    for i in range(LAYERS):
-        fn(x, i)
-    return 1000 * (time.perf_counter() - start)
+def forward(fn: Forward, x: dict) -> Callable[[], None]:
+    """Every layer's linears, as one forward runs them."""
+    def call() -> None:
+        for i in range(LAYERS):
+            fn(x, i)
+    return call
 
 
 def row_invariant(fn: Forward, g: torch.Generator, dtype: torch.dtype) -> bool:
@@ -168,13 +165,11 @@ def markdown(result: dict, title: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, repeats=5)
     ap.add_argument("--kernels", default="bf16,int8pack,int4pack,inductor-woq,torchao-int4,torchao-8da4w,torchao-8da8w,ygg-int4,ygg-int6,ygg-int8")
-    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16",
                     help="the activations' dtype for every kernel but bf16 and fp32 (which use their own)")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     g = torch.Generator().manual_seed(0)
     dtype_of = lambda name: FLOAT.get(name, getattr(torch, args.dtype))  # noqa: E731
     fns, skipped = {}, {}
@@ -187,13 +182,8 @@ def main() -> None:
             fns.pop(name, None)
     x = torch.randn(max(WIDTHS), 8960, generator=g)
     xs = {w: {d: inputs(x[:w].to(d)) for d in {dtype_of(n) for n in fns}} for w in WIDTHS}
-    samples = {n: {w: [] for w in WIDTHS} for n in fns}
-    for r in range(args.repeats + 1):
-        for w in WIDTHS:
-            for name, fn in fns.items():
-                ms = forward_ms(fn, xs[w][dtype_of(name)])
-                if r:
-                    samples[name][w].append(ms)
+    ms = harness.medians(harness.interleaved({(n, w): forward(fn, xs[w][dtype_of(n)]) for w in WIDTHS
+                                              for n, fn in fns.items()}, args.repeats), 2)
     result = {
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -203,7 +193,7 @@ def main() -> None:
         "repeats": args.repeats,
         "dtype": args.dtype,
         "widths": list(WIDTHS),
-        "ms": {n: [round(statistics.median(samples[n][w]), 2) for w in WIDTHS] for n in fns},
+        "ms": {n: [ms[(n, w)] for w in WIDTHS] for n in fns},
         "row_invariant": {n: row_invariant(fn, g, dtype_of(n)) for n, fn in fns.items()},
         "skipped": skipped,
     }
@@ -214,10 +204,9 @@ def main() -> None:
     for n, why in skipped.items():
         print(f"{n:<16} skipped: {why}")
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
         asked = result["requested_path"]
         title = f"ygg::qlinear's {result['qlinear_path']} path (YGG_QLINEAR={asked})" if asked else "Every kernel tried"
-        args.out.with_suffix(".md").write_text(markdown(result, title))
+        harness.write_json(args.out, result, markdown=markdown(result, title))
 
 
 if __name__ == "__main__":

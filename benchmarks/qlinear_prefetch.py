@@ -22,15 +22,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from qlinear_kernels import LAYERS, SHAPES, forward_ms, inputs, random_codes
+from qlinear_kernels import LAYERS, SHAPES, forward, inputs, random_codes
 
+from ygg_bench import harness
 from ygg_runtime.backend import native
 from ygg_runtime.quant import pack
 
@@ -51,24 +51,11 @@ def child(widths: list[int], repeats: int, bits: int = 4, shapes: tuple = SHAPES
     def layer(x: dict, i: int) -> list:
         return [native.qlinear(x[k], p["data"], p["layout"], None) for p, (_, k) in zip(held[i % layers], shapes)]
 
-    for w in widths:
-        forward_ms(layer, xs[w])
-    ms = {w: [] for w in widths}
-    bandwidth = []
-    for _ in range(repeats):
-        bandwidth.append(native.read_bandwidth(1 << 29, 3))
-        for w in widths:
-            ms[w].append(forward_ms(layer, xs[w]))
-    return {"ms": {w: statistics.median(v) for w, v in ms.items()}, "bandwidth": statistics.median(bandwidth),
+    bandwidth = []  # read between the timings: each round's own
+    fns = {w: forward(layer, xs[w]) for w in widths} | {"bandwidth": lambda: bandwidth.append(native.read_bandwidth(1 << 29, 3))}
+    samples = harness.interleaved(fns, repeats)
+    return {"ms": {w: statistics.median(samples[w]) for w in widths}, "bandwidth": statistics.median(bandwidth),
             "bytes": nbytes, "path": native.qlinear_path()}
-
-
-def run_child(cmd: list[str], env: dict, what: str) -> dict:
-    """A child process's result: the JSON of its last line; its failure one line naming `what`."""
-    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"the child {what} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def markdown(r: dict) -> str:
@@ -89,18 +76,12 @@ def markdown(r: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = harness.parser(__doc__, repeats=7, widths="1,2,4,8,16")
     ap.add_argument("--distances", default="0,16384,65536,262144")
-    ap.add_argument("--widths", default="1,2,4,8,16")
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("-o", "--out", type=Path)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    parts = [w.strip() for w in args.widths.split(",")]
-    if not all(w.isdigit() and int(w) > 0 for w in parts):
-        ap.error(f"--widths must be positive integers, not {args.widths!r}")
-    widths = [int(w) for w in parts]
+    args = harness.parse(ap)
+    widths = args.widths
     if args.child:
         print(json.dumps(child(widths, args.repeats)))
         return
@@ -117,8 +98,8 @@ def main() -> None:
             env = {k: v for k, v in os.environ.items() if k != "YGG_PREFETCH"}
             if d != DEFAULT:
                 env["YGG_PREFETCH"] = d
-            runs[d].append(run_child([sys.executable, __file__, "--child", "--widths", args.widths, "--repeats", str(args.repeats)],
-                                     env, f"for YGG_PREFETCH={d}"))
+            runs[d].append(harness.child_json([sys.executable, __file__, "--child", "--widths", ",".join(map(str, widths)),
+                                               "--repeats", str(args.repeats)], env, f"for YGG_PREFETCH={d}"))
             print(f"round {rnd + 1} YGG_PREFETCH={d}: " + " ".join(f"M={w} {runs[d][-1]['ms'][str(w)]:.1f}" for w in widths)
                   + f" ms, {runs[d][-1]['bandwidth'] / 1e9:.1f} GB/s", flush=True)
     bw = [run["bandwidth"] for d in dists for run in runs[d]]
@@ -135,10 +116,8 @@ def main() -> None:
                         for d in dists},
         "runs": {str(d): runs[d] for d in dists},
     }
-    out = args.out or Path("benchmarks/results") / f"{hardware.device_slug('cpu')}-prefetch"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "qlinear_prefetch.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "qlinear_prefetch.md").write_text(markdown(result))
+    out = harness.output(args.out, "-prefetch")
+    harness.write_json(out / "qlinear_prefetch.json", result, markdown=markdown(result))
     print(markdown(result))
     print(f"wrote {out}/qlinear_prefetch.json and .md")
 

@@ -24,19 +24,20 @@ register its library (`native.load(path)`) before running this file.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 import ygg_runtime
+from ygg_bench import harness
 from ygg_compile import hardware
-from ygg_compile.roofline import Roofs, measure_roofs, model_costs, table
+from ygg_compile.plots import figure, png
+from ygg_compile.roofline import Roofs, model_costs, table
+from ygg_runtime.files import write_atomic
 
 
 SAME = 0.1  # two reads of the bandwidth "agree" within this fraction (this VM's two states differ by ~1.8x)
@@ -47,19 +48,16 @@ def forward_ms(runner, widths: list[int], context: int, repeats: int) -> dict[st
     compiled, floor, runner.widths, runner.min_width = runner.compiled, runner.min_width, (), 0  # every width as it is
     modes = ["compiled", "eager"] if compiled is not None else ["eager"]
     tokens = torch.randint(0, runner.vocab_size, (max(widths),), generator=torch.Generator().manual_seed(0)).tolist()
-    samples = {m: {w: [] for w in widths} for m in modes}
-    for r in range(repeats + 1):
-        for w in widths:
-            for mode in modes if r % 2 else modes[::-1]:
-                runner.compiled = compiled if mode == "compiled" else None
-                runner.reset(context)
-                start = time.perf_counter()
-                runner.forward_chain(tokens[:w])
-                if r:
-                    samples[mode][w].append(1000 * (time.perf_counter() - start))
+
+    def setup(case: tuple[str, int]) -> None:
+        runner.compiled = compiled if case[0] == "compiled" else None
+        runner.reset(context)
+
+    calls = {(m, w): (lambda w=w: runner.forward_chain(tokens[:w])) for w in widths for m in modes}
+    samples = harness.interleaved(calls, repeats, setup=setup)
     runner.compiled, runner.min_width = compiled, floor
     runner.reset()
-    return {m: [statistics.median(samples[m][w]) for w in widths] for m in modes}
+    return {m: [statistics.median(samples[(m, w)]) for w in widths] for m in modes}
 
 
 def weight_names(model) -> dict[int, str]:
@@ -100,9 +98,7 @@ def where_time_goes(runner, width: int, context: int, repeats: int) -> dict:
         runner.reset(context)
         runner.forward_chain(tokens)  # the caches the read swept, warmed again as a decode keeps them
         runner.reset(context)
-        start = time.perf_counter()
-        runner.forward_chain(tokens)  # timed unprofiled: the profiler's own cost, ~1 us an op, kept out
-        wall = 1000 * (time.perf_counter() - start)
+        wall = harness.time_ms(lambda: runner.forward_chain(tokens))  # unprofiled: the profiler's ~1 us an op kept out
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             runner.reset(context)
             runner.forward_chain(tokens)
@@ -187,14 +183,9 @@ def markdown(result: dict) -> str:
 
 def plot(directory: Path) -> Path:
     """Every labelled run in `directory`: T(W) against the floor, one panel per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = [r for r in (json.loads(p.read_text()) for p in sorted(directory.glob("roofline*.json"))) if r.get("models")]
     roles = list(dict.fromkeys(role for run in runs for role in run["models"]))
-    fig, axes = plt.subplots(1, len(roles), figsize=(6 * len(roles), 4.2), squeeze=False)
+    fig, axes = figure(ncols=len(roles), figsize=(6 * len(roles), 4.2), squeeze=False)
     for ax, role in zip(axes[0], roles):
         for run in runs:
             m = run["models"].get(role)
@@ -215,31 +206,26 @@ def plot(directory: Path) -> Path:
                  f"{runs[0]['roofs']['int8_peak'] / 1e9:.0f} G int8 MAC/s", fontsize=10)
     fig.tight_layout()
     out = directory / "roofline.png"
-    fig.savefig(out, dpi=110)
+    write_atomic(out, png(fig))
     return out
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("artifact", nargs="?", default="artifacts/default")
-    ap.add_argument("--widths", default="1,2,4,8,16")
+    ap = harness.parser(__doc__, artifact="artifacts/default", repeats=7, widths="1,2,4,8,16")
     ap.add_argument("--context", type=int, default=100)
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("-o", "--out", type=Path)
     ap.add_argument("--label", default="")
     ap.add_argument("--roofs", type=Path, help="reuse the roofs of an earlier run's JSON (same machine): for an "
                     "artifact whose kernel library predates the roof measurements")
     ap.add_argument("--roofs-only", action="store_true", help="measure the roofs, write DIR/roofs.json, stop")
     ap.add_argument("--ops", default="1", help="widths whose forward is taken apart op by op (\"\": none)")
-    args = ap.parse_args()
-    widths = [int(w) for w in args.widths.split(",")]
-    out = args.out or Path("benchmarks/results") / f"{hardware.device_slug('cpu')}-roofline"
-    out.mkdir(parents=True, exist_ok=True)
-    roofs = Roofs(**json.loads(args.roofs.read_text())["roofs"]) if args.roofs else measure_roofs()
+    args = harness.parse(ap)
+    widths = args.widths
+    out = harness.output(args.out, "-roofline")
+    roofs = Roofs(**json.loads(args.roofs.read_text())["roofs"]) if args.roofs else harness.roofs()
     print(f"read bandwidth {roofs.bandwidth / 1e9:.1f} GB/s, int8 peak {roofs.int8_peak / 1e9:.0f} G MAC/s, "
           f"{roofs.threads} threads", flush=True)
     if args.roofs_only:
-        (out / "roofs.json").write_text(json.dumps({"cpu": hardware.cpu_info().model, "roofs": roofs.as_dict()}, indent=1) + "\n")
+        harness.write_json(out / "roofs.json", {"cpu": hardware.cpu_info().model, "roofs": roofs.as_dict()}, measured=roofs)
         return
     dec = ygg_runtime.load(args.artifact)
     from ygg_runtime.backend import native
@@ -264,8 +250,7 @@ def main() -> None:
     if warning := moved(result):
         print(warning)
     stem = "roofline" + (f"-{args.label}" if args.label else "")
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(markdown(result))
+    harness.write_json(out / f"{stem}.json", result, measured=roofs, markdown=markdown(result))
     print(f"wrote {out / stem}.json, .md and {plot(out)}")
 
 

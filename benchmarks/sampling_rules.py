@@ -17,12 +17,11 @@ the first prompt of each of two categories against `ar`'s with the same seed and
 
 from __future__ import annotations
 
-import argparse
 import json
-import time
 from pathlib import Path
 
 import ygg_runtime
+from ygg_bench import harness
 from ygg_compile import prompts
 
 CATEGORIES = ("coding", "writing", "math_reasoning", "qa", "translation", "summarization")
@@ -30,16 +29,14 @@ RULES = ("coupled", "rejection")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("artifact", type=Path)
+    ap = harness.parser(__doc__, artifact="", repeats=None)
     ap.add_argument("--prompts", type=Path, default=Path("../shared/data/spec_bench/question.jsonl"))
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperatures", default="0.7,1.0")
     ap.add_argument("--methods", help="these methods only (default: every one but ar)")
     ap.add_argument("--no-equality", action="store_true", help="the acceptance part only")
-    ap.add_argument("-o", "--out", type=Path)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     dec = ygg_runtime.load(args.artifact)
     methods = args.methods.split(",") if args.methods else [m for m in dec.methods if m != "ar"]
     bench = prompts.read_jsonl(args.prompts, list(CATEGORIES), args.per_category)
@@ -77,13 +74,11 @@ def main() -> None:
                 equality.append({"temperature": t, "top_p": top_p, "method": m, "equal": same[m], "runs": 5 * len(first)})
                 print(f"equality T={t} top_p={top_p} {m}: {same[m]}/{5 * len(first)}", flush=True)
 
-    out = {"artifact": str(args.artifact), "cpu": dec.plan.cpu.model, "threads": dec.plan.cpu.threads,
-           "prompts": [p.key for p in bench], "max_new_tokens": n, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    out = {"artifact": str(args.artifact), "prompts": [p.key for p in bench], "max_new_tokens": n,
            "acceptance": acceptance, "equality": equality}
     print(json.dumps(out, indent=1))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        harness.write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -9,12 +9,9 @@ Starts the server on a free loopback port and stops it at the end.
 
 from __future__ import annotations
 
-import argparse
 import json
-import socket
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,31 +19,25 @@ import httpx2 as httpx
 import openai
 
 import ygg_runtime
+from ygg_bench import harness
+from ygg_bench.load import scrape
+from ygg_bench.servers import free_port, stop, wait_ready
 
 PROMPTS = ["Write a short poem about the sea.", "Explain what a hash map is in two sentences.",
            "def quicksort(arr):", "List three uses of copper."]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("artifact", type=Path)
+    ap = harness.parser(__doc__, artifact="", repeats=None)
     ap.add_argument("-n", "--max-tokens", type=int, default=48)
-    ap.add_argument("-o", "--out", type=Path)
-    args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    args = harness.parse(ap)
+    port = free_port()
     ygg = str(Path(sys.executable).parent / "ygg")
     proc = subprocess.Popen([ygg, "serve", "--artifact", str(args.artifact), "--port", str(port), "--max-batch", "8"],
                             stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
+        wait_ready(proc, lambda: scrape(port), "ygg serve")
         health = httpx.get(url + "/health", timeout=5).json()
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800)
         model = client.models.list().data[0].id
@@ -65,16 +56,18 @@ def main() -> None:
             return client.completions.create(model=model, prompt=prompt, max_tokens=args.max_tokens, temperature=0,
                                              extra_body={"ignore_eos": True, "method": "egt"})
 
-        started = time.perf_counter()
-        with ThreadPoolExecutor(len(jobs) + 2) as pool:
-            side = [pool.submit(greedy, p) for p in PROMPTS[:2]]
-            got = list(pool.map(sample, jobs))
-            for f in side:
-                f.result()
-        served_s = time.perf_counter() - started
+        got = []
+
+        def serve_all() -> None:  # the sampled requests and two greedy ones beside them, all at once
+            with ThreadPoolExecutor(len(jobs) + 2) as pool:
+                side = [pool.submit(greedy, p) for p in PROMPTS[:2]]
+                got.extend(pool.map(sample, jobs))
+                for f in side:
+                    f.result()
+
+        served_s = harness.time_ms(serve_all) / 1000
     finally:
-        proc.terminate()
-        proc.wait(timeout=600)
+        stop(proc)
     dec = ygg_runtime.load(args.artifact)
     rows = []
     for job, tokens in zip(jobs, got):
@@ -84,13 +77,12 @@ def main() -> None:
         rows.append({"prompt": prompt, "method": method, "temperature": t, "top_p": top_p, "seed": seed,
                      "equal_to_ar_alone": tokens == alone})
         print(f"{method:9s} T={t} top_p={top_p} seed={seed}: {'=' if tokens == alone else 'DIFFERS'}", flush=True)
-    out = {"artifact": str(args.artifact), "cpu": dec.plan.cpu.model, "health": health, "requests": len(jobs),
+    out = {"artifact": str(args.artifact), "health": health, "requests": len(jobs),
            "greedy_beside": 2, "served_s": round(served_s, 1), "equal": sum(r["equal_to_ar_alone"] for r in rows),
            "rows": rows}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}, indent=1))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
+        harness.write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -122,9 +122,9 @@ def test_a_peer_that_crashes_costs_one_line_and_every_other_result_is_written(ar
     import os
     import signal
 
-    from ygg_compile import peer_process
-    from ygg_compile.bench import run_bench
-    from ygg_compile.options import BenchOptions
+    from ygg_bench import peer_process
+    from ygg_bench.bench import run_bench
+    from ygg_bench.options import BenchOptions
 
     answer, pids, asked = peer_process.PeerProcess._answer, set(), []
 
@@ -239,7 +239,7 @@ def test_every_contestant_of_a_full_bench_draws_in_a_colour_of_its_own():
     own once took matplotlib's C0..C9, which the named ones use (egt-eager drew in llama.cpp's pink)."""
     from matplotlib.colors import to_hex
 
-    from ygg_compile import plots
+    from ygg_bench import plots
 
     names = ["chain", "specinfer", "pld", "sequoia", "egt", "auto", "egt-nograft", "egt-eager", "egt-ahead", "ar-eager", "hf",
              "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-pld"]
@@ -252,7 +252,7 @@ def test_a_transformers_peer_told_to_ignore_eos_has_no_end_of_sequence_token():
     (so it runs the whole budget, as ours and llama.cpp's loop do)."""
     from types import SimpleNamespace
 
-    from ygg_compile.peers import HFPeers
+    from ygg_bench.peers import HFPeers
 
     peers = SimpleNamespace(eos_ids=[7, 9], pad_id=7)
     assert HFPeers.config(peers, "hf", 16, 0.0, 1.0).eos_token_id == [7, 9]

@@ -20,8 +20,11 @@ def test_the_gpu_check_runs_every_section_on_small_shapes(artifact, tmp_path):
         capture_output=True, text=True, timeout=1500, env={**os.environ, "TRITON_INTERPRET": "1"})
     results = json.loads((tmp_path / "gpu-check.json").read_text())
     assert proc.returncode == 0, (proc.stdout[-3000:], (tmp_path / "gpu-check.log").read_text()[-3000:])
+    head = {k: results.pop(k) for k in ("command", "revision")}  # the harness's record: what ran it, at which commit
+    assert head["command"].startswith("python ") and "--small" in head["command"] and "commit" in head["revision"]
     assert [name for name in results] == ["machine", "kernels", "tiny pair", "real shapes", "7B shapes", "start", "modelled"]
     assert all(r["status"] == "ok" for r in results.values())
+    assert results["machine"]["roofs"]["bandwidth"] > 0 and results["machine"]["isa"]
     attention = results["kernels"]["attention"]
     assert attention["bfloat16"]["row_bits_plain_eq_tree"] and attention["float32"]["row_bits_plain_eq_tree"]
     assert results["tiny pair"]["all_equal"]

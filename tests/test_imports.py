@@ -13,23 +13,27 @@ import import_graph  # noqa: E402
 
 # Our own imports inside a function, each on purpose (the graph counts them, so no cycle hides there):
 # the command line imports what its commands do once their arguments pass (`ygg run`'s, `ygg serve`'s
-# and `ygg serve --ray`'s bodies in the runtime, the toolchain's commands in ygg_compile), so a refused call never
-# imports torch; the runtime package exports `load`, `Decoder` and `Result` on first use (PEP 562),
+# and `ygg serve --ray`'s bodies in the runtime, the toolchain's commands in ygg_compile, the
+# benchmarks' in ygg_bench), so a refused call never imports torch; the runtime package exports `load`, `Decoder` and `Result` on first use (PEP 562),
 # so its light modules import without torch; the CUDA backend (Triton, which a CUDA build of torch
 # brings and a CPU install lacks) is imported on its first use on a GPU.
-DEFERRED = {"ygg_compile.cli": 1, "ygg_runtime": 2, "ygg_runtime.cli": 3, "ygg_runtime.backend": 1}
+DEFERRED = {"ygg_compile.cli": 1, "ygg_bench.cli": 1, "ygg_runtime": 2, "ygg_runtime.cli": 3, "ygg_runtime.backend": 1}
+PACKAGES = ["ygg_runtime", "ygg_compile", "ygg_bench"]  # bottom first: each imports only those before it
 
 
-@pytest.mark.parametrize("package", ["ygg_compile", "ygg_runtime"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_the_import_graph_is_acyclic_with_our_imports_at_module_level(package):
     graph, _, own = import_graph.imports(package)
     assert import_graph.cycles(graph) == []
     assert {m: n for m, n in own.items() if n} == {m: n for m, n in DEFERRED.items() if m.split(".")[0] == package}
 
 
-def test_the_runtime_never_imports_the_compiler():
-    graph, _, _ = import_graph.imports("ygg_runtime")
-    assert not any(t.startswith("ygg_compile") for deps in graph.values() for t in deps)
+@pytest.mark.parametrize("package", PACKAGES[:2])
+def test_no_package_imports_one_above_it(package):
+    """The runtime never imports the toolchain or the benchmarks; the toolchain never the benchmarks."""
+    above = PACKAGES[PACKAGES.index(package) + 1:]
+    graph, _, _ = import_graph.imports(package)
+    assert not [(m, t) for m, deps in graph.items() for t in deps if t.split(".")[0] in above]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -41,11 +45,11 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_every_module_imports_on_its_own():
     """Each module in a process where none of ours was imported before (torch and the libraries stay
     loaded between modules: only the order of our own imports is under test)."""
-    names = [m for p in ("ygg_runtime", "ygg_compile") for m in import_graph.modules(p) if not m.endswith("__main__")]
+    names = [m for p in PACKAGES for m in import_graph.modules(p) if not m.endswith("__main__")]
     code = (
         "import importlib, sys, traceback\n"
         f"failed = []\nfor name in {names!r}:\n"
-        "    for m in [m for m in sys.modules if m.split('.')[0] in ('ygg_runtime', 'ygg_compile')]:\n"
+        f"    for m in [m for m in sys.modules if m.split('.')[0] in {tuple(PACKAGES)!r}]:\n"
         "        del sys.modules[m]\n"
         "    try:\n        importlib.import_module(name)\n"
         "    except Exception:\n        failed.append(name + ': ' + traceback.format_exc().splitlines()[-1])\n"
@@ -65,7 +69,7 @@ def _third_party_imports(path: Path) -> set[str]:
             found |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module.split(".")[0])
-    return found - set(sys.stdlib_module_names) - {"ygg_runtime", "ygg_compile"}
+    return found - set(sys.stdlib_module_names) - set(PACKAGES)
 
 
 def _declared() -> dict[str, set[str]]:
@@ -90,7 +94,7 @@ def test_every_library_we_import_is_declared():
     (in its dependencies or an extra): none arrives only because another package pulled it in."""
     root = Path(__file__).resolve().parent.parent
     declared = set().union(*_declared().values())
-    third = {m for package in ("ygg_runtime", "ygg_compile") for path in (root / package).rglob("*.py")
+    third = {m for package in PACKAGES for path in (root / package).rglob("*.py")
              for m in _third_party_imports(path)}
     assert {m: _distributions(m) for m in third if not _distributions(m) & declared} == {}
 
@@ -145,7 +149,7 @@ def climbs(graph: dict[str, set[str]], stack: list[set[str]]) -> list[str]:
     return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if level.get(d, -1) > level.get(m, -1))
 
 
-@pytest.mark.parametrize("package", ["ygg_compile", "ygg_runtime"])
+@pytest.mark.parametrize("package", PACKAGES)
 def test_every_module_sits_in_one_layer_of_the_design_map_and_imports_none_above_it(package):
     graph, _, _ = import_graph.imports(package)
     stack = layers(package)

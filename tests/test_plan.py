@@ -111,7 +111,7 @@ def test_nothing_outside_the_plan_reads_it_by_string_keys():
         return isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) and node.value.attr == "methods"
 
     found = []
-    for package in ("ygg_runtime", "ygg_compile"):
+    for package in ("ygg_runtime", "ygg_compile", "ygg_bench"):
         for path in (root / package).rglob("*.py"):
             if path.name in ("plan.py", "params.py"):
                 continue

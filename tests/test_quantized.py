@@ -250,7 +250,7 @@ def test_llama_cpp_is_built_without_ggml_amx_path_on_a_cpu_with_amx():
     """make install-llama's CMAKE_ARGS: ggml's native detection where the CPU has no AMX; with AMX
     (whose ggml path dies in llama.cpp 0.3.36's first decode) native detection off, the CPU's own
     vector extensions named, AMX off."""
-    from ygg_compile.peers import llama_cmake_args
+    from ygg_bench.peers import llama_cmake_args
 
     epyc = {"avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512vbmi"}
     assert llama_cmake_args(epyc) == llama_cmake_args({"avx", "avx2", "fma"}) == ""
@@ -349,8 +349,8 @@ def test_a_serving_peer_that_crashes_costs_one_line_and_ours_are_written(smollm2
     import os
     import signal
 
-    from ygg_compile import bench_serve
-    from ygg_compile.options import ServeBenchOptions
+    from ygg_bench import bench_serve
+    from ygg_bench.options import ServeBenchOptions
 
     complete, calls = bench_serve.LlamaServer.complete, []
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = ("ygg_runtime", "ygg_compile")
+OURS = ("ygg_runtime", "ygg_compile", "ygg_bench")
 
 
 def modules(package: str) -> dict[str, Path]:

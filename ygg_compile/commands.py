@@ -4,27 +4,18 @@ only when a command runs, so a refused call never pays for them."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
-import typer
 from rich.table import Table
 
-import ygg_runtime
 from ygg_compile import cache
-from ygg_compile.bench import default_output, run_bench
-from ygg_compile.bench_serve import run_bench_serve, summary_markdown
 from ygg_compile.build import compile_artifact
 from ygg_compile.inspection import (exactness_summary, inspect_artifact, predictor_summary, render, stages_summary,
                                     weights_summary)
-from ygg_compile.options import BenchOptions, CompileOptions, ServeBenchOptions
-from ygg_compile.report import render_table
-from ygg_runtime.ui import RichReporter, console, err, stats_table
+from ygg_compile.options import CompileOptions
+from ygg_runtime.ui import RichReporter, console, err
 from ygg_runtime.artifact import plan_sha256
 from ygg_runtime.files import cache_dir, size
 from ygg_runtime.plan import Plan
@@ -45,7 +36,6 @@ def compile(opts: CompileOptions) -> None:
     err.print(phase_table(plan))
     err.print(f"plan sha256 {plan_sha256(output)} — an artifact is executable code: to run only this one, "
               f"`ygg run --expect-plan {plan_sha256(output)}`")
-
 
 
 def phase_table(plan: Plan):
@@ -81,20 +71,6 @@ def plan_summary(plan: Plan) -> str:
             + "\n".join(f"{role} weights: {weights_summary(plan.models[role], plan.dtype)}" for role in ("target", "draft")))
 
 
-def bench(opts: BenchOptions) -> None:
-    opts = replace(opts, output=opts.output or default_output(opts.artifact))
-    with RichReporter() as ui:
-        results = run_bench(opts, ui)
-    console().print(render_table(results))
-    err.print(f"[green]wrote[/] {opts.output}/summary.md, results.json, results.csv, speedup.png, tpot_vs_accepted.png, tw_curves.png")
-
-
-def bench_serve(opts: ServeBenchOptions) -> None:
-    with RichReporter() as ui:
-        report = run_bench_serve(opts, ui)
-    print(summary_markdown(report))
-
-
 def cache_ls() -> None:
     found = cache.entries()
     table = Table(title=f"{cache_dir()}", title_justify="left")
@@ -105,7 +81,6 @@ def cache_ls() -> None:
     console().print(table)
     print(f"{len(found)} entries, {size(sum(e.bytes for e in found))} in all"
           f" (kinds: {', '.join(cache.KINDS)}; `ygg cache clear [KIND]...` removes them)")
-
 
 
 def cache_clear(kinds: list[str] | None) -> None:

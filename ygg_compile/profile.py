@@ -21,12 +21,11 @@ import yaml
 
 from ygg_compile import hardware
 from ygg_runtime.ui import Reporter
-from ygg_compile.report import write_atomic
 from ygg_runtime import backend
 from ygg_runtime.backend import native
 from ygg_runtime.accept import accept_greedy
 from ygg_runtime.errors import first_line
-from ygg_runtime.files import cache_dir
+from ygg_runtime.files import cache_dir, write_atomic
 from ygg_runtime.plan import ModelInfo
 from ygg_runtime.objective import _interp
 from ygg_runtime.params import WIDTHS

@@ -36,9 +36,10 @@ def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5, device: torc
     return Roofs(native.read_bandwidth(bandwidth_bytes, repeats), native.int8_peak(0.1, repeats), torch.get_num_threads())
 
 
-def cuda_ms(fn, repeats: int = 20) -> float:
-    """Median ms of `fn` on the current CUDA stream (events; one warm-up)."""
-    fn()
+def cuda_ms(fn, repeats: int = 20, warmup: int = 1) -> float:
+    """Median ms of `fn` on the current CUDA stream (events; after `warmup` untimed calls)."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -16,6 +16,11 @@ if TYPE_CHECKING:  # the command line imports this module before torch
     from ygg_runtime.metrics import Metrics
 
 
+def fmt(v, spec: str = ".2f", suffix: str = "") -> str:
+    """A number for a table cell; "–" where there is none (a peer has no acceptance rate)."""
+    return "–" if v is None else f"{v:{spec}}{suffix}"
+
+
 def console(stderr: bool = False) -> Console:
     """A console for stdout or stderr. A terminal gets rich's own width; a pipe or a CI log gets each
     line whole (rich would wrap it at 80 columns, mid-word and mid-path) and tables up to 200 columns."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ygg_compile.peers import REBUILD_LLAMA, HFPeers, LlamaCppPeers
+from ygg_bench.peers import REBUILD_LLAMA, HFPeers, LlamaCppPeers
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.machine import cpu_flags
 
@@ -44,7 +44,7 @@ def how_it_ended(exitcode: int | None) -> str:
 
 def crash_hint(kind: str, exitcode: int | None) -> str:
     """What to do about a peer killed by a signal (a negative exit code), where we know: llama.cpp
-    built with ggml's AMX path, on a CPU with AMX (ygg_compile.peers.llama_cmake_args)."""
+    built with ggml's AMX path, on a CPU with AMX (ygg_bench.peers.llama_cmake_args)."""
     if exitcode is not None and exitcode < 0 and kind.startswith("llama.cpp") and "amx_tile" in cpu_flags():
         return f" (llama.cpp built with ggml's AMX path dies on this CPU; rebuild it without: {REBUILD_LLAMA})"
     return ""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ygg_compile.options import HF_PEERS, LLAMA_PEERS
+from ygg_bench.options import HF_PEERS, LLAMA_PEERS
 from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.machine import cpu_flags
@@ -231,9 +231,9 @@ class LlamaCppPeers:
         return PeerRun(tokens, tpot_ms(start, marks[0], marks[-1], len(tokens)), end - start, marks[0] - start, max(1, evals))
 
 
-if __name__ == "__main__":  # `python -m ygg_compile.peers --cmake-args`: what make install-llama builds with
+if __name__ == "__main__":  # `python -m ygg_bench.peers --cmake-args`: what make install-llama builds with
     import sys
 
     if sys.argv[1:] != ["--cmake-args"]:
-        sys.exit("usage: python -m ygg_compile.peers --cmake-args")
+        sys.exit("usage: python -m ygg_bench.peers --cmake-args")
     print(llama_cmake_args(cpu_flags()))

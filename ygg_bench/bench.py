@@ -11,11 +11,8 @@ benchmark; the result files are written at the end, each atomically.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import resource
 import statistics
-import time
 import zlib
 from pathlib import Path
 from typing import Callable
@@ -23,22 +20,21 @@ from typing import Callable
 import torch
 
 import ygg_runtime
-from ygg_compile import hardware, sources
-from ygg_compile.roofline import measure_roofs
-from ygg_runtime.backend import native
-from ygg_runtime.ui import Reporter
-from ygg_compile.options import LLAMA_PEERS, BenchOptions
-from ygg_compile.peer_process import PeerFamily, PeerProcess
-from ygg_compile.peers import LLAMA_MISSING, llama_gguf
+from ygg_bench import harness
+from ygg_bench.options import LLAMA_PEERS, BenchOptions
+from ygg_bench.peer_process import PeerFamily, PeerProcess
+from ygg_bench.peers import LLAMA_MISSING, llama_gguf
+from ygg_bench.report import ABLATIONS, AUTO, REFERENCES, summarize, write_results
+from ygg_compile import sources
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import long_prompts, read_jsonl
-from ygg_compile.report import ABLATIONS, AUTO, REFERENCES, summarize, write_results
-from ygg_runtime.params import EGTParams, Stages
 from ygg_runtime.artifact import read_plan
-from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.plan import Plan
-from ygg_runtime.files import output_dir
 from ygg_runtime.engine import step_room
+from ygg_runtime.errors import YggError, first_line
+from ygg_runtime.files import output_dir
+from ygg_runtime.params import EGTParams, Stages
+from ygg_runtime.plan import Plan
+from ygg_runtime.ui import Reporter
 
 WARMUP_TOKENS = 8
 WARMUP_PROMPT = 256  # tokens of the first prompt a warm-up reads: every path runs, a long prompt's prefill need not
@@ -153,7 +149,7 @@ class Peer(Contestant):
 
 def default_output(artifact: Path) -> Path:
     """Where results go unless told: benchmarks/results/<device slug>, one directory per machine kind."""
-    return Path("benchmarks/results") / hardware.device_slug(read_plan(artifact).device)
+    return harness.output(None, "", read_plan(artifact).device)
 
 
 def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
@@ -263,8 +259,8 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         profile = profile_models(decoder.runners, fitting_widths(context, decoder.target.max_len), context, ui=ui)
 
     results = {
+        **harness.header(plan.device, plan.dtype, cmd=opts.command),
         "config": config,
-        "machine": machine_info(plan),
         "artifact": _artifact_info(opts.artifact, plan),
         "skipped_prompts": [p.key for p, _ in skipped],
         "left_out": left_out,
@@ -349,35 +345,6 @@ def _resume(log: Path, config: dict) -> tuple[dict | None, list[dict]]:
         raise YggError(f"cannot resume {log}: the earlier run had different {', '.join(differ)}")
     keys, names = set(config["prompt_keys"]), set(config["contestants"])
     return old, [r for r in lines[1:] if r["prompt"] in keys and r["contestant"] in names]
-
-
-def machine_info(plan: Plan) -> dict:
-    cpu = hardware.cpu_info()
-    info = {
-        "cpu": cpu.model,
-        "isa": hardware.isa_class(cpu.isa) or "none",  # the class the device slug names (avx2, avx512, amx)
-        "cpu_flags": list(cpu.isa),
-        "threads": torch.get_num_threads(),
-        "cores": os.cpu_count(),
-        "torch": str(torch.__version__),
-        "python": platform.python_version(),
-        "device": plan.device,
-        "dtype": plan.dtype,
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    if plan.device.startswith("cuda") and torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-    if plan.device.startswith("cpu") and native.loaded() is not None:
-        # two machines of one name differ in memory bandwidth: every result names its machine's roofs
-        roofs = measure_roofs(512 << 20, repeats=3)
-        info["read_bandwidth_gbs"], info["int8_peak_gmacs"] = round(roofs.bandwidth / 1e9, 1), round(roofs.int8_peak / 1e9)
-    return info
 
 
 def _artifact_info(path: Path, plan: Plan) -> dict:

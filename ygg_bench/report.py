@@ -6,16 +6,17 @@ from __future__ import annotations
 import collections
 import csv
 import io
-import json
 import statistics
 from pathlib import Path
 from typing import Callable
 
 from rich.table import Table
 
-from ygg_compile import plots
+from ygg_bench import harness, plots
+from ygg_compile.plots import tw_curves
 from ygg_runtime.files import write_atomic
 from ygg_runtime.plan import Profile
+from ygg_runtime.ui import fmt
 
 # Contestants that run egt another way, each measuring what one part of the artifact adds
 # (`bench.ablation` says how each runs; the summary reports egt's paired gain over each).
@@ -194,7 +195,7 @@ CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_
 
 
 def write_results(results: dict, out: Path) -> None:
-    write_atomic(out / "results.json", json.dumps(results, indent=1).encode())
+    harness.write_json(out / "results.json", results)
     buf = io.StringIO()
     w = csv.DictWriter(buf, CSV_FIELDS, extrasaction="ignore")
     w.writeheader()
@@ -204,13 +205,8 @@ def write_results(results: dict, out: Path) -> None:
     write_atomic(out / "results.csv", buf.getvalue().encode())
     write_atomic(out / "speedup.png", plots.speedup_bars(results["summary"]))
     write_atomic(out / "tpot_vs_accepted.png", plots.tpot_vs_accepted(results["runs"]))
-    write_atomic(out / "tw_curves.png", plots.tw_curves(Profile.from_dict(results["profile"]), "T(W) measured during the benchmark"))
+    write_atomic(out / "tw_curves.png", tw_curves(Profile.from_dict(results["profile"]), "T(W) measured during the benchmark"))
     write_atomic(out / "summary.md", summary_markdown(results).encode())
-
-
-def fmt(v, spec: str = ".2f", suffix: str = "") -> str:
-    """A number for a table cell; "–" where there is none (a peer has no acceptance rate)."""
-    return "–" if v is None else f"{v:{spec}}{suffix}"
 
 
 def summary_markdown(results: dict) -> str:

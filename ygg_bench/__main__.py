@@ -1,0 +1,3 @@
+from ygg_bench.cli import main
+
+main()

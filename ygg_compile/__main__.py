@@ -1,3 +1,0 @@
-from ygg_compile.cli import main
-
-main()
