@@ -66,7 +66,7 @@ BENCH_FLAGS ?=
 BENCH_PEERS ?= hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-pld
 bench: install-qwen install-llama
 	@# (re)compile when the artifact is missing, incomplete or of an older format
-	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
+	$(BIN)/python -c "from ygg_runtime.artifact.load import read_plan; read_plan('$(ART)')" 2>/dev/null \
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 --peers $(BENCH_PEERS) $(BENCH_FLAGS) \
 		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
@@ -81,7 +81,7 @@ SERVE_LIMIT ?= 8
 SERVE_PEERS ?= llama.cpp-server
 SERVE_FLAGS ?=
 bench-serve: install-qwen install-llama
-	$(BIN)/python -c "from ygg_runtime.artifact import read_plan; read_plan('$(ART)')" 2>/dev/null \
+	$(BIN)/python -c "from ygg_runtime.artifact.load import read_plan; read_plan('$(ART)')" 2>/dev/null \
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench-serve --artifact $(ART) --concurrency $(SERVE_CONCURRENCY) --methods egt,ar --max-new-tokens 128 \
 		$$(test -n "$(SERVE_PEERS)" && echo --peers $(SERVE_PEERS)) $(SERVE_FLAGS) \

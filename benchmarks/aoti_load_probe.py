@@ -4,7 +4,7 @@ stage's line printed before the next starts, so a crash names the stage it died 
 
   metadata         the package read as the zip archive it is (its files, the AOTI metadata)
   raw runner       the extracted .so loaded by torch's container runner directly
-  package loader   torch's C++ AOTIModelPackageLoader, as `ygg run` loaded packages (ygg_runtime.compiled)
+  package loader   torch's C++ AOTIModelPackageLoader, as `ygg run` loaded packages (ygg_runtime.model.compiled)
   first run        the user-managed weights handed over, one forward, compared with eager
 
     python3 benchmarks/aoti_load_probe.py [-o FILE.json] [--cases a,b]
@@ -50,7 +50,7 @@ class MLP(torch.nn.Module):
 
 def _ygg_model():
     from ygg_runtime.backend import cpu, schema  # noqa: F401  (schema: ygg::attention, the opaque operator)
-    from ygg_runtime.model import ModelArgs, Transformer
+    from ygg_runtime.model.transformer import ModelArgs, Transformer
 
     class Exported(cpu.CpuOps):
         """The CPU's composition, attention left to the operator (its kernel: the device's)."""

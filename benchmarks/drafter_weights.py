@@ -24,11 +24,11 @@ from ygg_bench import harness
 from ygg_compile import draft_vocab, prompts, quantize, sources
 from ygg_compile.aot import compile_model
 from ygg_compile.convert import convert_state
-from ygg_runtime import engine, proposers
+from ygg_runtime.decoding import engine, proposers
 from ygg_runtime.backend import native
-from ygg_runtime.compiled import CompiledForward
-from ygg_runtime.model import from_state
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.model.compiled import CompiledForward
+from ygg_runtime.model.transformer import from_state
+from ygg_runtime.model.runner import ModelRunner
 
 CATEGORIES = ("coding", "writing", "math_reasoning", "qa", "translation", "summarization")
 

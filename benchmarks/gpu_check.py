@@ -51,7 +51,7 @@ import torch
 from ygg_bench import harness
 
 if TYPE_CHECKING:
-    from ygg_runtime.plan import Plan
+    from ygg_runtime.artifact.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # tiny.py: random models and the byte tokenizer
@@ -521,7 +521,7 @@ def seven_b(check: Check, device: torch.device, small: bool) -> dict:
     import gpu_model
 
     from ygg_runtime import backend
-    from ygg_runtime.runner import ModelRunner
+    from ygg_runtime.model.runner import ModelRunner
 
     runners = {}
     for role, name in (("target", "llama-2-7b"), ("draft", "llama-68m")):

@@ -178,7 +178,7 @@ def _ptxas(kernel) -> dict:
 
 
 def model_of(shape: dict, dtype: torch.dtype = torch.bfloat16, device: str = "meta"):
-    from ygg_runtime.model import ModelArgs, Transformer
+    from ygg_runtime.model.transformer import ModelArgs, Transformer
 
     with torch.device(device):
         model = Transformer(ModelArgs(norm_eps=1e-6, **shape)).to(dtype)

@@ -18,7 +18,7 @@ import torch
 
 import ygg_runtime
 from ygg_bench import harness
-from ygg_runtime.kv import move
+from ygg_runtime.model.kv import move
 
 POOL = 65536
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from ygg_bench import harness
 from ygg_runtime.backend import native
-from ygg_runtime.quant import Codes, pack
+from ygg_runtime.model.quant import Codes, pack
 
 SHAPES = ((2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960))  # (N, K) of one layer's linears
 LAYERS = 28

@@ -32,7 +32,7 @@ from qlinear_kernels import LAYERS, SHAPES, forward, inputs, random_codes
 
 from ygg_bench import harness
 from ygg_runtime.backend import native
-from ygg_runtime.quant import pack
+from ygg_runtime.model.quant import pack
 
 DEFAULT = "default"  # the setting that leaves YGG_PREFETCH unset: the kernel's own distance by width
 

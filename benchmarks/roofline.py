@@ -63,7 +63,7 @@ def forward_ms(runner, widths: list[int], context: int, repeats: int) -> dict[st
 def weight_names(model) -> dict[int, str]:
     """Each quantized weight's byte count -> what it is ("feed_forward.w13 17920x1536 4+4-bit"):
     how a profiled `ygg::qlinear` call, known by its inputs' shapes, is named."""
-    from ygg_runtime.quant import QLinear
+    from ygg_runtime.model.quant import QLinear
 
     found: dict[int, list[str]] = {}
     for name, m in model.named_modules():

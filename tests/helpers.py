@@ -16,12 +16,12 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from ygg_compile.convert import to_runtime
-from ygg_runtime import proposers
-from ygg_runtime.engine import generate
-from ygg_runtime.model import Transformer, from_state
-from ygg_runtime.objective import Curves
-from ygg_runtime.plan import Profile
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.decoding import proposers
+from ygg_runtime.decoding.engine import generate
+from ygg_runtime.model.transformer import Transformer, from_state
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.artifact.plan import Profile
+from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.ui import Reporter
 
 YGG = str(Path(sys.executable).parent / "ygg")
@@ -118,9 +118,9 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
 
     from dataclasses import replace
 
-    from ygg_runtime.integrity import file_entry
-    from ygg_runtime.params import DepthPolicy
-    from ygg_runtime.plan import Plan, Profile
+    from ygg_runtime.artifact.integrity import file_entry
+    from ygg_runtime.artifact.params import DepthPolicy
+    from ygg_runtime.artifact.plan import Plan, Profile
 
     shutil.copytree(artifact, out)
     plan = Plan.from_yaml((out / "plan.yaml").read_text())

@@ -7,9 +7,9 @@ import torch
 from helpers import decode, hf_greedy, noised_runtime, runner, to_runtime
 
 from ygg_compile.aot import compile_model
-from ygg_runtime.compiled import CompiledForward
+from ygg_runtime.model.compiled import CompiledForward
 from ygg_runtime.errors import YggError
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.tree import TokenTree
 
 WIDTHS = (1, 2, 5, 16, 64)
 CACHE = 80
@@ -125,7 +125,7 @@ def test_a_killed_process_leaves_no_unpacked_package_behind(compiled, tmp_path, 
     _, path, _ = compiled
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     code = ("import os, signal, sys; from pathlib import Path; from ygg_runtime.backend import native; native.load(); "
-            "from ygg_runtime.compiled import load_graph; "
+            "from ygg_runtime.model.compiled import load_graph; "
             f"g = load_graph(Path(sys.argv[1]), keep_unpacked={keep}); os.kill(os.getpid(), signal.SIGKILL)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(path)], env=env, stderr=subprocess.PIPE, text=True)
     assert proc.wait() == -signal.SIGKILL, proc.stderr.read()

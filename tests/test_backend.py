@@ -333,10 +333,10 @@ def test_every_cuda_kernel_of_the_real_shapes_compiles_for_hopper_without_spilli
     repo = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, str(repo / "benchmarks" / "gpu_model.py"), "--models", "qwen2.5-1.5b",
-                           "--widths", "1,64", "--compile", "--json", str(out)], capture_output=True, text=True,
+                           "--widths", "1,64", "--compile", "-o", str(out)], capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())[0]
+    result = json.loads(out.read_text())["modelled"][0]
     assert result["kernels_per_layer"] == 8
     compiled = result["compiled"]
     assert {c["kernel"] for c in compiled} == {"_linear", "_attend", "_write_kv", "_rmsnorm", "_rope"}

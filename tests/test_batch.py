@@ -1,4 +1,4 @@
-"""Several sequences decoding together (`ygg_runtime.batch`): each one's output is what it gets
+"""Several sequences decoding together (`ygg_runtime.decoding.batch`): each one's output is what it gets
 alone, whatever else is in the batch, and the batch's bookkeeping (regions, joins, leaves) holds."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import torch
 from helpers import METHODS, SEQUOIA_TREE, decode, linear_curves, noised_runtime, runner
 from ygg_compile import invariance, quantize
 from ygg_compile.convert import convert_state, to_runtime
-from ygg_runtime import artifact as artifacts
-from ygg_runtime import proposers
-from ygg_runtime.batch import Batch, Regions
+from ygg_runtime.artifact import load as artifacts
+from ygg_runtime.decoding import proposers
+from ygg_runtime.decoding.batch import Batch, Regions
 from ygg_runtime.options import MAX_ROWS
-from ygg_runtime.model import from_state
-from ygg_runtime.runner import Call, forward_many
+from ygg_runtime.model.transformer import from_state
+from ygg_runtime.model.runner import Call, forward_many
 
 PROMPTS = ["def fibonacci(n):", "The quick brown fox jumps over", "Once upon a time, in a land far away,",
            "import numpy as np\n", "SELECT name FROM users WHERE"]
@@ -138,7 +138,7 @@ def test_requests_sharing_a_prompt_prefix_reuse_its_rows_and_decode_as_alone(int
     """A chat template's system turn is computed once: every member whose prompt starts with it
     gets its rows copied into its region (target and drafter), and decodes as the request alone
     without any prefix cache."""
-    from ygg_runtime.runner import PrefixCache
+    from ygg_runtime.model.runner import PrefixCache
 
     target, draft, tok = int8_pair
     head = tok("<|system|>You are a careful assistant.<|end|>\n<|user|>").input_ids
@@ -161,7 +161,7 @@ def test_a_members_drafter_with_a_window_reads_the_system_turn_and_the_prompts_l
     """A request whose drafter reads a window (`Decoder.choose`, `ygg serve`): its lazy drafter
     takes the prefix cache's rows and then only the prompt's last `draft_window` tokens, behind
     the target's chunks, and the output is the request's alone."""
-    from ygg_runtime.runner import PrefixCache
+    from ygg_runtime.model.runner import PrefixCache
 
     target, draft, tok = int8_pair
     head = tok("<|system|>You are a careful assistant.<|end|>\n<|user|>").input_ids
@@ -203,7 +203,7 @@ def test_a_full_batch_admits_a_request_when_a_member_leaves(int8_pair):
 def test_a_request_larger_than_the_cache_is_refused_and_requests_hold_what_they_wrote_not_their_max_tokens(int8_pair):
     """The cache on demand: four requests whose max_tokens add up to three times the cache all
     join, each holding its prompt and a step's room (and some to grow), and grow as they decode."""
-    from ygg_runtime.batch import GROW
+    from ygg_runtime.decoding.batch import GROW
     from ygg_runtime.errors import YggError
 
     target, draft, tok = int8_pair
@@ -274,7 +274,7 @@ def test_a_member_that_fails_leaves_and_the_others_finish(int8_pair):
 
 def test_the_batched_verify_never_exceeds_the_checked_width(int8_pair, monkeypatch):
     """Eight members with 16-node trees: the verify is split into forwards of MAX_ROWS rows."""
-    import ygg_runtime.batch
+    import ygg_runtime.decoding.batch
 
     target, draft, tok = int8_pair
     widths = []
@@ -283,7 +283,7 @@ def test_the_batched_verify_never_exceeds_the_checked_width(int8_pair, monkeypat
         widths.append(sum(len(c.tokens) for c in calls))
         return forward_many(calls, width)
 
-    monkeypatch.setattr(ygg_runtime.batch, "forward_many", recorded)
+    monkeypatch.setattr(ygg_runtime.decoding.batch, "forward_many", recorded)
     params = {"depth": 3, "draft_width": 4, "top_k": 4, "verify_widths": [16]}
     batch = Batch(target, draft, lambda name, d: proposers.build(name, params, d), max_batch=8, cost_aware=False)
     prompts = [tok(p).input_ids for p in PROMPTS] + [tok(p + " again").input_ids for p in PROMPTS[:3]]
@@ -355,7 +355,7 @@ def test_compile_measures_batched_forwards_and_the_cost_model_reads_them(int8_pa
     """f(B, c, n): a forward of n tokens over B regions is timed for every width n >= B, and the
     curves scale one sequence's T(n) by the measured factor (1 for a single sequence)."""
     from ygg_compile import profile as prof
-    from ygg_runtime.objective import Curves
+    from ygg_runtime.decoding.objective import Curves
 
     target, _, _ = int8_pair
     measured = prof.measure(target, (1, 2, 4, 8), (16, 64), repeats=1)
@@ -375,7 +375,7 @@ def test_as_the_batch_grows_the_objective_picks_shallower_trees_down_to_plain_de
     """Curves.shared(B): one sequence's share of a batched step. A forward's fixed cost is shared
     by B sequences while every tree node still costs its own row, so the depth the objective picks
     falls with B, and a big enough batch decodes plainly."""
-    from ygg_runtime.objective import Curves, StepShape, best_depth
+    from ygg_runtime.decoding.objective import Curves, StepShape, best_depth
 
     widths = [1, 2, 4, 8, 16, 32, 64]
     profile = {"widths": widths, "contexts": [64], "target_ms": [[30 + 0.5 * w for w in widths]],
@@ -394,9 +394,9 @@ def test_every_batched_target_forward_runs_at_a_width_the_row_check_covers(int8_
     has room for the 12 padding rows past its tree. The forward must still run at a checked
     width (the batch keeps slots for padding), never at the raw 20, which the compile-time row
     check never measured (it covers the compiled widths, as the decoder's target has them)."""
-    import ygg_runtime.batch
-    from ygg_runtime.model import Transformer
-    from ygg_runtime.runner import ModelRunner
+    import ygg_runtime.decoding.batch
+    from ygg_runtime.model.transformer import Transformer
+    from ygg_runtime.model.runner import ModelRunner
 
     checked = (1, 2, 4, 8, 16, 32, 64)
     target, draft, tok = int8_pair
@@ -418,7 +418,7 @@ def test_every_batched_target_forward_runs_at_a_width_the_row_check_covers(int8_
             rows.append(sum(len(c.tokens) for c in calls))
         return forward_many(calls, width)
 
-    monkeypatch.setattr(ygg_runtime.batch, "forward_many", counted)
+    monkeypatch.setattr(ygg_runtime.decoding.batch, "forward_many", counted)
     batch = Batch(target, draft, lambda name, d: proposers.build(name, {"k": 4}, d), max_batch=4, cost_aware=False)
     prompt = tok(PROMPTS[0]).input_ids
     prompts = [prompt, prompt[:-1] + [prompt[-1] + 1], prompt[:-1] + [prompt[-1] + 2], prompt[:-1] + [prompt[-1] + 3]]
@@ -465,8 +465,8 @@ def test_a_chunk_is_as_large_as_the_step_budget_allows_and_fills_an_idle_forward
     """The chunk size comes from the measured T(B, n): a step carrying a chunk costs at most
     PREFILL_STRETCH times the step without it (at least MIN_CHUNK tokens, then up to the compiled
     width the forward is padded to); with nobody decoding, the forward is filled to MAX_ROWS."""
-    from ygg_runtime.batch import MIN_CHUNK, PREFILL_STRETCH
-    from ygg_runtime.objective import Curves
+    from ygg_runtime.decoding.batch import MIN_CHUNK, PREFILL_STRETCH
+    from ygg_runtime.decoding.objective import Curves
 
     target, draft, tok = int8_pair
     widths = [1, 2, 4, 8, 16, 32, 64]  # memory-bound up to 8 rows, then compute-bound
@@ -519,7 +519,7 @@ def test_a_mixed_forward_computes_logits_on_a_checked_number_of_rows():
     and the chunk's last rows filling it."""
     from types import SimpleNamespace
 
-    from ygg_runtime.runner import head_rows
+    from ygg_runtime.model.runner import head_rows
 
     first = SimpleNamespace(min_width=4, widths=(1, 2, 4, 8, 16))
     verify = Call(None, [1], [0], [0], torch.ones(1, 1, dtype=torch.bool))
@@ -540,7 +540,7 @@ def test_batched_forward_timing_fits_the_smallest_cache_a_compile_makes():
     from helpers import to_runtime
 
     from ygg_compile import calibrate, profile
-    from ygg_runtime.params import WIDTHS
+    from ygg_runtime.artifact.params import WIDTHS
 
     small = runner(to_runtime(tiny.hf_model("llama", seed=3)), 1 + calibrate.PROBE_ROOM)
     got = profile.batch_times(small, WIDTHS, context=256, repeats=1, warmup=0)

@@ -12,8 +12,8 @@ import tiny
 import yaml
 from helpers import assert_one_line_error, hf_greedy, ygg
 
-from ygg_runtime.metrics import DERIVED, PER_STEP, Metrics
-from ygg_runtime.plan import FORMAT_VERSION
+from ygg_runtime.decoding.metrics import DERIVED, PER_STEP, Metrics
+from ygg_runtime.artifact.plan import FORMAT_VERSION
 
 PROMPT = "Once upon a time"
 
@@ -251,7 +251,7 @@ def test_cpus_of_one_name_file_their_profiles_apart_by_instruction_set_class(mon
     import torch
 
     from ygg_compile import hardware
-    from ygg_runtime.plan import CPUInfo
+    from ygg_runtime.artifact.plan import CPUInfo
 
     threads = torch.get_num_threads()
     for model, isa, slug in (
@@ -379,4 +379,4 @@ def test_a_refused_call_answers_before_torch_is_imported(tmp_path, args, needle)
     imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert {"ygg_bench.cli", "ygg_compile.cli"} <= imported  # the measurement saw the command line
     assert not {"torch", "transformers", "ygg_compile.commands", "ygg_bench.commands", "ygg_runtime.run", "ygg_runtime.serving.app",
-                "ygg_runtime.artifact"} & imported
+                "ygg_runtime.artifact.load"} & imported

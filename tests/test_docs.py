@@ -14,7 +14,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), RESULTS / "README.md"]
 # Where a doc's short file names are read from ("backend/ops.py" in the runtime's design, a results
 # folder in a table of results.md), besides the repository's root and the doc's own folder.
-BASES = ("", "ygg_runtime", "ygg_compile", "benchmarks/results")
+BASES = ("", "ygg_runtime", "ygg_compile", "ygg_bench", "benchmarks/results")
 # The dated notes (docs/notes/) name files as they were then (some have moved since): their links
 # must resolve, the files they name need not.
 HISTORY = "notes"
@@ -77,7 +77,7 @@ def test_the_checks_find_a_broken_link_a_missing_heading_and_a_missing_file(tmp_
 
 def test_nothing_cites_a_document_or_section_the_repository_does_not_have():
     texts = [*DOCS, ROOT / "Makefile", *(ROOT / "deploy").glob("*.yaml"), *ROOT.glob("benchmarks/*.py"),
-             *(p for d in ("ygg_runtime", "ygg_compile", "tests", "tools") for p in (ROOT / d).rglob("*.py"))]
+             *(p for d in ("ygg_runtime", "ygg_compile", "ygg_bench", "tests", "tools") for p in (ROOT / d).rglob("*.py"))]
     cited = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in texts
              for m in FOREIGN.finditer(p.read_text(encoding="utf-8"))]
     assert cited == []

@@ -11,8 +11,8 @@ from helpers import METHODS, assert_one_line_error, decode, noised_runtime, runn
 
 from ygg_compile import draft_vocab, quantize
 from ygg_compile.convert import convert_state, to_runtime
-from ygg_runtime.model import from_state
-from ygg_runtime.proposers import Drafter
+from ygg_runtime.model.transformer import from_state
+from ygg_runtime.decoding.proposers import Drafter
 
 PROMPT = [5, 17, 99, 17, 5, 40, 41, 42, 40, 41]
 

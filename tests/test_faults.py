@@ -192,7 +192,7 @@ def test_serve_pins_a_plan_hash_too_before_it_listens(artifact):
 
 def test_the_python_api_pins_a_plan_hash_too(artifact):
     import ygg_runtime
-    from ygg_runtime.artifact import plan_sha256
+    from ygg_runtime.artifact.load import plan_sha256
 
     assert plan_sha256(artifact) == _sha256(artifact / "plan.yaml")
     with pytest.raises(ygg_runtime.YggError, match="not the expected"):
@@ -203,7 +203,7 @@ def test_run_refuses_weights_that_do_not_fit_in_the_memory_left(artifact, monkey
     """Before reading them (the OOM killer would end the run with no word); the memory reading
     itself is the machine's: MemAvailable + free swap, capped by a cgroup's limit."""
     import ygg_runtime
-    from ygg_runtime import integrity
+    from ygg_runtime.artifact import integrity
 
     assert 0 < integrity.available_memory() < 1 << 50
     monkeypatch.setattr(integrity, "available_memory", lambda device="cpu": 50_000)

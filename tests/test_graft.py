@@ -6,10 +6,10 @@ import torch
 import tiny
 from helpers import COMPILED, PROFILE, decode, depth_policy, hf_greedy, noised_runtime, random_predictor, runner, to_runtime
 
-from ygg_runtime.engine import generate
-from ygg_runtime.objective import Curves
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers import Drafter, build
+from ygg_runtime.decoding.engine import generate
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.decoding.proposers import Drafter, build
 
 N_NEW = 48
 EGT = {"depth": 3, "draft_width": 2, "top_k": 2, "verify_widths": [1, 2, 4, 8, 16]}
@@ -87,8 +87,8 @@ def test_a_strong_match_makes_a_retrieval_only_step_that_runs_no_drafter(pairs, 
 def test_a_drafting_step_after_retrieval_only_steps_is_priced_with_the_drafters_catch_up():
     """The drafter feeds the tokens it missed in chunks of its widest compiled width (Drafter.begin):
     the objective counts those forwards, so drafting looks as dear as it will be."""
-    from ygg_runtime.params import EGTParams
-    from ygg_runtime.proposers.egt import Planner
+    from ygg_runtime.artifact.params import EGTParams
+    from ygg_runtime.decoding.proposers.egt import Planner
 
     planner = Planner(EGTParams(depth=3, draft_width=4), Curves(PROFILE | {"draft_widths": list(COMPILED)}))
     assert planner.shape(3).draft_widths == (2, 4, 4)

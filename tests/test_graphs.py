@@ -1,4 +1,4 @@
-"""Which CUDA graphs a runner holds (`ygg_runtime.graphs.CapturedForwards`), checked without a GPU:
+"""Which CUDA graphs a runner holds (`ygg_runtime.model.graphs.CapturedForwards`), checked without a GPU:
 the capture itself is replaced by a stand-in that records what it was asked for, so what is pinned
 here is the bookkeeping around it — one graph per (kind, width), reused, and none kept for a cache
 or a tree window that forwards no longer use."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ygg_runtime.graphs import CapturedForwards, ForwardInputs, _Graph
+from ygg_runtime.model.graphs import CapturedForwards, ForwardInputs, _Graph
 
 
 class Replay:

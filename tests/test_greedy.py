@@ -118,7 +118,7 @@ def test_prompts_sharing_a_cached_prefix_decode_as_plain_decoding_in_bfloat16():
     copy is still exact because every prompt is prefilled on one schedule: the first prompt (which
     computes the rows) and every later one (which copies them) decode as plain decoding does, and
     the copied rows are the computed ones bit for bit."""
-    from ygg_runtime.runner import PrefixCache
+    from ygg_runtime.model.runner import PrefixCache
 
     hf = tiny.hf_model("llama", seed=10)
     target = runner(to_runtime(hf, torch.bfloat16))

@@ -11,11 +11,11 @@ import torch
 from helpers import COMPILED, PROFILE, depth_policy, noised_runtime, random_predictor, runner, to_runtime
 
 from ygg_runtime import transfer
-from ygg_runtime.engine import Generation
-from ygg_runtime.objective import Curves
-from ygg_runtime.params import DepthPolicy, EGTParams
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers import Drafter, build
+from ygg_runtime.decoding.engine import Generation
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.artifact.params import DepthPolicy, EGTParams
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.decoding.proposers import Drafter, build
 from ygg_runtime.transfer import Stopwatch
 
 PROMPT = list(b"def fibonacci(n):\n    if n < 2:\n        return n\n")
@@ -75,7 +75,7 @@ def test_an_egt_step_reads_the_device_once_per_drafter_round_and_once_for_its_ve
 def test_a_predicted_depth_costs_one_read_more_and_coupled_sampling_none(models, reads, monkeypatch):
     """With the depth predictor: depth + 2 (its reach, read once a step). Coupled sampling with the
     GPU's choice of every tree row at once: depth + 1, as greedy."""
-    from ygg_runtime import accept
+    from ygg_runtime.decoding import accept
 
     target, draft = models
     policy = DepthPolicy(**depth_policy(factor=4.0))
@@ -108,7 +108,7 @@ def test_every_method_reads_once_per_drafter_level_and_once_for_its_verdict(mode
 def test_a_forwards_inputs_each_start_on_a_16_byte_boundary_of_their_one_buffer(width, heads):
     """A graph compiled ahead of time for a GPU may load its inputs as aligned (its examples were);
     the one buffer a forward's inputs travel in keeps each of them so, and each holds its values."""
-    from ygg_runtime.graphs import ForwardInputs
+    from ygg_runtime.model.graphs import ForwardInputs
 
     inputs = ForwardInputs(width, heads, window=7)
     values = [[100 * k + i for i in range(width)] for k in range(5)]

@@ -123,7 +123,7 @@ def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra(
 
 def test_no_backend_module_imports_the_plan_schema():
     """The backends describe their devices with `ygg_runtime.machine`, not the plan: nothing under
-    ygg_runtime/backend/ reaches `ygg_runtime.plan`, directly or through another module."""
+    ygg_runtime/backend/ reaches `ygg_runtime.artifact.plan`, directly or through another module."""
     graph, _, _ = import_graph.imports("ygg_runtime")
     for start in (m for m in graph if m.startswith("ygg_runtime.backend")):
         seen, todo = set(), [start]
@@ -131,7 +131,7 @@ def test_no_backend_module_imports_the_plan_schema():
             for t in graph[todo.pop()] - seen:
                 seen.add(t)
                 todo.append(t)
-        assert "ygg_runtime.plan" not in seen, start
+        assert "ygg_runtime.artifact.plan" not in seen, start
 
 
 def layers(package: str) -> list[set[str]]:
@@ -139,7 +139,7 @@ def layers(package: str) -> list[set[str]]:
     import re
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
-    table = text.split(f"### {package}\n", 1)[1].strip().split("\n\n", 1)[0]
+    table = next(part for part in text.split(f"### {package}\n", 1)[1].strip().split("\n\n") if part.startswith("|"))
     rows = [line.split("|")[2] for line in table.splitlines()[2:] if line.startswith("|")]
     return [{package if m == package else f"{package}.{m}" for m in re.findall(r"`([\w.]+)`", row)} for row in rows]
 

@@ -53,7 +53,7 @@ def test_the_runtime_alone_runs_an_artifact_as_the_full_install_does(runtime_ven
     assert got.returncode == 0, got.stderr[-3000:]
     assert json.loads(got.stdout)["token_ids"] == json.loads(want.stdout)["token_ids"]
     imported = {line.split("|")[-1].strip() for line in got.stderr.splitlines() if line.startswith("import time:")}
-    assert {"torch", "ygg_runtime.artifact", "ygg_runtime.run"} <= imported
+    assert {"torch", "ygg_runtime.artifact.load", "ygg_runtime.run"} <= imported
     assert {m for m in imported if m.split(".")[0] in ("ygg_compile", "ygg_bench")} <= {
         "ygg_compile", "ygg_compile.cli", "ygg_compile.options", "ygg_compile.registry",
         "ygg_bench", "ygg_bench.__main__", "ygg_bench.cli", "ygg_bench.options"}

@@ -4,8 +4,8 @@ import torch
 import tiny
 from helpers import noised_runtime, runner, to_runtime
 
-from ygg_runtime import proposers
-from ygg_runtime.accept import accept_greedy
+from ygg_runtime.decoding import proposers
+from ygg_runtime.decoding.accept import accept_greedy
 
 
 def sequential_cache(model, tokens: list[int]):
@@ -53,7 +53,7 @@ def test_compacted_cache_equals_sequential_cache():
 def test_a_region_moves_whole_whether_or_not_its_new_place_overlaps_the_old():
     """`kv.move`, what a batch runs when a region cannot grow in place or the regions are packed:
     every layer's rows arrive in order, into a range after, before, or overlapping the old one."""
-    from ygg_runtime.kv import KVCache, move
+    from ygg_runtime.model.kv import KVCache, move
 
     for src, dst in ((10, 60), (60, 10), (10, 17), (17, 10)):
         cache = KVCache(3, 100, 2, 4, torch.float32, "cpu")
@@ -71,7 +71,7 @@ def _resident_bytes() -> int:
 def test_a_cache_for_the_whole_context_costs_memory_only_where_rows_are_written():
     """A KV cache sized for 32k tokens is set up untouched (zeroed pages come from the system as
     rows are written): a default compile serves the models' own context without holding it."""
-    from ygg_runtime.kv import ALIGN, KVCache
+    from ygg_runtime.model.kv import ALIGN, KVCache
 
     before = _resident_bytes()
     cache = KVCache(8, 65536, 2, 128, torch.float32, "cpu")  # 1 GiB

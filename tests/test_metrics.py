@@ -1,10 +1,10 @@
-"""The metrics' definitions (`ygg_runtime.metrics`): one TPOT for every report."""
+"""The metrics' definitions (`ygg_runtime.decoding.metrics`): one TPOT for every report."""
 
 from __future__ import annotations
 
 import pytest
 
-from ygg_runtime.metrics import Metrics, tpot_ms
+from ygg_runtime.decoding.metrics import Metrics, tpot_ms
 
 
 def test_tpot_runs_from_the_first_output_token_to_the_last_over_the_tokens_after_it():
@@ -16,7 +16,7 @@ def test_tpot_runs_from_the_first_output_token_to_the_last_over_the_tokens_after
 
 
 def test_a_generation_times_its_first_token(artifact):
-    from ygg_runtime import artifact as artifacts
+    from ygg_runtime.artifact import load as artifacts
 
     m = artifacts.load(artifact).generate("Once upon a time", max_new_tokens=12, raw=True, ignore_eos=True).metrics
     assert 0 < m.first_token_s < m.decode_s

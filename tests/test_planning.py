@@ -8,9 +8,9 @@ import torch
 
 from helpers import linear_curves
 from ygg_compile.sequoia_tree import optimal_tree
-from ygg_runtime.objective import Curves
-from ygg_runtime.prune import allocate, best_subtree, expected_accepted
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.decoding.prune import allocate, best_subtree, expected_accepted
+from ygg_runtime.decoding.tree import TokenTree
 
 
 def random_tree(rng: random.Random, n: int, decreasing: bool) -> tuple[list[int], list[float]]:
@@ -166,7 +166,7 @@ def test_a_default_compile_serves_the_models_own_context_where_memory_holds_both
     from types import SimpleNamespace
 
     from ygg_compile import build
-    from ygg_runtime.plan import WeightsInfo
+    from ygg_runtime.artifact.plan import WeightsInfo
 
     args = {"vocab_size": 100, "dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
             "intermediate_size": 128, "norm_eps": 1e-6, "max_position": 32768}

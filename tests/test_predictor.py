@@ -14,11 +14,11 @@ from helpers import (COMPILED, assert_one_line_error, PROFILE, depth_policy, hf_
 from ygg_compile import predictor_training
 from ygg_compile import calibrate
 from ygg_compile.calibrate import PROBE_DEPTH, Agreement, Calibration, ProbeStep
-from ygg_runtime import objective
-from ygg_runtime.engine import generate
-from ygg_runtime.objective import Curves
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers import Drafter, build
+from ygg_runtime.decoding import objective
+from ygg_runtime.decoding.engine import generate
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.decoding.proposers import Drafter, build
 
 
 def synthetic(prompts: int = 8, length: int = 120, dim: int = 24, seed: int = 0) -> tuple[Calibration, Agreement]:
@@ -133,7 +133,7 @@ def test_egt_with_a_predictor_picks_a_depth_each_step_and_keeps_the_targets_gree
     """A predictor whose reach swings with the hidden state: egt changes depth from step to step
     (plain steps included, after which the drafter catches up), every forward keeps a compiled
     width, and the output is the target's own greedy output."""
-    from ygg_runtime.runner import PREFILL_CHUNK
+    from ygg_runtime.model.runner import PREFILL_CHUNK
 
     hf, target, draft = models
     params = {"depth": 2, "draft_width": 2, "top_k": 4, "verify_widths": list(COMPILED), "depth_policy": depth_policy()}

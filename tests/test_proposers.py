@@ -7,9 +7,9 @@ import inspect
 
 import pytest
 
-from ygg_runtime import proposers
+from ygg_runtime.decoding import proposers
 from ygg_runtime.errors import YggError
-from ygg_runtime.proposers import METHODS, Proposer
+from ygg_runtime.decoding.proposers import METHODS, Proposer
 
 CONTRACT = {"start", "propose", "update", "max_tree_size", "name", "Params"}
 

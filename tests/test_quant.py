@@ -1,4 +1,4 @@
-"""Quantized weights (ygg_runtime/quant.py, csrc/qlinear.cpp, ygg_compile/quantize.py): the kernel's
+"""Quantized weights (ygg_runtime/model/quant.py, csrc/qlinear.cpp, ygg_compile/quantize.py): the kernel's
 fast paths equal its scalar definition bit for bit, a row's output never depends on the rows beside
 it, the layouts round-trip, and every GGUF block type decodes to the numbers gguf's own dequantizer
 gives."""
@@ -18,7 +18,7 @@ from ygg_runtime.backend import native
 from ygg_runtime.machine import cpu_flags
 from dataclasses import replace
 
-from ygg_runtime.quant import GENERAL, HAS_SC, Codes, QEmbedding, QLinear, cat, pack, pack_rows, unpack
+from ygg_runtime.model.quant import GENERAL, HAS_SC, Codes, QEmbedding, QLinear, cat, pack, pack_rows, unpack
 
 
 def random_codes(n: int, k: int, bits: int, group: int, superblock: int, seed: int = 0, folded: bool = False) -> Codes:

@@ -15,8 +15,8 @@ from helpers import METHODS, Notes, assert_one_line_error, decode, noised_runtim
 from ygg_compile import inspection, invariance, quantize
 from ygg_compile.convert import convert_state, to_runtime
 from ygg_runtime.errors import YggError
-from ygg_runtime.model import from_state
-from ygg_runtime.quant import QEmbedding, QLinear
+from ygg_runtime.model.transformer import from_state
+from ygg_runtime.model.quant import QEmbedding, QLinear
 
 PROMPT = "Once upon a time"
 
@@ -90,7 +90,7 @@ def test_the_compiled_forward_of_a_quantized_model_matches_its_eager_one(tmp_pat
     import tiny
 
     from ygg_compile.aot import compile_model
-    from ygg_runtime.compiled import CompiledForward
+    from ygg_runtime.model.compiled import CompiledForward
 
     args, state = convert_state(tiny.hf_model("qwen2", seed=40), torch.float32)
     model = from_state(*quantize.quantize_state(state, args, "int4", None)[:2])

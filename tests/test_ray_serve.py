@@ -24,10 +24,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import TIMEOUT, Served, assert_one_line_error, free_port, ygg
-from ygg_runtime import artifact as artifacts
+from ygg_runtime.artifact import load as artifacts
 from ygg_runtime.serving import ray_serve
 from ygg_runtime.errors import YggError
-from ygg_runtime.plan import PLAN_FILE, Plan
+from ygg_runtime.artifact.plan import PLAN_FILE, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "Once upon a time", "import numpy as np\n",

@@ -1,13 +1,13 @@
-"""Retrieval (ygg_runtime.retrieval): prompt lookup against a linear scan, the adjacency table's
+"""Retrieval (ygg_runtime.decoding.retrieval): prompt lookup against a linear scan, the adjacency table's
 guarantee, and grafting into a tree."""
 
 import random
 
 import pytest
 
-from ygg_runtime.params import GraftParams
-from ygg_runtime.retrieval import AdjacencyTable, ContextIndex, Retriever, prior_context
-from ygg_runtime.tree import CONTEXT, DRAFT, TokenTree
+from ygg_runtime.artifact.params import GraftParams
+from ygg_runtime.decoding.retrieval import AdjacencyTable, ContextIndex, Retriever, prior_context
+from ygg_runtime.decoding.tree import CONTEXT, DRAFT, TokenTree
 
 
 def scan(tokens, max_n, min_n, keep, length, limit, path=()):
@@ -73,7 +73,7 @@ def test_adjacency_keeps_every_successor_more_frequent_than_one_in_k():
     """Space-Saving's guarantee, on streams where a few successors dominate and many are noise."""
     from collections import Counter
 
-    from ygg_runtime.retrieval import AdjacencyTable
+    from ygg_runtime.decoding.retrieval import AdjacencyTable
 
     rng = random.Random(7)
     for trial in range(20):
@@ -92,7 +92,7 @@ def test_adjacency_keeps_every_successor_more_frequent_than_one_in_k():
 
 
 def test_adjacency_ranks_by_count_and_round_trips_through_lists():
-    from ygg_runtime.retrieval import AdjacencyTable
+    from ygg_runtime.decoding.retrieval import AdjacencyTable
 
     table = AdjacencyTable(k=3)
     table.observe_sequence([1, 2, 1, 2, 1, 3, 4, 5])

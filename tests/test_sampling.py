@@ -9,8 +9,8 @@ import tiny
 from helpers import decode, noised_runtime, runner, to_runtime
 from scipy.stats import chi2, chisquare, ncx2
 
-import ygg_runtime.accept as accept
-from ygg_runtime.tree import TokenTree
+import ygg_runtime.decoding.accept as accept
+from ygg_runtime.decoding.tree import TokenTree
 
 VOCAB = 8
 PROMPT = [1, 5, 2, 7]
@@ -175,7 +175,7 @@ def test_chi_square_detects_a_wrong_rule_with_a_cut_head_drafter(models, cut_dra
             tree.draft_dists[node] = q * 0.6  # the cut head's q, renormalised as if 40 % sat off the head
         return real(tree, target_probs, generator)
 
-    monkeypatch.setattr("ygg_runtime.engine.accept_sampling", inflated)
+    monkeypatch.setattr("ygg_runtime.decoding.engine.accept_sampling", inflated)
     counts, _ = sample_counts(target, draft, "chain", {"k": 3}, 1.0)
     assert chi_square_pvalue(counts, exact_joint(target, 1.0)) < ALPHA
     assert power(counts, exact_joint(target, 1.0)) > POWER
@@ -203,7 +203,7 @@ def test_chi_square_detects_a_wrong_deterministic_child_rule(models, monkeypatch
 
 def test_chi_square_detects_verification_that_ignores_top_p(models, monkeypatch):
     """... and a verify against the whole distribution when the user asked for a nucleus."""
-    import ygg_runtime.engine as engine
+    import ygg_runtime.decoding.engine as engine
 
     target, draft = models
     monkeypatch.setattr(engine, "warp", lambda logits, temperature, top_p=1.0: accept.warp(logits, temperature))
@@ -255,8 +255,8 @@ def test_unseeded_sampling_leaves_the_callers_random_state_alone(models):
 def test_a_zero_exponential_draw_never_picks_a_token_the_drafter_rules_out(monkeypatch):
     """Gumbel top-k keys are log q - log E with E ~ Exp(1); E can be exactly 0. A token with
     q = 0 then got the key NaN, which topk ranks first."""
-    from ygg_runtime.proposers.base import pick_children
-    from ygg_runtime.proposers import Sampling, StepState
+    from ygg_runtime.decoding.proposers.base import pick_children
+    from ygg_runtime.decoding.proposers import Sampling, StepState
 
     logits = torch.tensor([2.0, 1.0, float("-inf"), 0.5, float("-inf"), 0.0])
     real = torch.Tensor.exponential_
@@ -299,7 +299,7 @@ def test_top_p_keeps_the_smallest_nucleus():
     torch.testing.assert_close(probs.sum(), torch.tensor(1.0, dtype=torch.float64))
 
 
-# Coupled sampling (`ygg_runtime.coupling`): every method, with any tree, prints the tokens `ar`
+# Coupled sampling (`ygg_runtime.decoding.coupling`): every method, with any tree, prints the tokens `ar`
 # prints for the same seed, and those are an exact sample of the target.
 COUPLED = [("chain", {"k": 3}), ("specinfer", {"width": 2, "depth": 2}), ("egt", EGT),
            ("egt", EGT | {"stages": {"tail": "ahead", "head": "ahead"}}), ("sequoia", SEQUOIA)]
@@ -372,7 +372,7 @@ def test_coupled_sampling_with_a_cut_head_drafter_prints_plain_decodings_tokens(
 
 def _wrong_noise(monkeypatch, make):
     """Replace the noise of every position by make(seed, position, vocab)."""
-    from ygg_runtime.coupling import Noise
+    from ygg_runtime.decoding.coupling import Noise
 
     monkeypatch.setattr(Noise, "at", lambda self, position, vocab, device="cpu": make(self.seed, position, vocab))
 
@@ -390,7 +390,7 @@ def test_chi_square_detects_coupling_with_noise_that_is_not_gumbel(models, monke
 def test_chi_square_detects_noise_keyed_by_tree_depth_instead_of_position(models, monkeypatch):
     """... and noise reused across positions (keyed by the depth in the step's tree, as a
     counter-per-step generator would): consecutive tokens become dependent."""
-    import ygg_runtime.coupling as coupling
+    import ygg_runtime.decoding.coupling as coupling
 
     target, draft = models
     real = coupling.Noise.at
@@ -402,7 +402,7 @@ def test_chi_square_detects_noise_keyed_by_tree_depth_instead_of_position(models
 
 def test_chi_square_detects_a_coupled_choice_that_ignores_top_p(models, monkeypatch):
     """... and a target choice over the whole distribution when the user asked for a nucleus."""
-    import ygg_runtime.coupling as coupling
+    import ygg_runtime.decoding.coupling as coupling
 
     target, draft = models
     real = coupling.keys
@@ -415,7 +415,7 @@ def test_chi_square_detects_a_coupled_choice_that_ignores_top_p(models, monkeypa
 def test_coupled_noise_is_keyed_by_seed_and_position_alone():
     """A position's noise is the same whichever order positions are asked for in (a counter-based
     generator), and differs between positions and seeds."""
-    from ygg_runtime.coupling import Noise
+    from ygg_runtime.decoding.coupling import Noise
 
     a, b = Noise(7), Noise(7)
     first = [a.at(t, 50).clone() for t in (3, 4, 5)]

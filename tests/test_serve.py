@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from helpers import TIMEOUT, Served, assert_one_line_error, ygg
-from ygg_runtime import artifact as artifacts
+from ygg_runtime.artifact import load as artifacts
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import MAX_ROWS, ServeOptions
 
@@ -481,7 +481,7 @@ def test_a_request_without_a_method_runs_what_the_decoder_chooses_for_its_length
     asked, and ygg:request_method and ygg:request_draft_window count each by how it was chosen."""
     import asyncio
 
-    from ygg_runtime.decoder import Choice
+    from ygg_runtime.decoding.decoder import Choice
     from ygg_runtime.serving.api import CompletionRequest
     from ygg_runtime.serving.server import Server
 

@@ -28,12 +28,12 @@ from ygg_bench.report import ABLATIONS, AUTO, REFERENCES, summarize, write_resul
 from ygg_compile import sources
 from ygg_compile.profile import fitting_widths, profile_models
 from ygg_compile.prompts import long_prompts, read_jsonl
-from ygg_runtime.artifact import read_plan
-from ygg_runtime.engine import step_room
+from ygg_runtime.artifact.load import read_plan
+from ygg_runtime.decoding.engine import step_room
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import output_dir
-from ygg_runtime.params import EGTParams, Stages
-from ygg_runtime.plan import Plan
+from ygg_runtime.artifact.params import EGTParams, Stages
+from ygg_runtime.artifact.plan import Plan
 from ygg_runtime.ui import Reporter
 
 WARMUP_TOKENS = 8

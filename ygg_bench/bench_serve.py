@@ -31,7 +31,7 @@ from ygg_bench.options import ServeBenchOptions
 from ygg_bench.serve_report import summary_markdown
 from ygg_bench.servers import PEER_ERRORS, LlamaServer, RayServer, start_server, stop, torch_threads
 from ygg_compile.prompts import read_jsonl
-from ygg_runtime.artifact import read_plan
+from ygg_runtime.artifact.load import read_plan
 from ygg_runtime.backend import native
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import output_dir, write_atomic

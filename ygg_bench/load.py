@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.metrics import tpot_ms
+from ygg_runtime.decoding.metrics import tpot_ms
 
 REQUEST_S = 900  # one request at most
 

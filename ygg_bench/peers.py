@@ -22,7 +22,7 @@ from ygg_bench.options import HF_PEERS, LLAMA_PEERS
 from ygg_compile.sources import quiet_transformers
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.machine import cpu_flags
-from ygg_runtime.metrics import tpot_ms
+from ygg_runtime.decoding.metrics import tpot_ms
 
 # ggml's build switches by the /proc/cpuinfo flag that says the CPU has it
 GGML_FLAGS = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C", "bmi2": "GGML_BMI2",

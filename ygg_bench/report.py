@@ -15,7 +15,7 @@ from rich.table import Table
 from ygg_bench import harness, plots
 from ygg_compile.plots import tw_curves
 from ygg_runtime.files import write_atomic
-from ygg_runtime.plan import Profile
+from ygg_runtime.artifact.plan import Profile
 from ygg_runtime.ui import fmt
 
 # Contestants that run egt another way, each measuring what one part of the artifact adds

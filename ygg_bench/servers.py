@@ -16,7 +16,7 @@ from ygg_bench.options import ServeBenchOptions
 from ygg_bench.peer_process import crash_hint, how_it_ended
 from ygg_bench.peers import llama_gguf
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.metrics import tpot_ms
+from ygg_runtime.decoding.metrics import tpot_ms
 from ygg_runtime.text import TextCodec
 
 READY_S = 600  # loading an artifact (its compiled forwards included) takes at most this long

@@ -1,7 +1,7 @@
 """Compile a model's forward ahead of time (the recipe measured on these machines): `torch.export` (strict=False) of
 the slot-cache forward, then AOTInductor with the weights left out of the shared object
 (`package_constants_in_so=False`), packaged as the model's `model.pt2`. The runtime
-(`ygg_runtime.compiled`) loads the eager model's weights into it as user-managed constants; the
+(`ygg_runtime.model.compiled`) loads the eager model's weights into it as user-managed constants; the
 KV cache is an input of every call, of any size.
 
 One graph per model, whose width (1..MAX_WIDTH), tree window and cache size are dynamic, decided by
@@ -29,10 +29,10 @@ from typing import NamedTuple
 import torch
 
 from ygg_runtime.backend import native
-from ygg_runtime.compiled import GRAPH, MAX_WIDTH
+from ygg_runtime.model.compiled import GRAPH, MAX_WIDTH
 from ygg_runtime.files import cache_dir, write_atomic
 from ygg_runtime.machine import cpu_flags
-from ygg_runtime.model import Transformer
+from ygg_runtime.model.transformer import Transformer
 
 PACKAGE = "model.pt2"  # per model, beside its weights
 GRAPHS = "graphs"  # the cache's subdirectory of compiled forwards (`ygg cache ls`)

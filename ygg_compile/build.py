@@ -31,20 +31,21 @@ from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions, check_output
 from ygg_compile.staging import interrupts, staged
 from ygg_runtime.ui import Reporter
-from ygg_runtime import exactness, objective, proposers, typed
+from ygg_runtime.artifact import exactness, typed
+from ygg_runtime.decoding import objective, proposers
 from ygg_runtime.backend import gpu, native
-from ygg_runtime.artifact import PLAN_FILE
-from ygg_runtime.compiled import MAX_WIDTH, CompiledForward
+from ygg_runtime.artifact.load import PLAN_FILE
+from ygg_runtime.model.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.integrity import available_memory, file_entry
-from ygg_runtime.model import ModelArgs, load_model
-from ygg_runtime.params import EGTParams, Params
-from ygg_runtime.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, DraftWindow, ExactnessRecord,
+from ygg_runtime.artifact.integrity import available_memory, file_entry
+from ygg_runtime.model.transformer import ModelArgs, load_model
+from ygg_runtime.artifact.params import EGTParams, Params
+from ygg_runtime.artifact.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, DraftWindow, ExactnessRecord,
                               KernelInfo, ModelInfo, OutputLength, Plan, Planning, Profile, StagesReport, TokenizerInfo,
                               TritonKernels, WeightsInfo)
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers import DEFAULT_PARAMS
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.decoding.proposers import DEFAULT_PARAMS
+from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
 CHAT_PROBE = "\x00YGG-PROMPT\x00"

@@ -35,18 +35,18 @@ import torch
 
 from ygg_runtime.ui import Reporter
 from ygg_compile.sequoia_tree import SequoiaTables
-from ygg_runtime import engine, objective
-from ygg_runtime.objective import Curves
+from ygg_runtime.decoding import engine, objective
+from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.options import MAX_ROWS
-from ygg_runtime.proposers import Drafter
-from ygg_runtime.proposers.base import Hook, StepState
-from ygg_runtime.params import MAX_N, POSITIONS, RANKS, EGTParams, GraftParams, SequoiaParams
-from ygg_runtime.proposers.egt import EGT, Planner
-from ygg_runtime.retrieval import (PRIOR_ADJACENCY, AdjacencyTable, Retriever, adjacency_cell, context_cell,
+from ygg_runtime.decoding.proposers import Drafter
+from ygg_runtime.decoding.proposers.base import Hook, StepState
+from ygg_runtime.artifact.params import MAX_N, POSITIONS, RANKS, EGTParams, GraftParams, SequoiaParams
+from ygg_runtime.decoding.proposers.egt import EGT, Planner
+from ygg_runtime.decoding.retrieval import (PRIOR_ADJACENCY, AdjacencyTable, Retriever, adjacency_cell, context_cell,
                                    prior_context)
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.text import TextCodec
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.tree import TokenTree
 
 PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, PROBE_VERIFY = 6, 8, 8, 32
 PROBE_ROOM = 1 + PROBE_TOP_K * (1 + PROBE_WIDTH * (PROBE_DEPTH - 1)) + PROBE_WIDTH  # cache slots of a probe tree

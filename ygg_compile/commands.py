@@ -16,9 +16,9 @@ from ygg_compile.inspection import (exactness_summary, inspect_artifact, predict
                                     weights_summary)
 from ygg_compile.options import CompileOptions
 from ygg_runtime.ui import RichReporter, console, err
-from ygg_runtime.artifact import plan_sha256
+from ygg_runtime.artifact.load import plan_sha256
 from ygg_runtime.files import cache_dir, size
-from ygg_runtime.plan import Plan
+from ygg_runtime.artifact.plan import Plan
 
 
 def compile(opts: CompileOptions) -> None:

@@ -1,4 +1,4 @@
-"""Convert a transformers Llama-family model into the runtime's weights (ygg_runtime/model.py)."""
+"""Convert a transformers Llama-family model into the runtime's weights (ygg_runtime/model/transformer.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.model import ModelArgs, Transformer, from_state
+from ygg_runtime.model.transformer import ModelArgs, Transformer, from_state
 
 SUPPORTED = ("llama", "mistral", "qwen2")
 

@@ -37,14 +37,14 @@ from torch import Tensor
 from ygg_compile.profile import forward_times
 from ygg_compile.roofline import model_costs
 from ygg_runtime.errors import YggError
-from ygg_runtime import engine, proposers
-from ygg_runtime.model import ModelArgs, load_model
-from ygg_runtime.quant import pack, unpack
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.decoding import engine, proposers
+from ygg_runtime.model.transformer import ModelArgs, load_model
+from ygg_runtime.model.quant import pack, unpack
+from ygg_runtime.model.runner import ModelRunner
 
 if TYPE_CHECKING:
     from ygg_compile.calibrate import Calibration
-    from ygg_runtime.plan import ModelInfo
+    from ygg_runtime.artifact.plan import ModelInfo
     from ygg_runtime.text import TextCodec
     from ygg_runtime.ui import Reporter
 

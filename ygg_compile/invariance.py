@@ -26,8 +26,8 @@ import time
 import torch
 from torch import Tensor
 
-from ygg_runtime.plan import ExactnessRecord
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.artifact.plan import ExactnessRecord
+from ygg_runtime.model.runner import ModelRunner
 
 CONTEXTS = (37, 230, 1000)
 

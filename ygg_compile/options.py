@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR, SAMPLING, check_sampling
-from ygg_runtime.plan import PLAN_FILE
+from ygg_runtime.artifact.plan import PLAN_FILE
 
 WEIGHTS = ("bf16", "int8", "int4", "int3", "int2")  # what --weights takes besides "auto" (bf16: the artifact's dtype)
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # what --dtype takes (ygg_compile.hardware)
@@ -49,7 +49,7 @@ class CompileOptions:
     method: str = "egt"
     sampling: str = SAMPLING  # the artifact's rule at temperature > 0 (ygg_runtime.options.SAMPLINGS)
     # the hand-set methods' parameters that differ from their defaults, by method (the rest as
-    # ygg_runtime.proposers.DEFAULT_PARAMS has them)
+    # ygg_runtime.decoding.proposers.DEFAULT_PARAMS has them)
     methods: dict[str, dict] = field(default_factory=dict)
     max_context: int | None = None  # longest prompt + generation; None: the target's own, as memory allows
     calib: Path | None = None  # calibration prompts (None: the shipped set)

@@ -1,5 +1,5 @@
 """Train the depth predictor on calibration text, export it for the runtime, and plan the
-per-step depth policy it drives (docs/design.md, "egt"; the runtime half is `ygg_runtime.predictor`).
+per-step depth policy it drives (docs/design.md, "egt"; the runtime half is `ygg_runtime.decoding.predictor`).
 
 Data (`calibrate.Agreement`): at every position q of every calibration text (prompt and the
 target's continuation), the target's final hidden state — what the runtime sees after a step whose
@@ -28,11 +28,11 @@ import torch
 from safetensors.torch import save_file
 
 from ygg_compile.calibrate import PROBE_DEPTH, PROBE_TOP_K, Agreement, Calibration, Replays
-from ygg_runtime import objective
-from ygg_runtime.objective import Curves
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.params import EGTParams
-from ygg_runtime.proposers.egt import Planner
+from ygg_runtime.decoding import objective
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.artifact.params import EGTParams
+from ygg_runtime.decoding.proposers.egt import Planner
 
 HIDDEN_LAYERS = (32, 16)
 # L2 strengths tried (cross-validated Brier picks). ~1 k positions from a dozen prompts against a
@@ -163,7 +163,7 @@ def _fit(x: np.ndarray, y: np.ndarray, alpha: float, seed: int):
 
 
 def export(model) -> dict[str, torch.Tensor]:
-    """The pipeline's numbers as plain tensors for `ygg_runtime.predictor.DepthPredictor`."""
+    """The pipeline's numbers as plain tensors for `ygg_runtime.decoding.predictor.DepthPredictor`."""
     scaler, mlp = model[0], model[-1]
     if mlp.activation != "relu" or mlp.out_activation_ != "logistic":
         raise ValueError(f"cannot export an MLP with {mlp.activation}/{mlp.out_activation_} activations")

@@ -23,14 +23,14 @@ from ygg_compile import hardware
 from ygg_runtime.ui import Reporter
 from ygg_runtime import backend
 from ygg_runtime.backend import native
-from ygg_runtime.accept import accept_greedy
+from ygg_runtime.decoding.accept import accept_greedy
 from ygg_runtime.errors import first_line
 from ygg_runtime.files import cache_dir, write_atomic
-from ygg_runtime.plan import ModelInfo
-from ygg_runtime.objective import _interp
-from ygg_runtime.params import WIDTHS
-from ygg_runtime.runner import Call, ModelRunner, forward_many
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.artifact.plan import ModelInfo
+from ygg_runtime.decoding.objective import _interp
+from ygg_runtime.artifact.params import WIDTHS
+from ygg_runtime.model.runner import Call, ModelRunner, forward_many
+from ygg_runtime.decoding.tree import TokenTree
 
 DEFAULT_CONTEXTS = (64, 512, 2048, 8192)
 PROFILE_FORMAT = 1
@@ -109,7 +109,7 @@ def batch_times(runner: ModelRunner, widths: tuple[int, ...], context: int, sequ
                 repeats: int = 3, warmup: int = 1) -> dict:
     """CAST's f(B, c, n): median ms of one forward carrying n new tokens spread evenly over B
     sequences (n / B each, a causal chain), each in its own cache region after `context` tokens,
-    for every measured width n >= B (`ygg_runtime.batch` runs such forwards). A region holds the
+    for every measured width n >= B (`ygg_runtime.decoding.batch` runs such forwards). A region holds the
     context and the most one sequence of a batch gets (widest / min B); the context is lowered
     where the regions would not fit the cache (the smallest a compile makes, max_context 1 plus a
     probe tree's room, holds eight of 1 + 64 / 2). Returns {"context", "sequences", "widths",

@@ -1,5 +1,5 @@
 """Quantized weights for an artifact (`--weights int8|int4|int3|int2`): a GGUF file's own blocks read
-as codes (`ygg_runtime.quant.Codes`), or float weights quantized here.
+as codes (`ygg_runtime.model.quant.Codes`), or float weights quantized here.
 
 `int8` means at most 8 bits per weight: from a GGUF file nothing is requantized, every block type
 below is decoded into codes and scales that give back exactly the values llama.cpp (and
@@ -25,9 +25,9 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.model import ModelArgs
-from ygg_runtime.plan import WeightsInfo
-from ygg_runtime.quant import BITS, Codes, fits_kernel, pack, pack_rows, segment_kind
+from ygg_runtime.model.transformer import ModelArgs
+from ygg_runtime.artifact.plan import WeightsInfo
+from ygg_runtime.model.quant import BITS, Codes, fits_kernel, pack, pack_rows, segment_kind
 
 QK = 256  # values per K-quant super-block
 
@@ -238,7 +238,7 @@ def _fit_ranges(g: Tensor, top: int, rows: int = 1024) -> tuple[Tensor, Tensor]:
 
 
 def holdable(c: Codes) -> bool:
-    """Whether the kernel holds these codes exactly as they are (`ygg_runtime.quant.segment_kind`)."""
+    """Whether the kernel holds these codes exactly as they are (`ygg_runtime.model.quant.segment_kind`)."""
     try:
         segment_kind(c)
     except ValueError:
@@ -266,7 +266,7 @@ def fallbacks_line(fallbacks: list[str]) -> str:
 
 def quantize_state(state: dict[str, Tensor], args: ModelArgs, weights: str, gguf: Path | None,
                    progress=None) -> tuple[ModelArgs, dict[str, Tensor], WeightsInfo]:
-    """Replace the state's linear and embedding weights by codes (`ygg_runtime.quant` layouts).
+    """Replace the state's linear and embedding weights by codes (`ygg_runtime.model.quant` layouts).
     `state` holds the float weights the checkpoint was converted to: they are the reference every
     decoded GGUF tensor is checked against, and what a fallback quantizes. The parts of a fused
     layer (q/k/v, gate/up) keep their own formats. The head becomes a tensor of its own (a

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from ygg_runtime.backend import native
-from ygg_runtime.model import Transformer
-from ygg_runtime.plan import Costs, Roofs  # the plan's profile records them
-from ygg_runtime.quant import QLinear
+from ygg_runtime.model.transformer import Transformer
+from ygg_runtime.artifact.plan import Costs, Roofs  # the plan's profile records them
+from ygg_runtime.model.quant import QLinear
 
 
 def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5, device: torch.device | str = "cpu") -> Roofs:

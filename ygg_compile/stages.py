@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ygg_runtime.ui import Reporter
-from ygg_runtime import engine, proposers
-from ygg_runtime.proposers import Hook
-from ygg_runtime.objective import Curves
-from ygg_runtime.params import EGTParams, Stages
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.decoding import engine, proposers
+from ygg_runtime.decoding.proposers import Hook
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.artifact.params import EGTParams, Stages
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.model.runner import ModelRunner
 
 GRID = [{"tail": tail, "head": head} for tail in ("plain", "ahead") for head in ("plain", "ahead")]
 PLAIN = GRID[0]

@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING, Any
 from ygg_runtime.errors import YggError
 
 if TYPE_CHECKING:
-    from ygg_runtime.artifact import load
-    from ygg_runtime.decoder import Decoder, Result
+    from ygg_runtime.artifact.load import load
+    from ygg_runtime.decoding.decoder import Decoder, Result
 
 __all__ = ["load", "Decoder", "Result", "YggError"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "load":
-        from ygg_runtime.artifact import load
+        from ygg_runtime.artifact.load import load
 
         return load
     if name in ("Decoder", "Result"):
-        from ygg_runtime import decoder
+        from ygg_runtime.decoding import decoder
 
         return getattr(decoder, name)
     raise AttributeError(f"module 'ygg_runtime' has no attribute {name!r}")

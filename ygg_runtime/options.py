@@ -16,7 +16,7 @@ from pathlib import Path
 from ygg_runtime.errors import YggError
 
 DEFAULT_DIR = Path("artifacts/default")  # where `ygg compile` writes and `ygg run` looks
-# Every decoding method, as `ygg_runtime.proposers.METHODS` builds them (the two agree: a test).
+# Every decoding method, as `ygg_runtime.decoding.proposers.METHODS` builds them (the two agree: a test).
 METHOD_NAMES = ("ar", "chain", "specinfer", "sequoia", "egt", "pld")
 MAX_NEW_TOKENS = 256  # tokens a generation produces at most unless told otherwise
 # The most rows one batched forward carries: the widest forward the compile-time row check covers

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from ygg_runtime.artifact import load
+from ygg_runtime.artifact.load import load
 from ygg_runtime.ui import err, stats_table
 
 

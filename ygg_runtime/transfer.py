@@ -5,7 +5,7 @@ is a chain of small forwards whose results the host must see (the drafter's top 
 target's choices): each read is a round trip the GPU idles through. So the step reads once per
 forward and no more, each read going through `to_host` (a test counts them per step, and the
 metrics report them). Host-to-device copies go one per forward, from pinned memory
-(`ygg_runtime.graphs.ForwardInputs`), and never wait. Device timings are taken with events, read
+(`ygg_runtime.model.graphs.ForwardInputs`), and never wait. Device timings are taken with events, read
 after a transfer has waited anyway (`Stopwatch`), so timing costs no round trip.
 """
 

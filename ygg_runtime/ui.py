@@ -13,7 +13,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 if TYPE_CHECKING:  # the command line imports this module before torch
-    from ygg_runtime.metrics import Metrics
+    from ygg_runtime.decoding.metrics import Metrics
 
 
 def fmt(v, spec: str = ".2f", suffix: str = "") -> str:

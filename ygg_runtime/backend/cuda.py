@@ -1,7 +1,7 @@
 """The ops of a forward on a GPU: our own Triton kernels, every one row-invariant by construction,
 eight a target layer (RMSNorm, the qkv GEMM with bias and RoPE, the KV write, attention, the wo GEMM
 with the residual, RMSNorm, the w13 GEMM with SiLU·mul, the w2 GEMM with the residual), replayed as
-one CUDA graph a forward width by the runner (`ygg_runtime.graphs`).
+one CUDA graph a forward width by the runner (`ygg_runtime.model.graphs`).
 
 Why not cuBLAS and PyTorch's eager ops (docs/design.md, "Backends"): replayed as CUDA graphs they
 took the 1.5B target's one-row forward to 9.0 ms on an H200, 10x the 0.88 ms its weights take to

@@ -24,7 +24,7 @@ op whose kernel changes was found by running one row at several widths and layou
 Everything else in the eager forward (norms, RoPE, SiLU, the KV writes) is row by row; the compiled
 graph's fused kernels are for the check to judge.
 
-`ygg::qlinear` (csrc/qlinear.cpp): the linear layers of quantized weights (`ygg_runtime.quant`),
+`ygg::qlinear` (csrc/qlinear.cpp): the linear layers of quantized weights (`ygg_runtime.model.quant`),
 int8 dot products summed exactly in int32 per super-block, over weight tiles streamed once and
 unpacked once per 8 rows while the next tile is prefetched; row-invariant by construction, so a
 quantized model needs no padding at all, plain decoding included. On a CPU with AMX the same sums
@@ -206,7 +206,7 @@ def _qlinear_shape(x: Tensor, data: Tensor, layout: Tensor, bias: Tensor | None,
 
 def qlinear(x: Tensor, data: Tensor, layout: Tensor, bias: Tensor | None, n: int | None = None,
             reference: bool = False) -> Tensor:
-    """x [..., K] times quantized weights (`ygg_runtime.quant.pack`'s data and layout) plus bias ->
+    """x [..., K] times quantized weights (`ygg_runtime.model.quant.pack`'s data and layout) plus bias ->
     [..., n] in x's dtype (n: the weight's rows; None: read from the layout); reference=True runs
     the kernel's scalar definition (tests)."""
     if x.device.type != "cpu":

@@ -11,8 +11,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ygg_runtime.artifact import load
-from ygg_runtime.decoder import Decoder
+from ygg_runtime.artifact.load import load
+from ygg_runtime.decoding.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import ServeOptions
 from ygg_runtime.serving.api import ApiError, ChatRequest, CompletionRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ygg_runtime.metrics import Step
+from ygg_runtime.decoding.metrics import Step
 
 # Position labels of vllm:spec_decode_num_accepted_tokens_per_pos (deeper acceptances count in the last).
 MAX_POSITIONS = 16
@@ -12,7 +12,7 @@ MAX_POSITIONS = 16
 
 class ServerMetrics:
     """The /metrics families, in one registry per server (tests start several in one process).
-    Spec-decode counters follow vLLM and count what each step's event (`ygg_runtime.metrics.Step`)
+    Spec-decode counters follow vLLM and count what each step's event (`ygg_runtime.decoding.metrics.Step`)
     says, as `ygg run --json` and `ygg bench` do: a draft is one verified tree with at least one
     drafted node, its draft tokens are those nodes, accepted tokens are the drafted tokens in the
     output (bonus excluded, after any stop or length cut), and accepted_tokens_per_pos[i] counts

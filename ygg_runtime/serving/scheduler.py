@@ -11,8 +11,8 @@ from typing import Any, Callable
 
 import torch
 
-from ygg_runtime.batch import Member
-from ygg_runtime.decoder import Decoder
+from ygg_runtime.decoding.batch import Member
+from ygg_runtime.decoding.decoder import Decoder
 from ygg_runtime.errors import YggError
 from ygg_runtime.serving.api import ApiError
 from ygg_runtime.serving.metrics import ServerMetrics

@@ -4,12 +4,12 @@ Each step runs `depth` drafter forwards: the first feeds the new root (and the a
 drafter never saw); each later one feeds exactly `draft_width` nodes, the unexpanded nodes with the
 highest path value anywhere in the tree, and adds the top `top_k` children of each. A node's path
 value is the estimated probability that its whole root path is accepted (draft probabilities through
-the calibrated acceptance map). Verification pruning (`ygg_runtime.prune`) then takes the E[A]-best
+the calibrated acceptance map). Verification pruning (`ygg_runtime.decoding.prune`) then takes the E[A]-best
 root-connected subtree for every compiled verify width, and the objective picks the width with the
 most tokens per modelled millisecond. Forwards narrower than their width are padded with masked
 slots. Depth 0 is plain decoding: the drafter is not run.
 
-With a depth predictor (`ygg_runtime.predictor`) and its `depth_policy` from the plan, the depth
+With a depth predictor (`ygg_runtime.decoding.predictor`) and its `depth_policy` from the plan, the depth
 is chosen every step from the target's hidden state (`objective.best_depth`); without one, every
 step has the planned fixed `depth`.
 
@@ -33,15 +33,15 @@ from typing import Callable
 
 import torch
 
-from ygg_runtime import objective, prune
-from ygg_runtime.accept import Verdict
+from ygg_runtime.decoding import objective, prune
+from ygg_runtime.decoding.accept import Verdict
 from ygg_runtime.errors import YggError
-from ygg_runtime.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
-from ygg_runtime.params import EGTParams
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers.base import Children, DraftProposer, Drafter, Hook, StepInfo, StepState
-from ygg_runtime.retrieval import AdjacencyTable, Retriever
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
+from ygg_runtime.artifact.params import EGTParams
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, Hook, StepInfo, StepState
+from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
+from ygg_runtime.decoding.tree import TokenTree
 
 
 

@@ -4,14 +4,14 @@ acceptance and cost (Sequoia; built at compile time by `ygg_compile.sequoia_tree
 Node v of the static tree is the drafter's rank-`ranks[v]` candidate under its parent. The drafter
 runs once per level over that level's inner nodes, padded to a compiled width; leaves are never fed.
 Children are chosen by rank, so the deterministic acceptance rule keeps rejection sampling lossless;
-coupled sampling ranks the drafter's guesses under the position's noise (`ygg_runtime.coupling`).
+coupled sampling ranks the drafter's guesses under the position's noise (`ygg_runtime.decoding.coupling`).
 """
 
 from __future__ import annotations
 
-from ygg_runtime.params import SequoiaParams, fit_width
-from ygg_runtime.proposers.base import DraftProposer, Drafter, StepState
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.artifact.params import SequoiaParams, fit_width
+from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, StepState
+from ygg_runtime.decoding.tree import TokenTree
 
 
 class Sequoia(DraftProposer):

@@ -1,7 +1,7 @@
 """`pld`: retrieval only, no drafter — prompt lookup as a tree.
 
 transformers' `prompt_lookup_num_tokens` copies one continuation after the first earlier match of
-the last n tokens. Here every step verifies what `ygg_runtime.retrieval` finds: the continuations
+the last n tokens. Here every step verifies what `ygg_runtime.decoding.retrieval` finds: the continuations
 of the longest earlier match, merged into a tree and counted, and the adjacency table's chain, each
 node valued by compile's calibration, then pruned to the verify width with the most tokens per
 modelled millisecond (the smallest, plain decoding, when nothing is worth verifying). It needs no
@@ -11,11 +11,11 @@ target without a drafter.
 
 from __future__ import annotations
 
-from ygg_runtime.objective import Curves
-from ygg_runtime.params import PLDParams
-from ygg_runtime.proposers.base import Proposer, StepInfo, StepState
-from ygg_runtime.retrieval import AdjacencyTable, Retriever
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.artifact.params import PLDParams
+from ygg_runtime.decoding.proposers.base import Proposer, StepInfo, StepState
+from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
+from ygg_runtime.decoding.tree import TokenTree
 
 
 class PLD(Proposer):

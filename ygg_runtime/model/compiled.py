@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ygg_runtime.backend import native
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.model import Transformer
+from ygg_runtime.model.transformer import Transformer
 
 GRAPH = "forward"  # its name inside the package
 # The widest forward the graph takes (its width is dynamic up to it): the widest tree a plan may

@@ -6,7 +6,7 @@ base + max_len); slots [base, base + committed) hold its accepted tokens; a forw
 with tree offset i to slot base + committed + i and lets it see the whole committed prefix plus the
 tree slots its mask row allows. A runner made by `region()` shares its model and cache with the one
 it came from: several sequences, each in its own region, decode together, and `forward_many` runs
-their trees in one forward whose mask keeps every row inside its own sequence (`ygg_runtime.batch`).
+their trees in one forward whose mask keeps every row inside its own sequence (`ygg_runtime.decoding.batch`).
 Regions need no alignment: the attention kernel reads a row's visible slots in slot order, so a
 row's result does not depend on where its region starts (`ygg_runtime.backend`), and a region can
 move (`move_to`): its rows are copied, never recomputed.
@@ -21,15 +21,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ygg_runtime.graphs import CapturedForwards, ForwardInputs
-from ygg_runtime.kv import compact, move, restore, snapshot
-from ygg_runtime.model import Transformer
+from ygg_runtime.model.graphs import CapturedForwards, ForwardInputs
+from ygg_runtime.model.kv import compact, move, restore, snapshot
+from ygg_runtime.model.transformer import Transformer
 from ygg_runtime.options import MAX_ROWS
-from ygg_runtime.params import fit_width
+from ygg_runtime.artifact.params import fit_width
 
 # A prompt is run in forwards of at most this many tokens: the widest the compile-time row check
 # covers, so a prompt's rows come out the same bits alone and in a batch, where its chunks share
-# forwards with other sequences' rows (`ygg_runtime.batch`). Wider forwards are no faster per token:
+# forwards with other sequences' rows (`ygg_runtime.decoding.batch`). Wider forwards are no faster per token:
 # 6.96 ms per prompt token at 64 against 7.04 at 512 on the 1.5B target (docs/measured.md).
 PREFILL_CHUNK = MAX_ROWS
 
@@ -80,7 +80,7 @@ class ModelRunner:
         self.max_len = max_len
         self.committed = 0
         # Another generation's thread routes this runner's forwards through the batch it belongs to
-        # (`ygg_runtime.batch`), which runs them together with the other sequences' forwards.
+        # (`ygg_runtime.decoding.batch`), which runs them together with the other sequences' forwards.
         self.gate = None
         # Forwards run in this runner's life, and how many of them compiled (a decoder reports the
         # difference around a generation). Counters, so a long-lived process does not grow.
@@ -97,15 +97,15 @@ class ModelRunner:
         self.min_width = 0
         self.hidden: Tensor | None = None  # final hidden states [W, dim] of the last forward
         self.logits: Tensor | None = None  # its logits [W, vocab] (what forward returned)
-        # Ahead-of-time compiled forwards (ygg_runtime.compiled.CompiledForward), used for every
+        # Ahead-of-time compiled forwards (ygg_runtime.model.compiled.CompiledForward), used for every
         # forward they hold; any other (wider than their widest) runs eager.
         self.compiled = None
         # The shared prompt prefix whose KV rows a prefill copies instead of computing (None: none).
         self.prefix: PrefixCache | None = None
         # Cache slots no sequence owns, where a forward's padding rows may write when no region
-        # has room past its tree (a batch's regions share them: `ygg_runtime.batch`). Empty alone.
+        # has room past its tree (a batch's regions share them: `ygg_runtime.decoding.batch`). Empty alone.
         self.scratch: range = range(0)
-        # On a GPU, every forward replays a CUDA graph captured for its width (`ygg_runtime.graphs`);
+        # On a GPU, every forward replays a CUDA graph captured for its width (`ygg_runtime.model.graphs`);
         # None: forwards run as they are (a CPU; or set to None to time a GPU's uncaptured forwards).
         self.graphs = CapturedForwards(self.device) if self.device.type == "cuda" else None
 

@@ -19,7 +19,7 @@ from torch import Tensor
 #   "deterministic": children picked by rank (top-k), not sampled.
 ChildRule = Literal["iid", "without_replacement", "deterministic"]
 
-# Where a node came from (`TokenTree.sources`): the drafter, or retrieval (`ygg_runtime.retrieval`)
+# Where a node came from (`TokenTree.sources`): the drafter, or retrieval (`ygg_runtime.decoding.retrieval`)
 # from the generation's own context or the adjacency table. A retrieved token the drafter also drafted
 # is one node, counted as drafted.
 DRAFT, CONTEXT, ADJACENCY = 0, 1, 2

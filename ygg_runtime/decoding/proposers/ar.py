@@ -1,8 +1,8 @@
 """`ar`: plain target decoding, the baseline of every speed-up (a tree that is only its root)."""
 
-from ygg_runtime.params import Params
-from ygg_runtime.proposers.base import Proposer, StepState
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.artifact.params import Params
+from ygg_runtime.decoding.proposers.base import Proposer, StepState
+from ygg_runtime.decoding.tree import TokenTree
 
 
 class AR(Proposer):

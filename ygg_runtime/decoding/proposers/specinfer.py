@@ -5,9 +5,9 @@ The drafter runs once per level over all of that level's nodes; the leaves are n
 
 from __future__ import annotations
 
-from ygg_runtime.params import SpecInferParams
-from ygg_runtime.proposers.base import DraftProposer, StepState, pick_children
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.artifact.params import SpecInferParams
+from ygg_runtime.decoding.proposers.base import DraftProposer, StepState, pick_children
+from ygg_runtime.decoding.tree import TokenTree
 
 
 class SpecInfer(DraftProposer):

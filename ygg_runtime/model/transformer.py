@@ -23,8 +23,8 @@ from torch import Tensor, nn
 from ygg_runtime import backend
 from ygg_runtime.backend import native
 from ygg_runtime.backend.ops import Ops
-from ygg_runtime.kv import KVCache, LayerKV
-from ygg_runtime.quant import QEmbedding, QLinear
+from ygg_runtime.model.kv import KVCache, LayerKV
+from ygg_runtime.model.quant import QEmbedding, QLinear
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class Transformer(nn.Module):
 def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the state dict") -> Transformer:
     """A model whose parameters are `state`'s tensors themselves (built on the meta device, so no
     memory is allocated twice), the head tied to the embeddings where the model ties them. A layer
-    whose weights the state holds as codes (`ygg_runtime.quant`: "<layer>.data" tiles for a linear,
+    whose weights the state holds as codes (`ygg_runtime.model.quant`: "<layer>.data" tiles for a linear,
     "<layer>.codes" rows for an embedding) is built quantized."""
     with torch.device("meta"):
         model = Transformer(args)

@@ -9,10 +9,10 @@ table capped at min(subtree size, k), which keeps the whole DP at O(n·k).
 
 from __future__ import annotations
 
-from ygg_runtime import objective
-from ygg_runtime.objective import Curves, StepShape
-from ygg_runtime.params import fit_width
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding import objective
+from ygg_runtime.decoding.objective import Curves, StepShape
+from ygg_runtime.artifact.params import fit_width
+from ygg_runtime.decoding.tree import TokenTree
 
 
 def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | None, draft_widths: tuple[int, ...],

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ygg_runtime.accept import warp
+from ygg_runtime.decoding.accept import warp
 from ygg_runtime.transfer import read_top, to_host
 
 

@@ -50,19 +50,19 @@ from typing import Callable
 from greenlet import greenlet
 from torch import Tensor
 
-from ygg_runtime import engine, prune
-from ygg_runtime.accept import Verdict
-from ygg_runtime.engine import Generation, step_room
+from ygg_runtime.decoding import engine, prune
+from ygg_runtime.decoding.accept import Verdict
+from ygg_runtime.decoding.engine import Generation, step_room
 from ygg_runtime.errors import YggError
-from ygg_runtime.kv import restore, snapshot
-from ygg_runtime.metrics import Step
+from ygg_runtime.model.kv import restore, snapshot
+from ygg_runtime.decoding.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
-from ygg_runtime.objective import Curves
-from ygg_runtime.params import fit_width
-from ygg_runtime.proposers import Drafter, Proposer
-from ygg_runtime.runner import Call, ModelRunner, forward_many
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.artifact.params import fit_width
+from ygg_runtime.decoding.proposers import Drafter, Proposer
+from ygg_runtime.model.runner import Call, ModelRunner, forward_many
 from ygg_runtime.transfer import Stopwatch
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.tree import TokenTree
 
 # Chunked prefill: a step that carries prompt chunks may cost up to this many times the step
 # without them (so a decoding request's time per token stays within 2x of an undisturbed one),
@@ -286,7 +286,7 @@ class Batch:
         or a preempted member still waits for room (try again after a step). A request that can
         never fit is refused (YggError). It takes the slots of its prompt and a step's room; more
         as it grows (`_reserve`). on_tokens hears each step's new tokens, on_step each verified
-        tree and its verdict, on_event each step's metrics event (`ygg_runtime.metrics.Step`).
+        tree and its verdict, on_event each step's metrics event (`ygg_runtime.decoding.metrics.Step`).
         sampling: the rule at temperature > 0 (None: the batch's, which a decoder takes from its plan);
         draft_window: its drafter reads only the last that many prompt tokens (None: all)."""
         if len(self.running) >= self.max_batch or any(m.preempted for m in self.members):

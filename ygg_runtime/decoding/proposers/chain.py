@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ygg_runtime.params import ChainParams
-from ygg_runtime.proposers.base import DraftProposer, StepState, pick_children
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.artifact.params import ChainParams
+from ygg_runtime.decoding.proposers.base import DraftProposer, StepState, pick_children
+from ygg_runtime.decoding.tree import TokenTree
 
 
 class Chain(DraftProposer):

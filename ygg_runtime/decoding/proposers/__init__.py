@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from ygg_runtime import params as method_params
-from ygg_runtime.objective import Curves
+from ygg_runtime.artifact import params as method_params
+from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.options import METHOD_NAMES
-from ygg_runtime.params import Params
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.proposers.ar import AR
-from ygg_runtime.proposers.base import DraftProposer, Drafter, Hook, Proposer, Sampling, StepInfo, StepState
-from ygg_runtime.proposers.chain import Chain
-from ygg_runtime.proposers.egt import EGT
-from ygg_runtime.proposers.pld import PLD
-from ygg_runtime.retrieval import AdjacencyTable
-from ygg_runtime.proposers.sequoia import Sequoia
-from ygg_runtime.proposers.specinfer import SpecInfer
+from ygg_runtime.artifact.params import Params
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.decoding.proposers.ar import AR
+from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, Hook, Proposer, Sampling, StepInfo, StepState
+from ygg_runtime.decoding.proposers.chain import Chain
+from ygg_runtime.decoding.proposers.egt import EGT
+from ygg_runtime.decoding.proposers.pld import PLD
+from ygg_runtime.decoding.retrieval import AdjacencyTable
+from ygg_runtime.decoding.proposers.sequoia import Sequoia
+from ygg_runtime.decoding.proposers.specinfer import SpecInfer
 
 METHODS: dict[str, type[Proposer]] = {"ar": AR, "chain": Chain, "specinfer": SpecInfer, "sequoia": Sequoia, "egt": EGT,
                                       "pld": PLD}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from ygg_runtime.tree import ADJACENCY, CONTEXT, DRAFT
+from ygg_runtime.decoding.tree import ADJACENCY, CONTEXT, DRAFT
 
 
 def tpot_ms(start: float, first: float, last: float, tokens: int) -> float:

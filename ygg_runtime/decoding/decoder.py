@@ -9,17 +9,19 @@ from typing import Callable
 
 import torch
 
-from ygg_runtime import engine, exactness, objective, proposers
-from ygg_runtime.batch import Batch
+from ygg_runtime.decoding import engine, objective, proposers
+
+from ygg_runtime.artifact import exactness
+from ygg_runtime.decoding.batch import Batch
 from ygg_runtime.errors import YggError
-from ygg_runtime.metrics import Metrics
-from ygg_runtime.objective import Curves
+from ygg_runtime.decoding.metrics import Metrics
+from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, SAMPLING, check_sampling
-from ygg_runtime.params import EGTParams, Params, Stages
-from ygg_runtime.plan import ExactnessRecord, Plan
-from ygg_runtime.predictor import DepthPredictor
-from ygg_runtime.retrieval import AdjacencyTable
-from ygg_runtime.runner import ModelRunner, PrefixCache
+from ygg_runtime.artifact.params import EGTParams, Params, Stages
+from ygg_runtime.artifact.plan import ExactnessRecord, Plan
+from ygg_runtime.decoding.predictor import DepthPredictor
+from ygg_runtime.decoding.retrieval import AdjacencyTable
+from ygg_runtime.model.runner import ModelRunner, PrefixCache
 from ygg_runtime.text import StreamDecoder, TextCodec
 
 
@@ -32,7 +34,7 @@ class Result:
     wall_s: float  # the whole call: encoding, prefill, decoding
     metrics: Metrics = field(repr=False)
     exact: bool = False  # greedy output guaranteed identical to this artifact's plain decoding
-    exactness: str = ""  # that, or why not, in one sentence (`ygg_runtime.exactness`)
+    exactness: str = ""  # that, or why not, in one sentence (`ygg_runtime.artifact.exactness`)
 
     @property
     def method(self) -> str:
@@ -114,7 +116,7 @@ class Decoder:
 
     def verdict(self, eager: bool = False, mixed: bool = False) -> tuple[bool, str]:
         """(exact, sentence): whether greedy output on this machine's `eager` or default forwards is
-        guaranteed to be plain decoding's (`ygg_runtime.exactness`); what `ygg serve`'s /health,
+        guaranteed to be plain decoding's (`ygg_runtime.artifact.exactness`); what `ygg serve`'s /health,
         `ygg inspect` and every generation's result say."""
         kind = self.forward_kind(eager)
         record = self.exactness.get(kind)
@@ -209,7 +211,7 @@ class Decoder:
         return sum(r.model.kv.bytes_per_slot for r in self.runners.values())
 
     def batch(self, max_batch: int = MAX_BATCH, cost_aware: bool = True, kv_slots: int | None = None) -> Batch:
-        """Several sequences decoding together (`ygg_runtime.batch`), each in its own region of
+        """Several sequences decoding together (`ygg_runtime.decoding.batch`), each in its own region of
         this decoder's caches, every method as compiled (egt with its depth predictor). kv_slots:
         set both models' caches up anew with that many slots (`ygg serve` sizes them by memory:
         the compiled forwards take the cache as an input, so any size runs them); None keeps them."""

@@ -4,7 +4,7 @@ A proposer has two verbs, like transformers' CandidateGenerator: `propose(state)
 tree rooted at the last accepted token, `update(verdict)` learns what the target accepted of it;
 `start(prompt)` begins a generation. It is small on purpose: the target forward, the acceptance
 rule, compaction, metrics and the batch's cost sharing live in the engine and never in a proposer.
-Its parameters are its own `Params` dataclass (`ygg_runtime.params`): the defaults live there,
+Its parameters are its own `Params` dataclass (`ygg_runtime.artifact.params`): the defaults live there,
 compile writes them into the plan, and what the cost model needs without a drafter (a step's
 forwards, `objective.step_shape`) is computed from them alone. Each method is built by
 `proposers.build` from what it uses.
@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor
 
-from ygg_runtime.accept import Verdict, warp
+from ygg_runtime.decoding.accept import Verdict, warp
 from ygg_runtime.errors import YggError
-from ygg_runtime.params import Params
-from ygg_runtime.runner import ModelRunner
+from ygg_runtime.artifact.params import Params
+from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.transfer import read_top
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.tree import TokenTree
 
 if TYPE_CHECKING:
-    from ygg_runtime.coupling import Noise
+    from ygg_runtime.decoding.coupling import Noise
 
 
 Children = tuple[list[float], list[int]]  # a node's top children: (draft probabilities, tokens)
@@ -35,7 +35,7 @@ Children = tuple[list[float], list[int]]  # a node's top children: (draft probab
 @dataclass
 class Sampling:
     """Sampling settings of one generation; None in place of this object means greedy. Coupled
-    sampling carries the generation's noise (`ygg_runtime.coupling`); rejection sampling its
+    sampling carries the generation's noise (`ygg_runtime.decoding.coupling`); rejection sampling its
     generator."""
 
     temperature: float
@@ -57,7 +57,7 @@ class StepState:
     # a one-token prompt): what egt's depth predictor reads.
     hidden: Tensor | None = None
     sampling: Sampling | None = None  # None: greedy
-    # Sequences whose trees share this step's forwards (`ygg_runtime.batch`): a method that weighs
+    # Sequences whose trees share this step's forwards (`ygg_runtime.decoding.batch`): a method that weighs
     # its tree against measured costs prices it as its share (`Curves.shared`, CAST).
     sequences: int = 1
 
@@ -155,7 +155,7 @@ class Drafter:
     Qwen2.5-0.5B to 151 936, over one tokenizer): a token it has no row for is fed as STAND_IN.
     Its guesses after one are worse, never wrong: the target verifies every token.
 
-    A lazy drafter (a batch's: `ygg_runtime.batch`) feeds the prompt at the first step that drafts,
+    A lazy drafter (a batch's: `ygg_runtime.decoding.batch`) feeds the prompt at the first step that drafts,
     not at prefill: under load a batch may decode plainly for a request's whole life, and then its
     drafter never runs at all. The prompt counts as fed for pricing (`behind`): like an eager
     prefill, it is paid once whatever the step, not by the step that happens to draft first.

@@ -8,16 +8,16 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ygg_runtime.accept import Verdict, accept_coupled, accept_greedy, accept_sampling, warp
-from ygg_runtime.coupling import Noise
+from ygg_runtime.decoding.accept import Verdict, accept_coupled, accept_greedy, accept_sampling, warp
+from ygg_runtime.decoding.coupling import Noise
 from ygg_runtime.errors import YggError
-from ygg_runtime.metrics import Metrics, Step
+from ygg_runtime.decoding.metrics import Metrics, Step
 from ygg_runtime.options import SAMPLING, check_sampling, check_settings
-from ygg_runtime.proposers import Proposer, Sampling, StepState
-from ygg_runtime.params import fit_width
-from ygg_runtime.runner import Call, ModelRunner
+from ygg_runtime.decoding.proposers import Proposer, Sampling, StepState
+from ygg_runtime.artifact.params import fit_width
+from ygg_runtime.model.runner import Call, ModelRunner
 from ygg_runtime.transfer import Stopwatch
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.tree import TokenTree
 
 
 def step_room(target: ModelRunner, proposer: Proposer) -> int:
@@ -28,7 +28,7 @@ def step_room(target: ModelRunner, proposer: Proposer) -> int:
 
 class Generation:
     """One sequence's decoding, a step at a time: what `generate` loops over alone and what
-    `ygg_runtime.batch` steps together with other sequences (one target forward verifying every
+    `ygg_runtime.decoding.batch` steps together with other sequences (one target forward verifying every
     sequence's tree). `propose` drafts a tree; the caller runs the target over it (`call`), or over
     the part of it the batch's allocation kept (`tree`, whose `origin` maps into the proposed one);
     `accept` takes the logits, commits, hands the proposer its verdict in the numbering of the tree
@@ -74,7 +74,7 @@ class Generation:
         self.target.prefill(self.owed())
         self.end_prefill()
 
-    # A batch prefills in chunks that share its forwards (`ygg_runtime.batch`): begin, run what is
+    # A batch prefills in chunks that share its forwards (`ygg_runtime.decoding.batch`): begin, run what is
     # owed a chunk at a time (committing each), end. `prefill` is the same three alone. A batch
     # that preempted the generation (its cache rows taken back) prefills it again the same way:
     # its "prompt" is then all it has, prompt and output so far, and it goes on as before.

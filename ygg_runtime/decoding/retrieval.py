@@ -24,11 +24,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from ygg_runtime import prune
+from ygg_runtime.decoding import prune
 from ygg_runtime.errors import YggError
-from ygg_runtime.params import MAX_N, POSITIONS, RANKS, GraftParams
-from ygg_runtime.objective import Curves
-from ygg_runtime.tree import ADJACENCY, CONTEXT, TokenTree
+from ygg_runtime.artifact.params import MAX_N, POSITIONS, RANKS, GraftParams
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.decoding.tree import ADJACENCY, CONTEXT, TokenTree
 
 
 @dataclass

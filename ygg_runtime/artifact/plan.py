@@ -3,10 +3,10 @@
 The file is the artifact's contract (docs/design.md, "The artifact"): compile builds a `Plan` and
 writes it with `to_yaml`; `ygg run`, bench and inspect read it with `from_yaml`, which refuses, in
 one line, a plan of another format version or one that lacks a field or holds a value of the wrong
-kind. Typed all the way down: `methods` holds each method's `Params` (`ygg_runtime.params`),
+kind. Typed all the way down: `methods` holds each method's `Params` (`ygg_runtime.artifact.params`),
 `profile` the measured latency curves (`Profile`, which `objective.Curves` reads), `planning`
 compile's tables of what it weighed (`Planning`, shown by `ygg inspect`). Nothing outside this
-module and `ygg_runtime.params` reads the plan by string keys (a test holds it).
+module and `ygg_runtime.artifact.params` reads the plan by string keys (a test holds it).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import yaml
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.machine import CPUInfo, GPUInfo
 from ygg_runtime.options import SAMPLING, SAMPLINGS
-from ygg_runtime.params import Params, Stages, parse
-from ygg_runtime.typed import RECOMPILE, build, plain
+from ygg_runtime.artifact.params import Params, Stages, parse
+from ygg_runtime.artifact.typed import RECOMPILE, build, plain
 
 # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks;
 # 5: the row-invariant attention kernel and the exactness check; 6: retrieval (egt's graft, pld,
@@ -64,7 +64,7 @@ def plan_bytes(directory: Path, expect_plan: str | None = None) -> bytes:
 @dataclass
 class WeightsInfo:
     """How a model's weights are held: in the artifact's float dtype, or as integer codes
-    (`ygg_runtime.quant`) that the native kernel multiplies."""
+    (`ygg_runtime.model.quant`) that the native kernel multiplies."""
     kind: str  # "float" (the plan's dtype) or "int4" / "int8" (codes, at most that many bits)
     numbers: str  # "checkpoint": as converted; "gguf": the file's own quantization; "quantized": by compile (lossy)
     formats: dict[str, int] = field(default_factory=dict)  # stored format -> tensors ("Q4_K 4-bit": 113)

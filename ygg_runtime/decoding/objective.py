@@ -17,8 +17,8 @@ import copy
 from dataclasses import dataclass
 
 from ygg_runtime.options import MAX_ROWS
-from ygg_runtime.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
-from ygg_runtime.plan import OutputLength, Profile
+from ygg_runtime.artifact.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
+from ygg_runtime.artifact.plan import OutputLength, Profile
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ sampling and rejection sampling.
 Walk down from the root; at each node try its children in order; the first accepted child becomes
 the node; when none is accepted the bonus token comes from the target. Greedy and coupled sampling
 accept the child whose token is the target's own choice at the node (its argmax; the argmax of
-log p + Gumbel noise keyed by the position, `ygg_runtime.coupling`), and the bonus is that choice:
+log p + Gumbel noise keyed by the position, `ygg_runtime.decoding.coupling`), and the bonus is that choice:
 the output is plain decoding's, token for token. Rejection sampling accepts a child with
 probability min(1, p/q) and draws the bonus from what the rejections left of p. Both sampling rules
 keep the output distribution exactly p.
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.transfer import rows_at_once, to_host
-from ygg_runtime.tree import TokenTree
+from ygg_runtime.decoding.tree import TokenTree
 
 
 @dataclass
