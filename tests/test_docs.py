@@ -87,3 +87,7 @@ def test_nothing_cites_a_document_or_section_the_repository_does_not_have():
 def test_the_results_index_lists_every_results_folder_once():
     listed = re.findall(r"^\| \[([^\]]+)\]\(", (RESULTS / "README.md").read_text(encoding="utf-8"), flags=re.M)
     assert sorted(listed) == sorted(d.name for d in RESULTS.iterdir() if d.is_dir())
+    rows = [line.split(" | ") for line in (RESULTS / "README.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| [")]
+    # folder, machine, first run, made by (the tool: `ygg bench`, a script in benchmarks/), what, note
+    assert all(len(r) == 6 and re.fullmatch(r"20\d\d-\d\d-\d\d", r[2]) and r[3].startswith("`") for r in rows)
