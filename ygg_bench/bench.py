@@ -235,8 +235,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         with ui.step(label):
             for r in range(opts.rounds):
                 for i, (p, ids) in enumerate(encoded):
-                    shift = (i + r) % len(contestants)
-                    for c in contestants[shift:] + contestants[:shift]:
+                    for c in harness.rotated(contestants, i + r):
                         if (p.key, c.name, r) in done:
                             continue
                         if (run := attempt(c, ids, opts, seeds[p.key])) is not None:

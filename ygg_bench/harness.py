@@ -110,6 +110,13 @@ def median_ms(fn: Callable[[], object], repeats: int = 20, device: str | torch.d
     return statistics.median(interleaved({0: fn}, repeats, device=device)[0])
 
 
+def rotated(items: list, k: int) -> list:
+    """`items` starting at the k-th (modulo their number): round k's order, so that over as many
+    rounds as there are items each runs once in each position."""
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
 def interleaved(fns: Mapping[Hashable, Callable[[], object]], repeats: int, *, warmup: int = 1,
                 setup: Callable[[Hashable], None] | None = None,
                 device: str | torch.device = "cpu") -> dict[Hashable, list[float]]:
@@ -119,8 +126,7 @@ def interleaved(fns: Mapping[Hashable, Callable[[], object]], repeats: int, *, w
     names = list(fns)
     samples: dict[Hashable, list[float]] = {n: [] for n in names}
     for r in range(warmup + repeats):
-        shift = r % len(names)
-        for n in names[shift:] + names[:shift]:
+        for n in rotated(names, r):
             if setup is not None:
                 setup(n)
             ms = time_ms(fns[n], device)
