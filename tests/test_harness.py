@@ -99,3 +99,9 @@ def test_the_script_check_finds_a_timer_of_its_own(tmp_path):
     path.write_text("import argparse, time\nap = argparse.ArgumentParser()\nt = time.perf_counter()\n"
                     "out.write_text('{}')\n")
     assert {"argparse.ArgumentParser", "time.perf_counter", "out.write_text"} <= _calls(path)
+
+
+def test_a_summary_names_the_commit_and_whether_the_tree_differed():
+    assert harness.at_revision({"revision": {"commit": "1d32d63abc", "dirty": False}}) == ", at 1d32d63"
+    assert harness.at_revision({"revision": {"commit": "1d32d63abc", "dirty": True}}) == ", at 1d32d63 with uncommitted changes"
+    assert harness.at_revision({"revision": {}}) == harness.at_revision({}) == ""

@@ -215,6 +215,15 @@ def revision() -> dict:
         return {}
 
 
+def at_revision(record: dict) -> str:
+    """", at 1d32d63" (", at 1d32d63 with uncommitted changes") for a result's summary; "" where none
+    was recorded."""
+    rev = record.get("revision") or {}
+    if not rev.get("commit"):
+        return ""
+    return f", at {rev['commit'][:7]}" + (" with uncommitted changes" if rev.get("dirty") else "")
+
+
 def command() -> str:
     """This process's command line, as a user would type it again."""
     argv0 = Path(sys.argv[0])

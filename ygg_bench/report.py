@@ -227,7 +227,7 @@ def summary_markdown(results: dict) -> str:
         f"- **Prompts**: {cfg['prompts']}, {len(cfg['prompt_keys'])} prompts; {cfg['max_new_tokens']} new tokens at most "
         f"(stopping at end of sequence), temperature {cfg['temperature']}, {cfg['rounds']} round(s), interleaved",
         f"- **Peak memory** (resident, whole process): {results['peak_rss_gb']:.1f} GB",
-        f"- **Command**: `{cfg['command']}`"
+        f"- **Command**: `{cfg['command']}`{harness.at_revision(results)}"
         + (f" (continuing `{cfg['resumed_from']}` with `--resume`: runs recorded by either are reported)"
            if cfg.get("resumed_from") and cfg["resumed_from"] != cfg["command"] else ""),
         "",

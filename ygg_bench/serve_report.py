@@ -4,13 +4,14 @@ serving peers."""
 
 from __future__ import annotations
 
+from ygg_bench import harness
 from ygg_bench.load import SCRAPE_S
 
 def summary_markdown(report: dict) -> str:
     cfg, mach = report["config"], report["machine"]
     bandwidth = f", {mach['read_bandwidth_gbs']} GB/s read" if mach.get("read_bandwidth_gbs") else ""
     lines = ["# Yggdrasil serving benchmark", "",
-             f"- **Command**: `{cfg['command']}`",
+             f"- **Command**: `{cfg['command']}`{harness.at_revision(report)}",
              f"- **Machine**: {mach['cpu']}{bandwidth}, {mach['threads']} torch threads; {mach['dtype']} on "
              f"{mach['device']}",
              f"- **Load**: {cfg['prompts']} prompts per (method, concurrency), "
