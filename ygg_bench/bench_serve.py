@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ygg_bench import harness, plots
 from ygg_bench.load import Client, Scraper, level_summary, load_level, scrape
 from ygg_bench.options import ServeBenchOptions
 from ygg_bench.serve_report import summary_markdown
-from ygg_bench.servers import PEER_ERRORS, LlamaServer, RayServer, start_server, stop, torch_threads
+from ygg_bench.servers import PEER_ERRORS, LlamaServer, RayServer, start_server, stop
 from ygg_compile.prompts import read_jsonl
 from ygg_runtime.artifact.load import read_plan
 from ygg_runtime.backend import native
@@ -64,7 +66,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
         raise YggError("every prompt is longer than the artifact's context: compile with a larger --max-context")
     levels = sorted(set(opts.concurrency))
     peers: dict[str, LlamaServer] = {}
-    threads = torch_threads()  # the direct server's (it runs with the default): the peers' and Rays' too
+    threads = torch.get_num_threads()  # the direct server's (it runs with the default): the peers' and Rays' too
     if gguf is not None:
         peers[LlamaServer.name] = LlamaServer(gguf, threads, plan.max_context, codec, opts.chat)
     rays = [RayServer(opts, levels[-1], r, threads) for r in opts.ray]

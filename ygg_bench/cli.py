@@ -53,7 +53,6 @@ def _lengths(value: str | None) -> list[int] | None:
         raise YggError(f"--long takes token counts, comma-separated (e.g. 1000,4000,16000), not '{value}'") from None
 
 
-
 @app.command("bench", rich_help_panel=TOOLCHAIN)
 def bench_cmd(
     artifact: Path = typer.Option(DEFAULT_DIR, "--artifact", "-a", help="artifact directory from `ygg compile`"),

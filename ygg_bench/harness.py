@@ -3,9 +3,10 @@ benchmarks/. What makes two figures comparable lives here, once:
 
 - `parser`: the arguments every benchmark takes (`-o/--out`, `--repeats`, `--threads`; an artifact
   and `--widths` where it has them), parsed and checked the same way everywhere;
-- `interleaved`: the timer. Every candidate once per round, in an order rotated from round to round,
-  so a slow drift of a shared machine (another tenant, a VM changing state) hits all alike; medians
-  over the rounds. On a GPU each call is timed by CUDA events on its stream;
+- `interleaved` (with `rotated`, `time_ms`, `median_ms`, `medians`, `ratio_median`): the timer,
+  `ygg_compile.timing`'s, the one the compile's latency profiles are measured with too. Every
+  candidate once per round, in an order rotated from round to round, so a slow drift of a shared
+  machine hits all alike; medians over the rounds. On a GPU each call is timed by CUDA events;
 - `machine`: what ran it (CPU model, vector ISA class and flags, threads, cores, torch, python, GPU)
   and its two roofs, read bandwidth and compute peak, measured beside the run: two machines of one
   name differ in bandwidth, and a figure is read against its machine's floor;
@@ -23,17 +24,16 @@ import json
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 
 import torch
 
 from ygg_compile import hardware
-from ygg_compile.roofline import Roofs, cuda_ms, measure_roofs
+from ygg_compile.roofline import Roofs, measure_roofs
+from ygg_compile.timing import interleaved, median_ms, medians, ratio_median, rotated, time_ms  # noqa: F401  (the timer)
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import write_atomic
 
@@ -93,55 +93,6 @@ def parse(ap: argparse.ArgumentParser, argv: list[str] | None = None) -> argpars
 
 
 # ---------------------------------------------------------------- the timer
-
-
-def time_ms(fn: Callable[[], object], device: str | torch.device = "cpu") -> float:
-    """Milliseconds of one call of `fn`: wall time on a CPU, CUDA events around it on a GPU."""
-    if torch.device(device).type == "cuda":
-        return cuda_ms(fn, repeats=1, warmup=0)
-    start = time.perf_counter()
-    fn()
-    return 1000 * (time.perf_counter() - start)
-
-
-def median_ms(fn: Callable[[], object], repeats: int = 20, device: str | torch.device = "cpu") -> float:
-    """The median milliseconds of `repeats` calls of `fn` after one untimed call (one candidate of
-    `interleaved`: where nothing is compared beside it)."""
-    return statistics.median(interleaved({0: fn}, repeats, device=device)[0])
-
-
-def rotated(items: list, k: int) -> list:
-    """`items` starting at the k-th (modulo their number): round k's order, so that over as many
-    rounds as there are items each runs once in each position."""
-    k %= len(items)
-    return items[k:] + items[:k]
-
-
-def interleaved(fns: Mapping[Hashable, Callable[[], object]], repeats: int, *, warmup: int = 1,
-                setup: Callable[[Hashable], None] | None = None,
-                device: str | torch.device = "cpu") -> dict[Hashable, list[float]]:
-    """Each candidate's milliseconds, `repeats` samples each: round r calls every candidate once, in
-    the order rotated by r, after `warmup` untimed rounds. `setup(name)`, untimed, runs before each
-    call (a cache reset, a mode switch)."""
-    names = list(fns)
-    samples: dict[Hashable, list[float]] = {n: [] for n in names}
-    for r in range(warmup + repeats):
-        for n in rotated(names, r):
-            if setup is not None:
-                setup(n)
-            ms = time_ms(fns[n], device)
-            if r >= warmup:
-                samples[n].append(ms)
-    return samples
-
-
-def medians(samples: Mapping[Hashable, list[float]], digits: int = 3) -> dict[Hashable, float]:
-    return {n: round(statistics.median(s), digits) for n, s in samples.items()}
-
-
-def ratio_median(a: list[float], b: list[float]) -> float:
-    """The median of paired ratios a[i] / b[i] (samples taken back to back in one round)."""
-    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def child_json(cmd: list[str], env: dict | None, what: str) -> dict:

@@ -202,9 +202,3 @@ class RayServer:
 
     def stop(self) -> None:
         stop(self.proc)
-
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()

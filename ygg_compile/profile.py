@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from ygg_compile import hardware
+from ygg_compile.timing import interleaved
 from ygg_runtime.ui import Reporter
 from ygg_runtime import backend
 from ygg_runtime.backend import native
@@ -78,21 +79,18 @@ def forward_times(
     compiled, runner.widths = runner.widths, ()  # time each width as it is, unpadded
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, runner.vocab_size, (max(widths),), generator=gen).tolist()
-    samples: dict[int, list[float]] = {w: [] for w in widths}
-    rounds = warmup + repeats
+    def setup(w: int) -> None:
+        runner.reset(context)
+        runner.synchronize()
+
+    def forward(w: int) -> Callable[[], None]:
+        def call() -> None:  # synchronised inside the timed call: a GPU's host time counts too
+            runner.forward_chain(tokens[:w])
+            runner.synchronize()
+        return call
+
     try:
-        for r in range(rounds):
-            order = widths[r % len(widths) :] + widths[: r % len(widths)]
-            for w in order:
-                runner.reset(context)
-                runner.synchronize()
-                start = time.perf_counter()
-                runner.forward_chain(tokens[:w])
-                runner.synchronize()
-                if r >= warmup:
-                    samples[w].append(1000.0 * (time.perf_counter() - start))
-            if progress:
-                progress(r + 1, rounds)
+        samples = interleaved({w: forward(w) for w in widths}, repeats, warmup=warmup, setup=setup, progress=progress)
     finally:
         runner.reset()
         runner.widths = compiled
@@ -122,23 +120,25 @@ def batch_times(runner: ModelRunner, widths: tuple[int, ...], context: int, sequ
     compiled, runner.widths = runner.widths, ()
     length = context + most
     regions = [runner.region(i * length, length) for i in range(max(sequences))]
-    samples: dict[tuple[int, int], list[float]] = {(b, w): [] for b in sequences for w in widths if w >= b}
+    calls: list[Call] = []  # the next timed forward's, built untimed
+
+    def setup(key: tuple[int, int]) -> None:
+        b, w = key
+        each = w // b
+        causal = torch.ones(each, each, dtype=torch.bool).tril_()
+        calls.clear()
+        for region in regions[:b]:
+            region.reset(context)
+            calls.append(Call(region, tokens[:each], list(range(each)), list(range(each)), causal))
+        runner.synchronize()
+
+    def forward() -> None:
+        forward_many(calls)
+        runner.synchronize()
+
     try:
-        for r in range(warmup + repeats):
-            keys = list(samples)
-            for b, w in keys[r % len(keys):] + keys[: r % len(keys)]:
-                each = w // b
-                causal = torch.ones(each, each, dtype=torch.bool).tril_()
-                calls = []
-                for region in regions[:b]:
-                    region.reset(context)
-                    calls.append(Call(region, tokens[:each], list(range(each)), list(range(each)), causal))
-                runner.synchronize()
-                start = time.perf_counter()
-                forward_many(calls)
-                runner.synchronize()
-                if r >= warmup:
-                    samples[(b, w)].append(1000.0 * (time.perf_counter() - start))
+        keys = [(b, w) for b in sequences for w in widths if w >= b]
+        samples = interleaved(dict.fromkeys(keys, forward), repeats, warmup=warmup, setup=setup)
     finally:
         runner.widths = compiled
         runner.reset()

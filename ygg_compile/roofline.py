@@ -20,6 +20,7 @@ from dataclasses import asdict
 import torch
 from torch import nn
 
+from ygg_compile.timing import cuda_ms
 from ygg_runtime.backend import native
 from ygg_runtime.model.transformer import Transformer
 from ygg_runtime.artifact.plan import Costs, Roofs  # the plan's profile records them
@@ -34,21 +35,6 @@ def measure_roofs(bandwidth_bytes: int = 1 << 30, repeats: int = 5, device: torc
         return Roofs(gpu_read_bandwidth(device, bandwidth_bytes, repeats), gpu_matmul_peak(device, repeats),
                      torch.get_num_threads())
     return Roofs(native.read_bandwidth(bandwidth_bytes, repeats), native.int8_peak(0.1, repeats), torch.get_num_threads())
-
-
-def cuda_ms(fn, repeats: int = 20, warmup: int = 1) -> float:
-    """Median ms of `fn` on the current CUDA stream (events; after `warmup` untimed calls)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def gpu_read_bandwidth(device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
