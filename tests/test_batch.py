@@ -532,17 +532,31 @@ def test_a_mixed_forward_computes_logits_on_a_checked_number_of_rows():
     assert head_rows([verify, verify], 2, first) == ([0, 1], [0, 1])  # all wanted: every row, as before
 
 
-def test_batched_forward_timing_fits_the_smallest_cache_a_compile_makes():
-    """`ygg compile --max-context 1` gives a cache of 1 + a probe tree's room: CAST's batched
-    forwards are still timed there at every width (they crashed below ~520 slots: each of the
-    eight regions was sized for the widest forward, though a sequence gets at most half of it)."""
+@pytest.mark.parametrize("max_context", [1, 100, 1024])
+def test_every_measured_forward_fits_the_cache_a_compile_makes_whatever_the_exactness_floor(max_context):
+    """A compile's latency profile — T(W) at each context of its grid, CAST's batched forwards, a
+    step's CPU work — is measured in the cache `ygg compile --max-context N` makes (N plus a probe
+    tree's room), every target forward padded to the exactness floor the row check found, which
+    is a machine's: 1 or 2 on the EPYCs, up to the widest compiled width where only it agrees (the
+    AMX Xeon's bf16). Every forward fits, padding rows included, down to the smallest cache: a
+    floor of 64 crashed the batched forwards ("no region has room for 62 padding rows past its
+    tree") and a compile with --max-context 1, whose widths hold no two sequences, divided by zero."""
     import tiny
     from helpers import to_runtime
 
     from ygg_compile import calibrate, profile
     from ygg_runtime.artifact.params import WIDTHS
 
-    small = runner(to_runtime(tiny.hf_model("llama", seed=3)), 1 + calibrate.PROBE_ROOM)
-    got = profile.batch_times(small, WIDTHS, context=256, repeats=1, warmup=0)
-    assert got["context"] >= 1 and got["sequences"] == list(profile.BATCH_SEQUENCES)
-    assert all((ms is None) == (w < b) for b, row in zip(got["sequences"], got["ms"]) for w, ms in zip(WIDTHS, row))
+    small = runner(to_runtime(tiny.hf_model("llama", seed=3)), max_context + calibrate.PROBE_ROOM)
+    widths, contexts = profile.plan_grid(max_context)
+    for floor in (0, *WIDTHS):
+        small.min_width = floor
+        with small.recording() as seen:
+            got = profile.measure(small, widths, contexts, repeats=1)
+        assert seen and min(seen) >= max(floor, 1), (floor, seen)  # T(W) as the model runs: padded to the floor
+        assert len(got["forward_ms"]) == len(contexts) and len(got["other_ms"]) == len(widths)
+        batch = got["batch_ms"]
+        assert batch["sequences"] == list(profile.BATCH_SEQUENCES) and (batch["context"] >= 1 or widths == (1,))
+        assert all((ms is None) == (w < b) for b, row in zip(batch["sequences"], batch["ms"])
+                   for w, ms in zip(widths, row)), (floor, batch)
+        assert small.committed == 0 and small.widths == ()

@@ -73,10 +73,11 @@ def forward_times(
     warmup: int = 1,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[int, float]:
-    """Median ms of one causal forward over W new tokens at `context` committed tokens, per width.
-    The runner is left reset (nothing committed)."""
-    context = max(0, min(context, runner.max_len - max(widths)))
+    """Median ms of one causal forward over W new tokens at `context` committed tokens, per width:
+    each at its own width, or at the exactness floor where that is wider (as every forward of the
+    model runs). The runner is left reset (nothing committed)."""
     compiled, runner.widths = runner.widths, ()  # time each width as it is, unpadded
+    context = max(0, min(context, runner.max_len - runner.padded(max(widths))))
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, runner.vocab_size, (max(widths),), generator=gen).tolist()
     def setup(w: int) -> None:
@@ -107,37 +108,47 @@ def batch_times(runner: ModelRunner, widths: tuple[int, ...], context: int, sequ
                 repeats: int = 3, warmup: int = 1) -> dict:
     """CAST's f(B, c, n): median ms of one forward carrying n new tokens spread evenly over B
     sequences (n / B each, a causal chain), each in its own cache region after `context` tokens,
-    for every measured width n >= B (`ygg_runtime.decoding.batch` runs such forwards). A region holds the
-    context and the most one sequence of a batch gets (widest / min B); the context is lowered
-    where the regions would not fit the cache (the smallest a compile makes, max_context 1 plus a
-    probe tree's room, holds eight of 1 + 64 / 2). Returns {"context", "sequences", "widths",
-    "ms": [per B: ms per width, None below B]}."""
-    widest = max(widths)
-    most = widest // min(sequences)  # the most tokens one sequence of a batched forward gets
-    context = max(1, min(context, runner.max_len // max(sequences) - most))
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, runner.vocab_size, (widest,), generator=gen).tolist()
+    for every measured width n >= B (`ygg_runtime.decoding.batch` runs such forwards). The cache
+    is laid out as a served batch lays it out: first the slots a forward's padding rows write
+    when no region has room past its tree (`Batch.scratch`: here as many as the widest padding a
+    measured forward gets, up to the exactness floor), then one region per sequence holding the
+    context and the most one sequence of a batch gets (widest / min B). The context is lowered
+    where that would not fit the cache (the smallest a compile makes, max_context 1 plus a probe
+    tree's room, holds 63 padding slots and eight regions of 2 + 64 / 2). Returns {"context",
+    "sequences", "widths", "ms": [per B: ms per width, None below B]}; every entry None where no
+    width holds two sequences."""
+    keys = [(b, w) for b in sequences for w in widths if w >= b]
+    if not keys:
+        return {"context": context, "sequences": list(sequences), "widths": list(widths),
+                "ms": [[None] * len(widths) for _ in sequences]}
     compiled, runner.widths = runner.widths, ()
-    length = context + most
-    regions = [runner.region(i * length, length) for i in range(max(sequences))]
-    calls: list[Call] = []  # the next timed forward's, built untimed
-
-    def setup(key: tuple[int, int]) -> None:
-        b, w = key
-        each = w // b
-        causal = torch.ones(each, each, dtype=torch.bool).tril_()
-        calls.clear()
-        for region in regions[:b]:
-            region.reset(context)
-            calls.append(Call(region, tokens[:each], list(range(each)), list(range(each)), causal))
-        runner.synchronize()
-
-    def forward() -> None:
-        forward_many(calls)
-        runner.synchronize()
-
     try:
-        keys = [(b, w) for b in sequences for w in widths if w >= b]
+        spare = max(runner.padded(w) - w for _, w in keys)
+        scratch = range(runner.base, runner.base + spare)
+        most = max(widths) // min(sequences)  # the most tokens one sequence of a batched forward gets
+        context = max(1, min(context, (runner.max_len - spare) // max(sequences) - most))
+        length = context + most
+        regions = [runner.region(scratch.stop + i * length, length) for i in range(max(sequences))]
+        for region in regions:
+            region.scratch = scratch
+        gen = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, runner.vocab_size, (max(widths),), generator=gen).tolist()
+        calls: list[Call] = []  # the next timed forward's, built untimed
+
+        def setup(key: tuple[int, int]) -> None:
+            b, w = key
+            each = w // b
+            causal = torch.ones(each, each, dtype=torch.bool).tril_()
+            calls.clear()
+            for region in regions[:b]:
+                region.reset(context)
+                calls.append(Call(region, tokens[:each], list(range(each)), list(range(each)), causal))
+            runner.synchronize()
+
+        def forward() -> None:
+            forward_many(calls)
+            runner.synchronize()
+
         samples = interleaved(dict.fromkeys(keys, forward), repeats, warmup=warmup, setup=setup)
     finally:
         runner.widths = compiled

@@ -14,7 +14,6 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics, Step
 from ygg_runtime.options import SAMPLING, check_sampling, check_settings
 from ygg_runtime.decoding.proposers import Proposer, Sampling, StepState
-from ygg_runtime.artifact.params import fit_width
 from ygg_runtime.model.runner import Call, ModelRunner
 from ygg_runtime.transfer import Stopwatch
 from ygg_runtime.decoding.tree import TokenTree
@@ -23,7 +22,7 @@ from ygg_runtime.decoding.tree import TokenTree
 def step_room(target: ModelRunner, proposer: Proposer) -> int:
     """Cache slots a step needs past the sequence: the largest tree, padded to a compiled width
     and at least to the target's min_width."""
-    return fit_width(max(proposer.max_tree_size, target.min_width), target.widths)
+    return target.padded(proposer.max_tree_size)
 
 
 class Generation:

@@ -138,6 +138,12 @@ class ModelRunner:
                 outer.extend(self._recorded)
             self._recorded = outer
 
+    def padded(self, n: int) -> int:
+        """The width a forward of n rows runs at: at least the exactness floor (`min_width`), then
+        up to a compiled width (`forward_many`; it drops the second padding, never the first,
+        where the cache has no room). What every caller sizing cache room for a forward reads."""
+        return fit_width(max(n, self.min_width), self.widths)
+
     @property
     def vocab_size(self) -> int:
         return self.model.args.vocab_size
@@ -229,7 +235,7 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     first = calls[0].runner
     n = sum(len(c.tokens) for c in calls)
     need = max(n, first.min_width)  # padding to min_width is the exactness rule, not a choice
-    width = max(width, fit_width(need, first.widths) if first.widths else need)
+    width = max(width, first.padded(n))
 
     def room(c: Call) -> int:
         return c.runner.max_len - c.runner.committed - max(c.tree_mask.shape[1], max(c.offsets) + 1)
