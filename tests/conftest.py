@@ -1,5 +1,7 @@
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,8 +20,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
 # Converted GGUF checkpoints are cached here between test runs (the user cache is left alone).
 os.environ.setdefault("YGG_CACHE", str(REPO / ".cache" / "ygg-test"))
-# Latency profiles the tests measure stay out of the committed profiles/.
-os.environ.setdefault("YGG_PROFILES", str(REPO / ".cache" / "ygg-test" / "profiles"))
+# Every run measures its latency profiles in a store of its own that starts empty, as every user's
+# machine is one the repository has never seen: the measuring path runs on every machine, never
+# hidden by a profile committed (profiles/, read by test_profiles.py alone) or kept from an earlier
+# run. Made by the first process (xdist's controller, before it starts its workers, which inherit
+# it) and removed when that process ends; YGG_PROFILES set beforehand is used as it is.
+OWN_PROFILES = None
+if "YGG_PROFILES" not in os.environ:
+    OWN_PROFILES = os.environ["YGG_PROFILES"] = tempfile.mkdtemp(prefix="ygg-test-profiles-")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 # Without a GPU, Triton kernels (the GPU attention) run on CPU tensors in Triton's interpreter: their
 # semantics are tested everywhere. Read when a kernel is defined, so set before any is imported.
@@ -35,6 +43,11 @@ def pytest_sessionstart(session) -> None:
         from ygg_runtime.backend import native
 
         native.build()
+
+
+def pytest_unconfigure(config) -> None:
+    if OWN_PROFILES is not None:
+        shutil.rmtree(OWN_PROFILES, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

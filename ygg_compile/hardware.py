@@ -52,10 +52,16 @@ def device_slug(device: str) -> str:
     instruction-set class and threads for a CPU (cpu-amd-epyc-avx512-2t, cpu-intel-xeon-amx-2t), the
     GPU's name for a GPU (cuda-nvidia-h200), so one folder never mixes machines of other kernels."""
     if device.startswith("cuda") and torch.cuda.is_available():
-        kind, name, suffix = "cuda", torch.cuda.get_device_name(), ""
-    else:
-        cpu = cpu_info()
-        width = f"-{cls}" if (cls := isa_class(cpu.isa)) else ""
-        kind, name, suffix = "cpu", cpu.model, f"{width}-{torch.get_num_threads()}t"
+        return slug("cuda", torch.cuda.get_device_name())
+    cpu = cpu_info()
+    return slug("cpu", cpu.model, cpu.isa, torch.get_num_threads())
+
+
+def slug(kind: str, name: str, isa: list[str] | tuple[str, ...] = (), threads: int = 0) -> str:
+    """`device_slug` of a machine described by what a profile's fingerprint records of it: its
+    kind ("cpu" or "cuda"), its model name, and for a CPU its flags and torch's threads."""
+    suffix = ""
+    if kind == "cpu":
+        suffix = (f"-{cls}" if (cls := isa_class(isa)) else "") + f"-{threads}t"
     name = re.sub(r"\((r|tm)\)|\bprocessor\b|\bcpu\b|\d+-core", "", name.lower())
     return f"{kind}-" + re.sub(r"[^a-z0-9]+", "-", name).strip("-") + suffix

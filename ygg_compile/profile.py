@@ -300,9 +300,14 @@ def weights_label(dtype: str, model: ModelInfo) -> str:
 
 
 def profile_path(root: Path, device: str, model: ModelInfo, dtype: str, forward: str) -> Path:
-    name = Path(model.spec.rstrip("/")).name.lower()
+    return Path(root) / hardware.device_slug(device) / profile_name(model.spec, model.sha256, dtype, forward)
+
+
+def profile_name(spec: str, sha256: str, dtype: str, forward: str) -> str:
+    """A profile's file name under its machine's folder: <model>-<sha256[:8]>-<dtype>-<aot|eager>.yaml."""
+    name = Path(spec.rstrip("/")).name.lower()
     name = re.sub(r"[^a-z0-9.]+", "-", name).strip("-") or "model"
-    return Path(root) / hardware.device_slug(device) / f"{name}-{model.sha256[:8]}-{dtype}-{forward}.yaml"
+    return f"{name}-{sha256[:8]}-{dtype}-{forward}.yaml"
 
 
 def load_matching(path: Path, model: ModelInfo, dtype: str, device: str, forward: str, widths, contexts) -> tuple[dict | None, str]:
