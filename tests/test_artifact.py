@@ -6,6 +6,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -144,25 +145,74 @@ def test_refuses_a_cpu_lacking_an_instruction_set_the_compiled_code_uses(copy, p
     assert ygg("run", prompt_file, "-a", copy, "-n", 4, "--eager").returncode == 0  # built here from source
 
 
-def test_a_ctrl_c_a_library_turns_into_another_error_still_stops_the_compile_as_interrupted(pair, tmp_path, monkeypatch):
-    """torch.export's fake tensors caught the KeyboardInterrupt of a Ctrl-C during the AOT compile
-    and raised a TypeError of their own (seen once in the test below, whose Ctrl-C lands where the
-    compile happens to be): the compile must still end as interrupted, leaving nothing."""
+def test_a_ctrl_c_that_makes_a_library_fail_its_own_way_still_stops_the_compile_as_interrupted(pair, tmp_path, monkeypatch):
+    """A terminal's Ctrl-C reaches the compilers a library waits on too, which then fails its own
+    way (AOTInductor's bare "C++ compile error"; torch.export's fake tensors once a TypeError): the
+    compile must still end as interrupted, leaving nothing."""
     from ygg_compile import build
     from ygg_compile.options import CompileOptions
 
-    def swallowing(b):
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)  # the handler runs here
-        except KeyboardInterrupt:
-            raise TypeError("unsupported operand type(s) for +: 'FakeTensor' and 'float'") from None
+    def failing(b):
+        os.kill(os.getpid(), signal.SIGINT)  # remembered, nothing raised
+        raise RuntimeError("C++ compile error")
 
-    monkeypatch.setattr(build, "_resolve", swallowing)
+    monkeypatch.setattr(build, "_resolve", failing)
     out = tmp_path / "out" / "art"
     with pytest.raises(KeyboardInterrupt):
         build.compile_artifact(CompileOptions(draft=str(pair["draft"]), target=str(pair["target"]), output=out))
     assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_a_signal_landing_in_a_finalizer_stops_the_compile_at_its_next_stage_without_a_traceback(pair, tmp_path,
+                                                                                                 monkeypatch, capfd):
+    """A signal is only remembered where it lands (here inside an object's finalizer, as a library's
+    can run anywhere): raised there, Python printed "Exception ignored in ..." with a traceback and
+    went on. The compile stops where it looks, before its next stage, in one exception and no trace."""
+    from ygg_compile import build
+    from ygg_compile.options import CompileOptions
+
+    class Held:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler runs here, inside the finalizer
+
+    reached = []
+
+    def resolve(b):
+        Held()  # dropped at once: its finalizer runs
+        reached.append("resolve")
+
+    ignored = []  # what Python would print as "Exception ignored in ..." (pytest's own hook hides it)
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    monkeypatch.setattr(build, "_resolve", resolve)
+    monkeypatch.setattr(build, "_convert", lambda b: reached.append("convert"))
+    out = tmp_path / "out" / "art"
+    with pytest.raises(KeyboardInterrupt):
+        build.compile_artifact(CompileOptions(draft=str(pair["draft"]), target=str(pair["target"]), output=out))
+    err = capfd.readouterr().err
+    assert ignored == [] and "Traceback" not in err, (ignored, err)
+    assert reached == ["resolve"] and not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_a_second_signal_stops_the_compile_at_once(pair, tmp_path, monkeypatch):
+    """Work that reports no progress (a C++ build, AOTInductor) is not cut by a first SIGTERM sent to
+    the compile alone; a second signal stops it where it is."""
+    from ygg_compile import build
+    from ygg_compile.options import CompileOptions
+
+    reached = []
+
+    def resolve(b):
+        os.kill(os.getpid(), signal.SIGTERM)
+        reached.append("first")
+        os.kill(os.getpid(), signal.SIGTERM)
+        reached.append("second")
+
+    monkeypatch.setattr(build, "_resolve", resolve)
+    out = tmp_path / "out" / "art"
+    with pytest.raises(KeyboardInterrupt):
+        build.compile_artifact(CompileOptions(draft=str(pair["draft"]), target=str(pair["target"]), output=out))
+    assert reached == ["first"] and not out.exists() and list(out.parent.iterdir()) == []
 
 
 def test_ctrl_c_during_compile_leaves_nothing_at_the_output(pair, tmp_path):
@@ -178,4 +228,5 @@ def test_ctrl_c_during_compile_leaves_nothing_at_the_output(pair, tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group, compiler processes too
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130 and stderr.strip().splitlines()[-1] == "error: interrupted", stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
     assert not out.exists() and list(out.parent.iterdir()) == []

@@ -29,7 +29,7 @@ from ygg_compile import (aot, calibrate, calibration_file, draft_vocab, footprin
 from ygg_compile import profile as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions, check_output
-from ygg_compile.staging import interrupts, staged
+from ygg_compile.staging import Stopping, interrupts, staged
 from ygg_runtime.ui import Reporter
 from ygg_runtime.artifact import exactness, typed
 from ygg_runtime.decoding import objective, proposers
@@ -76,23 +76,27 @@ def compile_artifact(opts: CompileOptions, ui: Reporter | None = None) -> Plan:
     @contextlib.contextmanager
     def phase(name: str, description: str | None) -> Iterator[None]:
         """Time a part of the compile under `name`; description: its progress line (None: its
-        own steps show). A Ctrl-C that the work inside swallowed stops the compile here."""
+        own steps show). A Ctrl-C or SIGTERM stops the compile here, before the part and after it."""
+        stopping.check()
         start = time.time()
-        with ui.step(description) if description else contextlib.nullcontext():
+        with stopping.step(description) if description else contextlib.nullcontext():
             yield
         phases[name] = round(phases.get(name, 0.0) + time.time() - start, 1)
-        if interrupted.is_set():
-            raise KeyboardInterrupt
+        stopping.check()
 
     with interrupts() as interrupted, staged(out) as tmp, _kernels_into(tmp, device):
-        b = _Build(opts, ui, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor, stored)
+        stopping = Stopping(ui, interrupted)
+        b = _Build(opts, stopping, tmp, phase, device, dtype, calib_prompts, calib_tokens, predictor, stored)
         try:
             for stage in (_resolve, _convert, _aot, _invariance, _profile, _calibrate, _plan):
+                stopping.check()
                 stage(b)
-            return _write(b, started, phases)
+            plan = _write(b, started, phases)
+            stopping.check()  # a signal while plan.yaml was written: still nothing at the output
+            return plan
         except Exception:
-            if interrupted.is_set():  # a library turned our KeyboardInterrupt into an error of its own
-                raise KeyboardInterrupt from None  # (torch.export's fake tensors: a TypeError)
+            if interrupted.is_set():  # a Ctrl-C killed the compilers a library waited on: it failed its own way
+                raise KeyboardInterrupt from None
             raise
 
 

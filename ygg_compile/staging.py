@@ -1,7 +1,7 @@
 """Where a compile writes: a temporary directory beside the output, renamed to it only when the
 whole compile succeeded (one compile per output at a time; leftovers of killed ones removed), the
-modes the user's umask asks for, a full disk said as such, and a Ctrl-C or SIGTERM remembered even
-when a library swallows it — so an interrupted or failed compile leaves nothing half-written."""
+modes the user's umask asks for, a full disk said as such, and a Ctrl-C or SIGTERM taken where the
+compile chooses — so an interrupted or failed compile leaves nothing half-written."""
 
 from __future__ import annotations
 
@@ -19,13 +19,18 @@ from typing import Iterator
 
 from ygg_runtime.errors import YggError, out_of_space
 from ygg_runtime.files import cache_dir, locked
+from ygg_runtime.ui import Reporter
 
 
 @contextlib.contextmanager
 def interrupts() -> Iterator[threading.Event]:
-    """Remember a Ctrl-C (or a SIGTERM: `kill`, a CI timeout) even if a library catches the
-    KeyboardInterrupt it raises (AOTInductor's compile can), so the compile still stops at the next
-    phase and leaves nothing behind."""
+    """Take a Ctrl-C (SIGINT) or a SIGTERM (`kill`, a CI timeout) as a request to stop, remembered
+    in the event yielded: the compile stops where it looks (`Stopping`: between its phases and at
+    every progress report of a long loop). The handler raises nothing, so no exception starts inside
+    a finalizer (where Python prints "Exception ignored in ..." with a traceback and goes on) or in a
+    library that would turn it into an error of its own. A second signal stops at once, wherever
+    the compile is: work that reports no progress (a C++ build, AOTInductor) runs to its end after
+    a first SIGTERM sent to the compile alone (a terminal's Ctrl-C reaches its compilers too)."""
     seen = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield seen
@@ -33,8 +38,9 @@ def interrupts() -> Iterator[threading.Event]:
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def handler(signum, frame):
+        if seen.is_set():
+            raise KeyboardInterrupt
         seen.set()
-        raise KeyboardInterrupt
 
     for sig in previous:
         signal.signal(sig, handler)
@@ -43,6 +49,29 @@ def interrupts() -> Iterator[threading.Event]:
     finally:
         for sig, before in previous.items():
             signal.signal(sig, before)
+
+
+class Stopping(Reporter):
+    """A compile's reporter that stops it (KeyboardInterrupt) at its next step or progress report
+    once a signal came (`interrupts`): the long loops report progress, so they are where it stops."""
+
+    def __init__(self, ui: Reporter, interrupted: threading.Event):
+        self.ui, self.interrupted = ui, interrupted
+
+    def check(self) -> None:
+        if self.interrupted.is_set():
+            raise KeyboardInterrupt
+
+    def step(self, description: str) -> contextlib.AbstractContextManager:
+        self.check()
+        return self.ui.step(description)
+
+    def progress(self, description: str, done: int, total: int, unit: str = "B") -> None:
+        self.check()
+        self.ui.progress(description, done, total, unit)
+
+    def note(self, text: str) -> None:
+        self.ui.note(text)
 
 
 @contextlib.contextmanager
