@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import tiny
-import torch
 import yaml
 from helpers import ygg
 
