@@ -30,7 +30,10 @@ def contestants(artifact):
     plain = stages["chosen"] == {"tail": "plain", "head": "plain"}
     ablations = {"egt-fixed": bool(plan["methods"]["egt"].get("depth_policy")),
                  "egt-nograft": bool(plan["methods"]["egt"].get("graft")), "egt-eager": bool(plan["aot"]),
-                 "egt-plain": not plain, "egt-ahead": plain and bool(stages["alternatives"]), "ar-eager": bool(plan["aot"])}
+                 "egt-plain": not plain, "egt-ahead": plain and bool(stages["alternatives"]),
+                 "egt-noadapt": bool(plan["methods"]["egt"].get("adapt")),
+                 "auto-noadapt": plan["method"] not in ("ar", "pld") and bool(plan["methods"]["egt"].get("adapt")),
+                 "ar-eager": bool(plan["aot"])}
     auto = ["auto"] if plan["method"] not in ("ar", "pld") else []  # what a request naming no method runs
     return [*plan["methods"], *auto, *(name for name, applies in ablations.items() if applies), *PEERS]
 
@@ -86,7 +89,7 @@ def test_bench_writes_csv_plots_and_summary(bench, contestants):  # runs before 
     assert "## Where the tokens come from" in md and "| all | pld |" in md.split("## Where the tokens come from")[1]
     assert sum(pld["tokens_per_step_by_source"].values()) == pytest.approx(pld["mean_accepted_length"])
     assert pld["tokens_per_step_by_source"]["draft"] == 0 and pld["retrieval_ms_per_step"] > 0
-    ablations = [c for c in contestants if c.startswith("egt-")]
+    ablations = [c for c in contestants if c.startswith("egt-") or c == "auto-noadapt"]
     assert ("What each part of `egt` buys" in md) == bool(ablations)
     for r in rows:  # egt's paired gain over each ablation, and nothing for the other contestants
         assert (float(r["egt_speedup_over"]) > 0) if r["contestant"] in ablations else r["egt_speedup_over"] == "", r

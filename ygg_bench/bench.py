@@ -64,6 +64,10 @@ def ablation(decoder, name: str) -> tuple[str, dict]:
     plan = decoder.plan
     stages = plan.planning.stages
     chosen = stages.chosen if stages is not None else Stages()
+    if name in ("egt-noadapt", "auto-noadapt"):
+        if not any(getattr(p, "adapt", None) is not None for p in decoder.methods.values()):
+            raise YggError(f"{name} runs without the request's acceptance estimate, and this artifact's plan fitted none")
+        return ("egt" if name == "egt-noadapt" else None), {"adapt": False}
     if name == "egt-fixed":
         if decoder.predictor is None:
             raise YggError("egt-fixed is egt without its depth predictor, and this artifact's egt has none")
@@ -97,6 +101,8 @@ def ablations_of(decoder) -> list[str]:
     request naming no method runs) where the plan's method drafts."""
     out = [AUTO] if decoder.default_method not in ("ar", "pld") else []
     for name in (*ABLATIONS, *REFERENCES):
+        if name.startswith(AUTO) and not out:
+            continue  # `auto` itself does not run
         try:
             ablation(decoder, name)
             out.append(name)

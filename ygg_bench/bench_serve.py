@@ -184,7 +184,7 @@ def run_bench_serve(opts: ServeBenchOptions, ui: Reporter | None = None) -> dict
                          "ray": [{"name": r.name, "replicas": r.replicas, "threads_each": r.threads} for r in rays],
                          "max_new_tokens": budget, "chat": opts.chat,
                          "kv_cache_gb": opts.kv_cache_gb, "prompts": len(encoded),
-                         "cost_aware": opts.cost_aware},
+                         "cost_aware": opts.cost_aware, "adapt": opts.adapt},
               "summary": results,
               "runs": [{k: v for k, v in r.items() if k not in ("start", "end")} for r in runs]}
     harness.write_json(out / "results.json", report)

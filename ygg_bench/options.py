@@ -78,6 +78,7 @@ class ServeBenchOptions:
     chat: bool = False  # chat requests without max_tokens (the openai client's default), not completions
     kv_cache_gb: float | None = None  # the server's KV cache (None: its default)
     ray: list[int] = field(default_factory=list)  # replica counts: each method also through `ygg serve --ray`
+    adapt: bool = True  # the server shapes each request's steps by its acceptance estimate (`--no-adapt`: off)
 
     def __post_init__(self) -> None:
         if not self.concurrency or min(self.concurrency) < 1 or max(self.concurrency) > 64:

@@ -26,7 +26,12 @@ ABLATIONS = {
     "egt-eager": "egt on the eager forwards: what the ahead-of-time compiled ones add",
     "egt-plain": "egt with the plain stage order: what the searched stage plan adds (when it is not plain)",
     "egt-ahead": "egt with the best stage order the search rejected (when it chose plain)",
+    "egt-noadapt": "egt with every step shaped as planned (`--no-adapt`): what the request's acceptance estimate adds",
+    "auto-noadapt": "`auto` with every step shaped as planned (`--no-adapt`): what the estimate adds to the default "
+                    "(compared with `auto`)",
 }
+# What each ablation takes something away from (egt unless named here).
+ABLATED = {"auto-noadapt": "auto"}
 
 # The runtime's own choice: what a request that names no method runs (`Decoder.choose`).
 AUTO = "auto"
@@ -83,7 +88,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
             return {p: table[(name, p)] for p in keys if (name, p) in table}
 
         base, base_request, base_first = of(tpot, "ar"), of(request, "ar"), of(first, "ar")
-        assisted, llama, egt = of(tpot, "hf-assisted"), of(tpot, "llama.cpp"), of(tpot, "egt")
+        assisted, llama = of(tpot, "hf-assisted"), of(tpot, "llama.cpp")
         for name in contestants:
             mine = of(tpot, name)
             if not mine:
@@ -110,7 +115,7 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 # over llama.cpp's plain decoding of the same GGUF file, when the run has it
                 "speedup_vs_llama_cpp": _median_ratio(llama, mine),
                 # an ablation is egt with one thing taken away: what that thing buys
-                "egt_speedup_over": _median_ratio(mine, egt) if name in ABLATIONS else None,
+                "egt_speedup_over": _median_ratio(mine, of(tpot, ABLATED.get(name, "egt"))) if name in ABLATIONS else None,
                 "mean_accepted_length": statistics.mean(r["mean_accepted_length"] for r in runs),
                 "acceptance_rate": _mean([r["acceptance_rate"] for r in runs]),
                 "depth_acceptance": _mean_lists([r["depth_acceptance"] for r in runs]),
@@ -268,15 +273,15 @@ def summary_markdown(results: dict) -> str:
     for r in results["summary"]:
         if r.get("request_s") is None:
             continue
-        ran = ", ".join(f"{m} {n}" for m, n in r.get("methods_run", {}).items()) if r["contestant"] == AUTO else ""
+        ran = ", ".join(f"{m} {n}" for m, n in r.get("methods_run", {}).items()) if r["contestant"].startswith(AUTO) else ""
         lines.append(f"| {r['category']} | {r['contestant']} | {r['first_token_s']:.2f} | {r['request_s']:.2f} | "
                      f"{fmt(r.get('request_speedup_vs_ar'), '.2f', '×')} | {fmt(r.get('first_token_vs_ar'), '.2f')} | {ran} |")
     lines.append("")
     ablated = [r for r in results["summary"] if r.get("egt_speedup_over") is not None]
     if ablated:
         lines += ["## What each part of `egt` buys", "",
-                  "Paired speed-up of `egt` over each ablation: per prompt, the ablation's TPOT over `egt`'s, median "
-                  "over the prompts.", "",
+                  "Paired speed-up of `egt` (of `auto`, for `auto-noadapt`) over each ablation: per prompt, the "
+                  "ablation's TPOT over `egt`'s, median over the prompts.", "",
                   *(f"- `{n}`: {ABLATIONS[n]}" for n in dict.fromkeys(r["contestant"] for r in ablated)), "",
                   *_pivot(ablated, lambda r: fmt(r["egt_speedup_over"], ".2f", "×"), lambda n: f"egt vs {n}"), ""]
     retrieving = [r for r in results["summary"] if r.get("tokens_per_step_by_source")]

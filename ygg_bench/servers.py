@@ -139,6 +139,8 @@ def serve_command(opts: ServeBenchOptions, port: int, max_batch: int) -> list[st
            "--max-batch", str(max_batch), "--max-queue", str(max(64, 4 * max_batch)), "--model-name", "bench"]
     if not opts.cost_aware:
         cmd.append("--no-cost-aware")
+    if not opts.adapt:
+        cmd.append("--no-adapt")
     if opts.kv_cache_gb is not None:
         cmd += ["--kv-cache-gb", str(opts.kv_cache_gb)]
     return cmd

@@ -637,9 +637,15 @@ def _plan_methods(calib, agreement, profile: Profile, opts: CompileOptions, use_
     verify = tuple(w for w in verify_widths if w <= calibrate.PROBE_VERIFY) or verify_widths[:1]
     little = "too little calibration data (use more --calib prompts or --calib-tokens)"
     egt, egt_rows, report = {"depth": 0}, [], {"used": False, "why": little if use_predictor else "--no-predictor"}
+    fit, adapt = {"strength": None, "why": little}, None
     if calib.steps:
         replays = calibrate.replay_all(calib, curves, accept, verify, draft_widths)
         egt, egt_rows = calibrate.plan_egt(replays, accept, verify)
+        fit = calibrate.fit_strength(calib, replays, egt["draft_width"])
+        if fit["strength"] is not None:  # the request's acceptance estimate, egt's prior reach for it
+            adapt = {"strength": fit["strength"], "half_life": fit["half_life"]}
+            egt["adapt"] = adapt | {"reach_strength": fit["reach_strength"],
+                                    "policy": calibrate.reach_policy(calib, replays, egt["draft_width"])}
         if use_predictor:
             trained = predictor_training.train(calib, agreement) if agreement is not None else None
             if trained is not None:
@@ -660,8 +666,10 @@ def _plan_methods(calib, agreement, profile: Profile, opts: CompileOptions, use_
     methods = {**opts.methods, "sequoia": seq, "egt": egt}
     if "pld" in methods:
         methods["pld"] = methods["pld"] | {"verify_widths": list(verify_widths), "graft": egt["graft"]}
+        if adapt is not None:
+            methods["pld"]["adapt"] = adapt
     planning = {"context": context, "rank_acceptance": [round(x, 4) for x in ranks], "egt": egt_rows,
-                "predictor": report, "sequoia": seq_rows,
+                "predictor": report, "sequoia": seq_rows, "adapt": fit,
                 "graft": {"labelled_tokens": graft.tries, "target_tokens": graft.hits,
                           "adjacency_rows": len(graft.table.rows)}}
     return {name: proposers.params(name, values) for name, values in methods.items()}, Planning.from_dict(planning)

@@ -36,7 +36,8 @@ import torch
 from ygg_runtime.ui import Reporter
 from ygg_compile.sequoia_tree import SequoiaTables
 from ygg_runtime.decoding import engine, objective
-from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.decoding.estimate import Estimate
+from ygg_runtime.decoding.objective import AcceptanceMap, Curves
 from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.decoding.proposers import Drafter
 from ygg_runtime.decoding.proposers.base import Hook, StepState
@@ -46,7 +47,7 @@ from ygg_runtime.decoding.retrieval import (PRIOR_ADJACENCY, AdjacencyTable, Ret
                                    prior_context)
 from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.text import TextCodec
-from ygg_runtime.decoding.tree import TokenTree
+from ygg_runtime.decoding.tree import DRAFT, TokenTree
 
 PROBE_DEPTH, PROBE_WIDTH, PROBE_TOP_K, PROBE_VERIFY = 6, 8, 8, 32
 PROBE_ROOM = 1 + PROBE_TOP_K * (1 + PROBE_WIDTH * (PROBE_DEPTH - 1)) + PROBE_WIDTH  # cache slots of a probe tree
@@ -480,3 +481,130 @@ def graft_values(calib: Calibration, params: GraftParams = GraftParams()) -> Gra
               "adjacency": [[round(float(x), 4) for x in row] for row in adj]}
     tries = int(ctx_tries.sum() + adj_tries.sum())
     return GraftCalibration(values, table, tries, int(ctx_hits.sum() + adj_hits.sum()))
+
+
+def reach_policy(calib: Calibration, replays: Replays, draft_width: int) -> dict:
+    """egt's per-step depth policy without a depth predictor (`DepthPolicy` with no file): its prior
+    reach, P(accepted length >= d) of the deepest replayed egt of `draft_width` over the probe steps
+    (the runtime's own trees, pruned as it prunes: what a request's steps are scored against), and
+    per depth D the factor that turns it into what a depth-D step yielded on the replays —
+    1 + factors[D] · Σ_{d ≤ D} reach[d - 1] is that replay's mean tokens per step, so at the prior the
+    runtime's `objective.best_depth` weighs the depths as `plan_egt` did. The request's acceptance
+    estimate corrects the reach every step (`ygg_runtime.decoding.estimate`)."""
+    w = draft_width if draft_width in replays.widths else replays.widths[0]
+    deep = [n - 1 for n, _, _ in replays.at(PROBE_DEPTH, w)]
+    reach = [sum(a >= d for a in deep) / len(deep) for d in range(1, PROBE_DEPTH + 1)]
+    factors, widths = [1.0], [1]
+    for depth in range(1, PROBE_DEPTH + 1):
+        runs = replays.at(depth, w)
+        capped = sum(min(a, depth) for a in deep)
+        factors.append(round(sum(n - 1 for n, _, _ in runs) / capped, 4) if capped else 0.0)
+        widths.append(int(statistics.median_low(vw for _, vw, _ in runs)))
+    return {"file": None, "draft_width": w, "factors": factors, "verify_widths": widths,
+            "reach": [round(r, 4) for r in reach]}
+
+
+# The prior strengths tried, in expected acceptances (the held-out likelihood picks one).
+STRENGTHS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 512.0, 2048.0)
+# Steps over which a request's evidence keeps half its weight. Not fitted: calibration's prompts do not
+# change their character mid-answer, so their likelihood would always prefer never forgetting. It is
+# what lets a request priced out of drafting try again (docs/design.md, "Adapting to the request").
+HALF_LIFE = 32.0
+
+
+def fit_strength(calib: Calibration, replays: Replays | None = None, draft_width: int = 0, folds: int = 4) -> dict:
+    """The estimate's prior strengths that best predict held-out calibration prompts, one for the
+    nodes' prices and one for egt's reach. Prompts are split into `folds`; for each, the acceptance
+    map and the reach are fitted on the others, and each of its prompts is decoded again step by
+    step (the recorded steps, in order) by a fresh estimate that predicts every try before it
+    observes the step, exactly as the runtime does (`Estimate`): a node try — P(one of the children
+    of an accepted node is accepted) = Σ min(1, r · a(q)) over the probe's children — and a reach
+    try at every depth the deepest replayed egt of `draft_width` (`reach_policy`'s trees) could go
+    on from, P = the estimate's conditional there. Returns each strength with the highest
+    log-likelihood, with each strength's mean log-likelihood per try beside the prior's alone."""
+    from math import log
+
+    prompts = sorted({s.prompt for s in calib.steps})
+    if len(prompts) < 2:
+        return {"strength": None, "why": "fewer than two calibration prompts"}
+    folds = min(folds, len(prompts))
+    fold_of = {q: k % folds for k, q in enumerate(prompts)}
+    by_prompt: dict[int, list[int]] = {}
+    for i, s in enumerate(calib.steps):
+        by_prompt.setdefault(s.prompt, []).append(i)
+    w = draft_width if replays is not None and draft_width in replays.widths else replays.widths[0] if replays else 0
+    deep = [n - 1 for n, _, _ in replays.at(PROBE_DEPTH, w)] if replays is not None else []
+    nodes = {n0: 0.0 for n0 in STRENGTHS} | {None: 0.0}
+    reach = {n0: 0.0 for n0 in STRENGTHS} | {None: 0.0}
+    tries = reach_tries = 0
+    clip = lambda p: min(1 - 1e-3, max(1e-3, p))  # noqa: E731
+    for k in range(folds):
+        held = [q for q in prompts if fold_of[q] == k]
+        kept = [i for i, s in enumerate(calib.steps) if fold_of[s.prompt] != k]
+        amap = AcceptanceMap(acceptance_map(Calibration([calib.steps[i] for i in kept], 0, 0, 0.0)))
+        prior = [sum(deep[i] >= d for i in kept) / len(kept) for d in range(1, PROBE_DEPTH + 1)] if deep else []
+        observed = {i: _observed(calib.steps[i], amap) for q in held for i in by_prompt[q]}
+        for n0 in nodes:
+            for q in held:
+                est = Estimate(n0 or 1.0, HALF_LIFE, n0 or 1.0)  # the nodes' prices
+                for i in by_prompt[q]:
+                    tree, path = observed[i]
+                    for j, u in enumerate(path):
+                        if tree.children[u]:
+                            r = est.scale(DRAFT, tree.depths[u] + 1) if n0 is not None else 1.0
+                            p = clip(sum(min(1.0, r * tree.accepts[c]) for c in tree.children[u]))
+                            nodes[n0] += log(p) if j + 1 < len(path) else log(1 - p)
+                            tries += n0 is None
+                    est.observe(tree, path)
+                if not prior:
+                    continue
+                est = Estimate(n0 or 1.0, HALF_LIFE, n0 or 1.0)  # the reach
+                for i in by_prompt[q]:
+                    now = est.reach(prior) if n0 is not None else prior
+                    got, before = deep[i], 1.0
+                    for d in range(min(got + 1, PROBE_DEPTH)):
+                        c = clip(now[d] / before if before > 0 else 0.0)
+                        reach[n0] += log(c) if d < got else log(1 - c)
+                        reach_tries += n0 is None
+                        before = now[d]
+                    est.reach(prior)
+                    est.observe(*_chain(got, prior))
+    best = max(STRENGTHS, key=lambda n0: nodes[n0])
+    out = {"strength": best, "half_life": HALF_LIFE, "tries": tries, "folds": folds,
+           "loglik_per_try": {str(n0): round(nodes[n0] / max(1, tries), 4) for n0 in STRENGTHS},
+           "prior_loglik_per_try": round(nodes[None] / max(1, tries), 4)}
+    if deep:
+        best = max(STRENGTHS, key=lambda n0: reach[n0])
+        out |= {"reach_strength": best, "reach_tries": reach_tries,
+                "reach_loglik_per_try": {str(n0): round(reach[n0] / max(1, reach_tries), 4) for n0 in STRENGTHS},
+                "prior_reach_loglik_per_try": round(reach[None] / max(1, reach_tries), 4)}
+    return out
+
+
+def _chain(accepted: int, prior: list[float]) -> tuple[TokenTree, list[int]]:
+    """A replayed step as the estimate's reach sees one: `accepted` nodes in a row, and a rejected
+    child under the last where the tree went deeper."""
+    tree, path = TokenTree(0), [0]
+    for d in range(min(accepted + 1, len(prior))):
+        node = tree.add(path[-1], d + 1, prior[d], prior[d])
+        if d < accepted:
+            path.append(node)
+    return tree, path
+
+
+def _observed(s: ProbeStep, amap: AcceptanceMap) -> tuple[TokenTree, list[int]]:
+    """A probe step as the runtime's estimate observes one: the accepted path, every node on it with
+    all its drafted children priced by the map (those the probe never verified too: the target's
+    token there is known, and the map is fitted on exactly these children)."""
+    tree, path, node = TokenTree(s.tokens[0]), [0], 0
+    for u in _reached(s):
+        nxt = None
+        for c in s.children.get(u, []):
+            v = tree.add(node, s.tokens[c], s.probs[c], amap(s.probs[c]))
+            if s.tokens[c] == s.argmax[u]:
+                nxt = v
+        if nxt is None:
+            break
+        path.append(nxt)
+        node = nxt
+    return tree, path

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from ygg_compile import cache
 from ygg_compile.build import compile_artifact
-from ygg_compile.inspection import (exactness_summary, inspect_artifact, predictor_summary, render, stages_summary,
+from ygg_compile.inspection import (adapt_summary, exactness_summary, inspect_artifact, predictor_summary, render, stages_summary,
                                     weights_summary)
 from ygg_compile.options import CompileOptions
 from ygg_runtime.ui import RichReporter, console, err
@@ -66,7 +66,7 @@ def plan_summary(plan: Plan) -> str:
     seq_text = (f"sequoia: {len(seq.parents)}-node tree, depth {sbest.depth} (E[A] {sbest.expected_accepted:.2f}, "
                 f"modelled {sbest.speedup:.2f}×)")
     return (f"plan — {egt_text}; {seq_text}; calibrated on {cal.prompts} prompts, {cal.steps} probe steps "
-            f"in {cal.seconds:.0f} s\n{predictor_summary(planning.predictor)}\n"
+            f"in {cal.seconds:.0f} s\n{predictor_summary(planning.predictor)}\n{adapt_summary(planning.adapt)}\n"
             f"{stages_summary(planning.stages)}\n{exactness_summary(plan)}\n"
             + "\n".join(f"{role} weights: {weights_summary(plan.models[role], plan.dtype)}" for role in ("target", "draft")))
 

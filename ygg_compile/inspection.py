@@ -24,9 +24,9 @@ from ygg_runtime.artifact.exactness import Machine, verdict
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.options import MAX_NEW_TOKENS, check_max_new_tokens
 from ygg_runtime.artifact.params import EGTParams, Params, PLDParams, SequoiaParams, Stages
-from ygg_runtime.artifact.plan import Plan, PredictorReport, StagesReport
+from ygg_runtime.artifact.plan import AdaptReport, Plan, PredictorReport, StagesReport
 from ygg_runtime.decoding.tree import DRAFT
-from ygg_runtime.ui import fmt
+from ygg_runtime.ui import adapt_line, fmt
 
 
 @dataclass
@@ -40,6 +40,8 @@ class MethodReport:
     predicted_speedup: float | None = None  # objective at the measured E[A]
     measured_speedup: float | None = None  # ar's TPOT / this TPOT on the prompt
     tpot_ms: float | None = None
+    adapt: dict | None = None  # the request's acceptance estimate at its end (`Metrics.adapt`)
+    shapes: dict[str, int] = field(default_factory=dict)  # steps by depth×width on the prompt
 
 
 @dataclass
@@ -101,6 +103,7 @@ def _run_prompt(directory: Path, plan: Plan, prompt: str, method: str, step: int
         res = decoder.generate(ids, max_new_tokens=max_new_tokens, method=r.name,
                                on_step=capture if r.name == method else None)
         r.measured_accepted, r.tpot_ms = res.metrics.mean_accepted_length, res.tpot_ms
+        r.adapt, r.shapes = res.metrics.adapt, res.metrics.shapes
         tpot[r.name] = res.tpot_ms
         r.predicted_speedup = objective.speedup(r.measured_accepted, r.shape, curves, len(ids))
     for r in result.methods:
@@ -201,6 +204,19 @@ def stages_summary(r: StagesReport | None) -> str:
     return f"stages: {r.why}" + (f" — modelled {alts}" if alts else "")
 
 
+def adapt_summary(r: AdaptReport | None) -> str:
+    """One line on the request's acceptance estimate: the prior strength compile fitted, and how much
+    better it predicts held-out calibration prompts than calibration's prices alone."""
+    if r is None or r.strength is None:
+        return f"acceptance estimate: none ({r.why if r is not None and r.why else 'not fitted: recompile'}): every step as planned"
+    reach = (f"; egt's reach {r.reach_strength:g} ({r.reach_tries} tries: {r.reach_loglik_per_try[str(r.reach_strength)]:.3f} "
+             f"vs {r.prior_reach_loglik_per_try:.3f})" if r.reach_strength is not None else "")
+    return (f"acceptance estimate: prior strength, fitted {r.folds}-fold on held-out calibration prompts (log-likelihood "
+            f"a try, against calibration's alone): nodes' prices {r.strength:g} expected acceptances ({r.tries} tries: "
+            f"{r.loglik_per_try[str(r.strength)]:.3f} vs {r.prior_loglik_per_try:.3f}){reach}; evidence half-life "
+            f"{r.half_life:g} steps")
+
+
 def predictor_summary(r: PredictorReport) -> str:
     """One line on egt's depth predictor: its validation figures and whether the plan uses it."""
     if not r.heads:
@@ -290,6 +306,7 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
     con.print(egt)
     report = plan.planning.predictor
     con.print(predictor_summary(report))
+    con.print(adapt_summary(plan.planning.adapt))
     stages = plan.planning.stages
     if stages is not None and stages.alternatives:
         st = Table(title=f"egt stage orders, timed on {stages.prompts} calibration prompts × {stages.tokens} tokens "
@@ -333,6 +350,11 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
     con.print(t)
     con.print("break-even E[A]: the tokens per step a method must average to match plain decoding "
               "(modelled step time / plain step time, at the calibration context); predicted speed-up = E[A] · plain step / modelled step.")
+    for r in rep.methods:
+        if r.adapt is not None:
+            shapes = "  ".join(f"{k}:{n}" for k, n in sorted(r.shapes.items(), key=lambda kv: -kv[1]))
+            con.print(f"{r.name} on the prompt — acceptance estimate against the prior: {adapt_line(r.adapt)}; "
+                      f"steps by depth×width: {shapes}")
     if rep.tree_caption:
         con.print(f"tree: {rep.tree_caption}")
     for f in rep.files:

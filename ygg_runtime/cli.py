@@ -72,6 +72,7 @@ def run_cmd(
     draft_window: Optional[int] = typer.Option(None, "--draft-window", metavar="K", help="the drafter reads only the prompt's last K tokens (0: all of it; default: as the plan prices the request, all when --method is given)"),
     no_predictor: bool = typer.Option(False, "--no-predictor", help="egt: ignore the depth predictor, keep the planned depth"),
     no_graft: bool = typer.Option(False, "--no-graft", help="egt: draft only, without grafting retrieved tokens into its trees"),
+    no_adapt: bool = typer.Option(False, "--no-adapt", help="egt, pld: shape every step as planned, without learning this request's acceptance (for A/B)"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     device: Optional[str] = typer.Option(None, "--device", help="cpu or cuda (default and only choice: the artifact's)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="must be the artifact's (default: the artifact's)"),
@@ -91,7 +92,7 @@ def run_cmd(
     run.run(prompt, artifact, method=method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
             seed=seed, sampling=sampling, as_json=as_json, stats=stats, raw=raw, ignore_eos=ignore_eos, no_predictor=no_predictor,
             no_graft=no_graft, eager=eager, device=device, dtype=dtype, expect_plan=expect_plan,
-            draft_window=draft_window)
+            draft_window=draft_window, no_adapt=no_adapt)
 
 
 @app.command("serve", rich_help_panel=RUNTIME)
@@ -103,6 +104,7 @@ def serve_cmd(
     max_queue: int = typer.Option(ServeOptions.max_queue, "--max-queue", help="requests waiting for a batch row at most (more: 429)"),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="the model name clients send (default: the target's)"),
     no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="keep every request's own tree under load (no CAST allocation)"),
+    no_adapt: bool = typer.Option(False, "--no-adapt", help="shape every request's steps as planned, without learning its acceptance (for A/B)"),
     kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", metavar="GiB", help="the KV cache both models share (default: half the free memory, at most what --max-batch sequences of the artifact's context use)"),
     eager: bool = typer.Option(False, "--eager", help="run the models eager, not through the artifact's compiled forwards"),
     expect_plan: Optional[str] = typer.Option(None, "--expect-plan", metavar="SHA256", help="refuse the artifact unless its plan.yaml has this sha256 (`ygg compile` prints it)"),
@@ -116,7 +118,7 @@ def serve_cmd(
 ) -> None:
     """Serve an artifact over an OpenAI-compatible HTTP API, its requests decoded together."""
     opts = ServeOptions(host, port, max_batch, max_queue, cost_aware=not no_cost_aware, kv_cache_gb=kv_cache_gb,
-                        api_key=api_key)
+                        api_key=api_key, adapt=not no_adapt)
     given = {"--replicas": replicas != 1, "--autoscale": autoscale is not None, "--replica-threads": replica_threads
              is not None, "--ray-address": ray_address is not None, "--metrics-port": metrics_port is not None}
     if not ray and any(given.values()):

@@ -76,6 +76,7 @@ class ServeOptions:
     max_batch: int = MAX_BATCH  # requests decoded together at most
     max_queue: int = 64  # requests waiting for a batch row at most (more: 429)
     cost_aware: bool = True  # CAST: trees sized to the batch's load
+    adapt: bool = True  # each request's steps shaped by its own acceptance estimate (`--no-adapt`: as planned)
     kv_cache_gb: float | None = None  # the KV cache's size (None: KV_CACHE_SHARE of free memory)
     # the bearer token every /v1 request must send (None: none asked; `ygg serve --api-key` or
     # $YGG_API_KEY, as vLLM's --api-key / $VLLM_API_KEY)

@@ -17,7 +17,7 @@ from ygg_runtime.ui import err, stats_table
 def run(prompt: str, artifact: Path, *, method: str | None, max_new_tokens: int, temperature: float, top_p: float,
         seed: int | None, sampling: str | None, as_json: bool, stats: bool, raw: bool, ignore_eos: bool, no_predictor: bool, no_graft: bool,
         eager: bool, device: str | None, dtype: str | None, expect_plan: str | None,
-        draft_window: int | None = None) -> None:
+        draft_window: int | None = None, no_adapt: bool = False) -> None:
     """Generate from the prompt, streaming the text (or one JSON object at the end)."""
     decoder = load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype,
                    expect_plan=expect_plan)
@@ -39,6 +39,7 @@ def run(prompt: str, artifact: Path, *, method: str | None, max_new_tokens: int,
             raw=raw,
             ignore_eos=ignore_eos,
             draft_window=draft_window,
+            adapt=not no_adapt,
             on_text=None if as_json else stream,
         )
         if as_json:

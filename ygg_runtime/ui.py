@@ -95,6 +95,17 @@ class RichReporter(Reporter):
         self.console.print(text)
 
 
+def adapt_line(adapt: dict | None) -> str:
+    """The request's acceptance estimate against calibration's, in one line (`Metrics.adapt`): each
+    source's price ratio and the reach's odds ratio."""
+    if adapt is None:
+        return "off (every step as planned)"
+    parts = [f"{name} " + f"×{a.get('ratio', a.get('odds')):.2f}"
+             + f" ({a['accepted']} accepted of {a['expected']:.1f} calibration expected)"
+             for name, a in adapt.items() if isinstance(a, dict)]
+    return ("  ".join(parts) or "nothing tried yet") + f"; prior strengths {adapt['strength']:g} (nodes), {adapt['reach_strength']:g} (reach)"
+
+
 def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     """forwards: how the decoder runs its models (from `ygg_runtime.load`), shown with the counts."""
     t = Table(title=title, show_header=False, title_justify="left")
@@ -122,6 +133,10 @@ def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     if any(m.tree_depths):
         counts = {d: m.tree_depths.count(d) for d in sorted(set(m.tree_depths))}
         t.add_row("tree depth per step", f"mean {m.mean_tree_depth:.2f}  (" + "  ".join(f"{d}:{n}" for d, n in counts.items()) + " steps)")
+    if len(m.shapes) > 1:
+        shapes = sorted(m.shapes.items(), key=lambda kv: -kv[1])
+        t.add_row("step shapes (depth×width)", "  ".join(f"{k}:{n}" for k, n in shapes[:8]) + ("  …" if len(shapes) > 8 else ""))
+    t.add_row("acceptance estimate", adapt_line(m.adapt))
     t.add_row("TPOT", f"{m.tpot_ms:.1f} ms  ({1000 / m.tpot_ms if m.tpot_ms else 0:.1f} tok/s)")
     t.add_row("prefill", f"{m.prefill_s * 1000:.0f} ms")
     counts = {"compiled": f"{m.compiled_forwards} compiled", "eager": f"{m.eager_forwards} eager",

@@ -90,7 +90,7 @@ def load(directory: str | Path = DEFAULT_DIR, device: str | None = None, predict
             runner.compiled = CompiledForward(directory / role / aot.package, runner.model, aot.min_width.get(role, 1))
     egt = plan.methods.get("egt")
     policy = egt.depth_policy if isinstance(egt, EGTParams) else None
-    pred = DepthPredictor.load(directory / policy.file) if predictor and policy is not None else None
+    pred = DepthPredictor.load(directory / policy.file) if predictor and policy is not None and policy.file else None
     tables = {p.graft.file for p in plan.methods.values() if getattr(p, "graft", None) is not None} - {None}
     adjacency = AdjacencyTable.load(directory / tables.pop()) if tables else None
     tok = plan.tokenizer

@@ -178,22 +178,51 @@ class Stages:
 
 @dataclass(frozen=True)
 class DepthPolicy:
-    """egt's depth predictor as the plan uses it (`ygg_compile.predictor_training.plan_policy`):
-    its file, the draft width its steps grow with, and per depth D the calibrated factor and the
-    verify width of a depth-D step (index 0: plain decoding)."""
+    """egt's depth every step (`objective.best_depth`): the draft width its steps grow with, and per
+    depth D the calibrated factor and the verify width of a depth-D step (index 0: plain decoding).
+    Its reach, P(accepted length >= d), comes every step from the depth predictor in `file`
+    (`ygg_compile.predictor_training.plan_policy`), or, with no file, from calibration's `reach`
+    (`ygg_compile.calibrate.reach_policy`), corrected by the request's acceptance estimate
+    (`ygg_runtime.decoding.estimate`)."""
 
-    file: str
+    file: str | None
     draft_width: int
     factors: list[float]
     verify_widths: list[int]
+    reach: list[float] | None = None  # calibration's P(A >= d), d = 1..D: the prior without a predictor
 
     def __post_init__(self):
         if len(self.factors) != len(self.verify_widths) or len(self.factors) < 2 or self.draft_width < 1:
             raise YggError("egt's depth policy needs a factor and a verify width per depth 0..D (D >= 1) and draft_width >= 1")
+        if self.file is None and (self.reach is None or len(self.reach) != self.max_depth):
+            raise YggError("egt's depth policy needs a depth predictor file or calibration's reach at every depth 1..D")
 
     @property
     def max_depth(self) -> int:
         return len(self.factors) - 1
+
+
+@dataclass(frozen=True)
+class Adapt(Settings):
+    """The request's acceptance estimate (`ygg_runtime.decoding.estimate`), as compile fitted it:
+    how many expected acceptances calibration's prior counts for (`strength` for the nodes' prices,
+    `reach_strength` for egt's reach: each the one that best predicts held-out calibration prompts
+    step by step, `ygg_compile.calibrate.fit_strength`), how
+    many steps old evidence keeps half its weight, and, for egt without a depth predictor, the depth
+    policy whose reach the estimate corrects every step."""
+
+    label: ClassVar[str] = "adapt"
+
+    strength: float  # of the nodes' prices
+    half_life: float
+    reach_strength: float | None = None  # of egt's reach (None: `strength`)
+    policy: DepthPolicy | None = None
+
+    def __post_init__(self):
+        if not self.strength > 0 or not self.half_life > 0 or self.reach_strength is not None and not self.reach_strength > 0:
+            raise YggError("adapt needs strength, reach_strength > 0 and half_life > 0")
+        if self.policy is not None and self.policy.file is not None:
+            raise YggError("adapt's depth policy is calibration's (no predictor file)")
 
 
 @dataclass(frozen=True)
@@ -209,6 +238,7 @@ class EGTParams(Params):
     stages: Stages = field(default_factory=Stages)
     graft: GraftParams | None = None  # retrieval grafting; None: off
     tokens_per_step: float | None = None  # calibrated E[A] at the fixed depth: what a retrieval-only step must beat
+    adapt: Adapt | None = None  # the request's acceptance estimate; None: every step as planned
 
     def __post_init__(self):
         if (self.depth < 0 or self.draft_width < 1 or self.top_k < 1 or not self.verify_widths
@@ -221,6 +251,7 @@ class PLDParams(Params):
     method: ClassVar[str] = "pld"
     verify_widths: list[int] = field(default_factory=lambda: list(WIDTHS[:-1]))  # the target's compiled widths
     graft: GraftParams = field(default_factory=GraftParams)  # retrieval settings and calibrated values
+    adapt: Adapt | None = None  # the request's acceptance estimate (retrieval's sources); None: the calibrated values
 
     def __post_init__(self):
         if not self.verify_widths or min(self.verify_widths) < 1:

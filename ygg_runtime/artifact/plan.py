@@ -307,6 +307,22 @@ class GraftReport:
 
 
 @dataclass
+class AdaptReport:
+    """How compile fitted the request's acceptance estimate (`ygg_compile.calibrate.fit_strength`)."""
+    strength: float | None  # the prior's strength in expected acceptances (None: too little calibration)
+    half_life: float | None = None  # steps over which evidence keeps half its weight
+    tries: int = 0  # held-out tries it was scored on
+    folds: int = 0
+    loglik_per_try: dict[str, float] = field(default_factory=dict)  # by strength tried
+    prior_loglik_per_try: float | None = None  # calibration's prices alone, no estimate
+    reach_strength: float | None = None  # the reach's prior strength
+    reach_tries: int = 0
+    reach_loglik_per_try: dict[str, float] = field(default_factory=dict)
+    prior_reach_loglik_per_try: float | None = None
+    why: str | None = None  # why there is none
+
+
+@dataclass
 class DraftVocabCandidate:
     rows: int
     tokens_per_forward: float
@@ -364,6 +380,7 @@ class Planning:
     graft: GraftReport | None = None
     draft_vocab: DraftVocabReport | None = None
     stages: StagesReport | None = None
+    adapt: AdaptReport | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "planning") -> "Planning":

@@ -214,9 +214,11 @@ class Batch:
 
     def __init__(self, target: ModelRunner, drafter: ModelRunner | None,
                  make_proposer: Callable[[str, Drafter | None], Proposer], curves: Curves | None = None,
-                 max_batch: int = MAX_BATCH, cost_aware: bool = True, sampling: str = SAMPLING):
-        """The batch's cache is its models' whole caches (`Decoder.batch` sizes them by memory)."""
+                 max_batch: int = MAX_BATCH, cost_aware: bool = True, sampling: str = SAMPLING, adapt: bool = True):
+        """The batch's cache is its models' whole caches (`Decoder.batch` sizes them by memory).
+        adapt: each member keeps its own acceptance estimate (`ygg_runtime.decoding.estimate`)."""
         self.target, self.drafter = target, drafter
+        self.adapt = adapt
         self.sampling = check_sampling(sampling)  # the rule of a sampled member that names none
         self.make_proposer = make_proposer
         self.curves = curves if cost_aware else None
@@ -307,7 +309,7 @@ class Batch:
                 drafter = Drafter(region, self.target.vocab_size, lazy=True, window=draft_window)
             gen = Generation(target, self.make_proposer(method, drafter), prompt, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_p=top_p, seed=seed, sampling=sampling or self.sampling,
-                             eos_ids=eos_ids, on_step=on_step, on_event=on_event, context=cap)
+                             eos_ids=eos_ids, on_step=on_step, on_event=on_event, context=cap, adapt=self.adapt)
         except BaseException:
             self.regions.free(base)
             raise

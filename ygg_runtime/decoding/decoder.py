@@ -210,9 +210,11 @@ class Decoder:
         """What a token costs the KV caches of both models."""
         return sum(r.model.kv.bytes_per_slot for r in self.runners.values())
 
-    def batch(self, max_batch: int = MAX_BATCH, cost_aware: bool = True, kv_slots: int | None = None) -> Batch:
+    def batch(self, max_batch: int = MAX_BATCH, cost_aware: bool = True, kv_slots: int | None = None,
+              adapt: bool = True) -> Batch:
         """Several sequences decoding together (`ygg_runtime.decoding.batch`), each in its own region of
-        this decoder's caches, every method as compiled (egt with its depth predictor). kv_slots:
+        this decoder's caches, every method as compiled (egt with its depth predictor), each sequence
+        with its own acceptance estimate unless adapt=False (`ygg serve --no-adapt`). kv_slots:
         set both models' caches up anew with that many slots (`ygg serve` sizes them by memory:
         the compiled forwards take the cache as an input, so any size runs them); None keeps them."""
         if kv_slots is not None:
@@ -226,7 +228,7 @@ class Decoder:
                                    self.adjacency)
 
         drafter = self._drafter.runner if self._drafter is not None else None
-        return Batch(self.target, drafter, make, self.curves(), max_batch, cost_aware, self.sampling)
+        return Batch(self.target, drafter, make, self.curves(), max_batch, cost_aware, self.sampling, adapt)
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
         if isinstance(prompt, list):
@@ -254,6 +256,7 @@ class Decoder:
         raw: bool = False,
         ignore_eos: bool = False,
         draft_window: int | None = None,
+        adapt: bool = True,
         on_text: Callable[[str], None] | None = None,
         on_step: Callable | None = None,
     ) -> Result:
@@ -261,7 +264,9 @@ class Decoder:
         by the `sampling` rule (None: the plan's; coupled prints `ar`'s tokens for the same seed).
         Ablations: predictor=False, stages, graft=False (see proposer()); eager=True runs this generation on the
         eager forwards even when compiled ones are loaded. draft_window: the drafter reads only the last
-        that many prompt tokens (0: all of them; None: as `choose` decides, or all when a method is named)."""
+        that many prompt tokens (0: all of them; None: as `choose` decides, or all when a method is named).
+        adapt=False: every step shaped as planned, without the request's acceptance estimate
+        (`ygg_runtime.decoding.estimate`; `--no-adapt`, for A/B)."""
         start = time.perf_counter()
         ids = self.encode(prompt, raw)
         sampling = check_sampling(sampling or self.sampling)
@@ -285,7 +290,7 @@ class Decoder:
             self._drafter.window = choice.window
         try:
             result = self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos,
-                                    on_text, on_step, record)
+                                    on_text, on_step, record, adapt)
             result.metrics.choice = choice.why
             drafted = isinstance(prop, proposers.DraftProposer) and self._drafter.cut > 0
             result.metrics.draft_window = choice.window if drafted else 0
@@ -298,7 +303,7 @@ class Decoder:
                 r.compiled = compiled[role]
 
     def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos, on_text,
-                  on_step, record) -> Result:
+                  on_step, record, adapt) -> Result:
         if self.max_context and len(ids) + max_new_tokens > self.max_context:
             raise YggError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens does not fit the context of "
                            f"{self.max_context} tokens; shorten the prompt or lower --max-new-tokens")
@@ -318,6 +323,7 @@ class Decoder:
             eos_ids=frozenset() if ignore_eos else self.eos_ids,
             on_tokens=on_tokens,
             on_step=on_step,
+            adapt=adapt,
         )
         mixed = []
         for r, (forwards, compiled) in zip(runners, before):

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.decoding.accept import Verdict, accept_coupled, accept_greedy, accept_sampling, warp
+from ygg_runtime.decoding import estimate
 from ygg_runtime.decoding.coupling import Noise
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics, Step
@@ -39,9 +40,10 @@ class Generation:
                  temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  sampling: str = SAMPLING, eos_ids: frozenset[int] = frozenset(),
                  on_step: Callable[[TokenTree, Verdict], None] | None = None,
-                 on_event: Callable[[Step], None] | None = None, context: int | None = None):
+                 on_event: Callable[[Step], None] | None = None, context: int | None = None, adapt: bool = True):
         """context: the slots the sequence may come to hold (a batch's member, whose region grows
-        as it goes: what the batch checked); None: the target runner's."""
+        as it goes: what the batch checked); None: the target runner's. adapt: keep the request's
+        acceptance estimate, which reshapes every step of a method that adapts (`--no-adapt`: off)."""
         check(target, proposer, prompt, max_new_tokens, temperature, top_p, seed, context)
         check_sampling(sampling)
         self.target, self.proposer, self.prompt = target, proposer, prompt
@@ -59,6 +61,7 @@ class Generation:
             self.sampling = Sampling(temperature, top_p, gen)
         rule = "greedy" if self.sampling is None else self.sampling.rule
         self.metrics = Metrics(method=proposer.name, prompt_tokens=len(prompt), sampling=rule)
+        self.estimate = estimate.of(proposer.params) if adapt else None  # this request's acceptance, step by step
         self.seq, self.out = list(prompt), []
         self.hidden: Tensor | None = None  # the target's at the last accepted position
         self.sequences = 1  # sequences sharing the step's forwards (a batch sets it before each step)
@@ -101,7 +104,8 @@ class Generation:
     def propose(self) -> TokenTree:
         """Draft this step's tree (the proposer's drafter forwards run here)."""
         self._ts = time.perf_counter()
-        state = StepState(self.seq, self.hidden, self.sampling, self.sequences)
+        state = StepState(self.seq, self.hidden, self.sampling, self.sequences, self.estimate,
+                          self.max_new_tokens - len(self.out))
         self.proposed = self.tree = self.proposer.propose(state)
         self._td = time.perf_counter()
         return self.tree
@@ -126,6 +130,8 @@ class Generation:
             tv = time.perf_counter()
         if self.on_step is not None:
             self.on_step(tree, verdict)
+        if self.estimate is not None:
+            self.estimate.observe(tree, verdict.path)
         self.target.commit(verdict.path)
         if tree is not self.proposed:  # the batch verified part of the proposed tree: its nodes there
             info = self.proposer.update(Verdict([tree.origin[v] for v in verdict.path], verdict.bonus))
@@ -147,7 +153,8 @@ class Generation:
         if self.sampling is not None and self.sampling.noise is not None:
             self.sampling.noise.forget(len(self.seq))  # those positions are decided
         step = Step(len(tree) - 1, kept, len(new), tried, max(tree.depths), tuple(tree.sources[1:]),
-                    tuple(tree.sources[v] for v in verdict.path[1 : kept + 1]), draft_s=self._td - self._ts,
+                    tuple(tree.sources[v] for v in verdict.path[1 : kept + 1]), tree.verify_width or len(tree),
+                    draft_s=self._td - self._ts,
                     verify_s=verify.seconds, other_s=time.perf_counter() - tv, retrieval_s=info.retrieval_s,
                     ahead_hit=info.ahead_hit)
         self.metrics.record(step)
@@ -163,6 +170,8 @@ class Generation:
         self.done = True
         self.metrics.decode_s = time.perf_counter() - self._t1
         self.metrics.generated_tokens = len(self.out)
+        if self.estimate is not None:
+            self.metrics.adapt = self.estimate.to_dict()
 
 
 def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_tokens: int, temperature: float,
@@ -197,12 +206,13 @@ def generate(
     eos_ids: frozenset[int] = frozenset(),
     on_tokens: Callable[[list[int]], None] | None = None,
     on_step: Callable[[TokenTree, Verdict], None] | None = None,
+    adapt: bool = True,
 ) -> tuple[list[int], Metrics]:
     """Decode up to max_new_tokens after `prompt` (stopping after an eos id); returns the new
     tokens and the metrics. on_step sees every verified tree and its verdict (`ygg inspect` draws
-    one)."""
+    one); adapt=False shapes every step as planned (`--no-adapt`)."""
     g = Generation(target, proposer, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   seed=seed, sampling=sampling, eos_ids=eos_ids, on_step=on_step)
+                   seed=seed, sampling=sampling, eos_ids=eos_ids, on_step=on_step, adapt=adapt)
     g.prefill()
     while not g.done:
         tree = g.propose()

@@ -46,6 +46,7 @@ class Step:
     tree_depth: int  # the verified tree's depth (0: plain decoding)
     sources: tuple[int, ...]  # DRAFT, CONTEXT or ADJACENCY per drafted node
     accepted_sources: tuple[int, ...]  # ... per accepted token
+    verify_width: int  # the target forward's width (the tree, padded to a compiled width)
     draft_s: float  # proposer work: drafter forwards and tree building
     verify_s: float  # the target forward over the tree
     other_s: float  # acceptance, compaction, bookkeeping
@@ -73,6 +74,12 @@ class Metrics:
     depth_tries: list[int] = field(default_factory=list)  # [d-1]: steps that reached depth d-1 with a child to try
     depth_accepts: list[int] = field(default_factory=list)  # [d-1]: steps whose accepted path reached depth d
     tree_depths: list[int] = field(default_factory=list)  # per step, the verified tree's depth (0: plain)
+    # Steps by shape, "depth×width": the verified tree's depth (0: a plain step) and the verify's width.
+    shapes: dict[str, int] = field(default_factory=dict)
+    plain_steps: int = 0  # steps that verified the root alone (no drafted or retrieved token)
+    # The request's acceptance estimate at its end against calibration's (`ygg_runtime.decoding.estimate`);
+    # None: the method did not adapt (`--no-adapt`, or a method with fixed trees).
+    adapt: dict | None = None
     ahead_hits: int = 0  # steps whose next root the drafter had already fed ahead of the verify (egt's AOT head draft)
     prefill_s: float = 0.0
     draft_s: float = 0.0  # proposer work: drafter forwards and tree building
@@ -87,6 +94,9 @@ class Metrics:
         """Count one step."""
         self.steps += 1
         self.tree_depths.append(step.tree_depth)
+        shape = f"{step.tree_depth}×{step.verify_width}"
+        self.shapes[shape] = self.shapes.get(shape, 0) + 1
+        self.plain_steps += step.drafted == 0
         self.drafted_tokens += step.drafted
         self.accepted_tokens += step.accepted
         self.accepted_lengths.append(step.yielded)

@@ -86,6 +86,7 @@ class Curves:
         # absent from profiles measured before batching: then taken as 1.
         self.batch = {role: profile.batch(role) for role in ("target", "draft")}
         self.share = 1  # see shared()
+        self._memo: dict[tuple, float] = {}  # _at's answers (shared with the `shared` views: the same curves)
 
     def shared(self, sequences: int) -> "Curves":
         """These curves as one sequence's share of a batch of `sequences` that all run the same
@@ -134,14 +135,27 @@ class Curves:
 
     def _at(self, rows: list[list[float]], w: int, context: int | None) -> float:
         """Past the longest measured context, extrapolated from the last two (a forward's attention
-        reads every key before it: it grows with the context), never below the longest's time."""
+        reads every key before it: it grows with the context), never below the longest's time.
+        Remembered per (curve, width, context): a step's choices ask for the same forwards at the
+        same context many times (egt's depth choice, every step: issue 73's 50 µs)."""
         ctx = self.context if context is None else context
-        per_context = [_interp(self.widths, row, w) for row in rows]
-        if len(per_context) == 1 or ctx <= self.contexts[0]:
-            return per_context[0]
-        if ctx >= self.contexts[-1]:
-            return max(per_context[-1], _interp(self.contexts, per_context, ctx))
-        return _interp(self.contexts, per_context, ctx)
+        key = (id(rows), w, ctx)
+        got = self._memo.get(key)
+        if got is not None:
+            return got
+        contexts = self.contexts
+        if len(rows) == 1 or ctx <= contexts[0]:
+            got = _interp(self.widths, rows[0], w)
+        else:  # between the two measured contexts around ctx (the last two past the longest)
+            i = min(max(bisect.bisect_left(contexts, ctx), 1), len(contexts) - 1)
+            pair = [_interp(self.widths, rows[i - 1], w), _interp(self.widths, rows[i], w)]
+            got = _interp(contexts[i - 1 : i + 1], pair, ctx)
+            if ctx >= contexts[-1]:
+                got = max(pair[1], got)
+        if len(self._memo) > 4096:
+            self._memo.clear()
+        self._memo[key] = got
+        return got
 
 
 def undominated(widths: list[int], rows: list[list[float]]) -> list[int]:
@@ -177,9 +191,50 @@ def speedup(expected_accepted: float, shape: StepShape, curves: Curves, context:
     return expected_accepted * plain_ms(curves, context) / step_ms(shape, curves, context)
 
 
+class StepCosts:
+    """Modelled ms of a fixed list of step shapes at any context (`step_ms`), read off their drafting
+    and verifying times at each measured context: each is linear in the context between two measured
+    ones (`Curves._at`), so two reads a shape replace a sum over its forwards — egt's depth choice
+    runs every step, and its host time counts (issue 73: 50 µs). Past the longest measured context
+    (where `Curves` clamps each forward) it sums the forwards as `step_ms` does."""
+
+    def __init__(self, shapes: list[StepShape], curves: Curves):
+        self.shapes, self.curves = shapes, curves
+        at = curves.contexts
+        self.drafting = [[sum(curves.t_draft(w, c) for w in s.draft_widths) for c in at] for s in shapes]
+        self.verifying = [[curves.t_verify(s.verify_width, c) + curves.t_other(s.verify_width) for c in at]
+                          for s in shapes]
+
+    def at(self, context: int, draft_context: int | None = None) -> list[float]:
+        """Each shape's `step_ms` at `context` (the drafter's at `draft_context`)."""
+        dc = context if draft_context is None else draft_context
+        at = self.curves.contexts
+        if max(context, dc) > at[-1]:
+            return [step_ms(s, self.curves, context, draft_context) for s in self.shapes]
+        return [_knots(at, d, dc) + _knots(at, v, context) for d, v in zip(self.drafting, self.verifying)]
+
+
+def _knots(xs: list[int], ys: list[float], x: int) -> float:
+    """ys at x, linear between the measured xs (the first's value before them)."""
+    if len(xs) == 1 or x <= xs[0]:
+        return ys[0]
+    i = min(bisect.bisect_left(xs, x), len(xs) - 1)
+    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+
+
+def spread(once_ms: float, tokens_per_step: float, remaining: int | None) -> float:
+    """A one-time cost as a share of one step yielding `tokens_per_step`, spread over the `remaining`
+    tokens a request may still make: switching to a way of stepping pays off over the rest of the
+    request, not within one step (None: the whole cost on this step)."""
+    if not once_ms:
+        return 0.0
+    return once_ms * tokens_per_step / remaining if remaining else once_ms
+
+
 def best_depth(reach: list[float], factors: list[float], shapes: list[StepShape], curves: Curves,
                context: int | None = None, retrieved: tuple[float, int] | None = None,
-               draft_context: int | None = None) -> int:
+               draft_context: int | None = None, costs: StepCosts | None = None, catch_up_ms: float = 0.0,
+               remaining: int | None = None) -> int:
     """The depth D in 0..len(shapes) - 1 with the most tokens per modelled ms, given the depth
     predictor's reach[d - 1] = P(accepted length >= d). A step of depth D yields
     1 + factors[D] · Σ_{d ≤ D} reach[d - 1] tokens: a deep tree accepted to length A yields min(A, D)
@@ -187,11 +242,18 @@ def best_depth(reach: list[float], factors: list[float], shapes: list[StepShape]
     that for the narrower tree the runtime grows. shapes[D] is a depth-D step (shapes[0] plain).
     retrieved: (E[A], verify width) of a retrieval-only step, which then is depth 0's option (no
     drafter forward) in place of plain decoding. draft_context: the drafter's, when a window leaves
-    it shorter than the target's."""
+    it shorter than the target's. costs: `StepCosts` of these shapes, to read their times from.
+    catch_up_ms: what drafting costs once more before its first step (a drafter behind after steps
+    that skipped it), spread over the `remaining` tokens the request may make (`spread`)."""
     zero = shapes[0] if retrieved is None else StepShape((), retrieved[1])
     best, rate = 0, (1.0 if retrieved is None else retrieved[0]) / step_ms(zero, curves, context)
+    ms = costs.at(context if context is not None else curves.context, draft_context) if costs is not None else None
+    reached = 0.0
     for d in range(1, len(shapes)):
-        r = (1.0 + factors[d] * sum(reach[:d])) / step_ms(shapes[d], curves, context, draft_context)
+        reached += reach[d - 1]
+        tokens = 1.0 + factors[d] * reached
+        t = ms[d] if ms is not None else step_ms(shapes[d], curves, context, draft_context)
+        r = tokens / (t + spread(catch_up_ms, tokens, remaining))
         if r > rate:
             best, rate = d, r
     return best

@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from ygg_runtime.decoding import prune
 from ygg_runtime.errors import YggError
 from ygg_runtime.artifact.params import MAX_N, POSITIONS, RANKS, GraftParams
+from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.decoding.tree import ADJACENCY, CONTEXT, TokenTree
 
@@ -217,12 +218,12 @@ class Retriever:
         s, self.seconds = self.seconds, 0.0
         return s
 
-    def graft(self, tree: TokenTree, under: list[int] = ()) -> int:
+    def graft(self, tree: TokenTree, under: list[int] = (), estimate: Estimate | None = None) -> int:
         """Hang retrieved continuations into `tree`: the context's under the root and under each
         node of `under` (its root path continues the sequence), then the adjacency chain under the
         root. A retrieved token already in the tree at that place is that node (its value raised
         to the retrieved one when higher); new ones get the calibrated path values. Returns the
-        nodes added (at most `budget`)."""
+        nodes added (at most `budget`). estimate: the request's, which scales those values."""
         t = time.perf_counter()
         p, added = self.params, 0
         for node in (0, *under):
@@ -231,7 +232,7 @@ class Retriever:
                 parent = node
                 for i, token in enumerate(cont.tokens):
                     n, pos, twice = context_cell(cont, i)
-                    parent, new = self._place(tree, parent, token, self.context[n][pos][twice], CONTEXT, added)
+                    parent, new = self._place(tree, parent, token, self.context[n][pos][twice], CONTEXT, added, estimate)
                     if parent is None:
                         break
                     added += new
@@ -243,7 +244,7 @@ class Retriever:
             first = None
             for rank, (token, _) in enumerate(successors):
                 r, later = adjacency_cell(rank, depth)
-                node, new = self._place(tree, parent, token, self.adjacency[r][later], ADJACENCY, added)
+                node, new = self._place(tree, parent, token, self.adjacency[r][later], ADJACENCY, added, estimate)
                 added += new
                 if rank == 0:
                     first = node
@@ -254,19 +255,22 @@ class Retriever:
         return added
 
     def alone(self, root: int, verify_widths: tuple[int, ...], curves: Curves | None,
-              context: int) -> tuple[TokenTree, TokenTree]:
+              context: int, estimate: Estimate | None = None) -> tuple[TokenTree, TokenTree]:
         """A retrieval-only step (no drafter forward): the whole retrieved tree under `root`, and
         the part of it worth verifying (`prune.verified` with no drafting to pay for)."""
         tree = TokenTree(root, child_rule="deterministic")
-        self.graft(tree)
+        self.graft(tree, (), estimate)
         return tree, prune.verified(tree, verify_widths, curves, (), context)
 
-    def _place(self, tree: TokenTree, parent: int, token: int, accept: float, source: int, added: int) -> tuple[int | None, int]:
+    def _place(self, tree: TokenTree, parent: int, token: int, accept: float, source: int, added: int,
+               estimate: Estimate | None) -> tuple[int | None, int]:
         """(the node for `token` under `parent`, 1 if it is new); (None, 0) when the budget is spent."""
+        scale = estimate.scale(source, tree.depths[parent] + 1) if estimate is not None else 1.0
         node = tree.child(parent, token)
         if node is not None:
-            tree.path_values[node] = max(tree.path_values[node], tree.path_values[parent] * accept)
+            tree.accepts[node] = max(tree.accepts[node], accept)
+            tree.path_values[node] = max(tree.path_values[node], tree.path_values[parent] * min(1.0, accept * scale))
             return node, 0
         if added >= self.params.budget:
             return None, 0
-        return tree.add(parent, token, 0.0, accept, source), 1
+        return tree.add(parent, token, 0.0, accept, source, scale), 1

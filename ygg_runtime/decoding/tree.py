@@ -35,6 +35,9 @@ class TokenTree:
     depths: list[int] = field(default_factory=list)
     draft_probs: list[float] = field(default_factory=list)  # q(token | parent path)
     path_values: list[float] = field(default_factory=list)  # product of draft probs along the path
+    # P(accepted | parent accepted) as calibration prices the node, before the request's estimate
+    # scales it (`ygg_runtime.decoding.estimate`): what that estimate compares outcomes with.
+    accepts: list[float] = field(default_factory=list)
     children: list[list[int]] = field(default_factory=list)
     sources: list[int] = field(default_factory=list)  # DRAFT, CONTEXT or ADJACENCY per node (the root: DRAFT)
     # Draft distribution q at a node whose children were sampled from it (sampling rules only).
@@ -46,20 +49,25 @@ class TokenTree:
         if not self.tokens:
             self.tokens, self.parents, self.depths = [self.root_token], [-1], [0]
             self.draft_probs, self.path_values, self.children, self.sources = [1.0], [1.0], [[]], [DRAFT]
+            self.accepts = [1.0]
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def add(self, parent: int, token: int, prob: float, accept: float | None = None, source: int = DRAFT) -> int:
+    def add(self, parent: int, token: int, prob: float, accept: float | None = None, source: int = DRAFT,
+            scale: float = 1.0) -> int:
         """A child of `parent` drafted with probability `prob` (retrieved: 0); `accept` is its
         estimated chance of being accepted once its parent is (the draft probability itself when
-        not given)."""
+        not given), `scale` what this request's estimate makes of that chance (capped at 1)."""
         node = len(self.tokens)
+        accept = prob if accept is None else accept
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
         self.draft_probs.append(prob)
-        self.path_values.append(self.path_values[parent] * (prob if accept is None else accept))
+        self.accepts.append(accept)
+        self.path_values.append(self.path_values[parent] * min(1.0, accept * scale) if scale != 1.0 else
+                                self.path_values[parent] * accept)
         self.children.append([])
         self.children[parent].append(node)
         self.sources.append(source)
@@ -78,7 +86,7 @@ class TokenTree:
         sub = TokenTree(self.root_token, self.child_rule, origin=list(nodes))
         for old in nodes[1:]:
             parent = self.parents[old]
-            node = sub.add(new[parent], self.tokens[old], self.draft_probs[old], source=self.sources[old])
+            node = sub.add(new[parent], self.tokens[old], self.draft_probs[old], self.accepts[old], self.sources[old])
             sub.path_values[node] = self.path_values[old]
         return sub
 

@@ -105,7 +105,7 @@ def serve(decoder: Decoder, model_name: str, opts: ServeOptions = ServeOptions()
     if slots is None:
         slots, why = kv_slots(decoder, opts.kv_cache_gb, opts.max_batch)
         err.print(why)
-    server = Server(decoder, model_name, opts.max_batch, opts.max_queue, opts.cost_aware, slots)
+    server = Server(decoder, model_name, opts.max_batch, opts.max_queue, opts.cost_aware, slots, adapt=opts.adapt)
     config = uvicorn.Config(create_app(server, opts.api_key), host=host, port=port, log_level="warning",
                             access_log=False, timeout_graceful_shutdown=600)
     http = uvicorn.Server(config)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ygg_runtime.decoding.metrics import Step
+from ygg_runtime.decoding.tree import DRAFT
 
 # Position labels of vllm:spec_decode_num_accepted_tokens_per_pos (deeper acceptances count in the last).
 MAX_POSITIONS = 16
@@ -72,10 +73,16 @@ class ServerMetrics:
                              "tokens)", ("method", "chosen"))
         self.window = family("counter", "ygg:request_draft_window", "Requests admitted, by how many of the prompt's "
                              "last tokens their drafter reads (\"whole\": all of them)", ("window",))
+        self.shapes = family("counter", "ygg:step_shapes", "Verified steps by shape, as each request's acceptance "
+                             "estimate chose it: the tree's depth (0: the root alone), the verify's width, and what "
+                             "proposed its tokens (plain: nothing; retrieval: no drafter forward; draft: the drafter)",
+                             ("depth", "width", "kind"))
         self.kv_moves = family("counter", "ygg:kv_region_moves", "Regions moved to grow (their rows copied)")
         self.kv_moved = family("counter", "ygg:kv_moved_tokens", "Rows those moves copied")
 
     def record(self, step: Step) -> None:
+        kind = "plain" if not step.drafted else "draft" if DRAFT in step.sources else "retrieval"
+        self.shapes.labels(str(step.tree_depth), str(step.verify_width), kind).inc()
         if step.drafted:
             self.num_drafts.inc()
             self.num_draft_tokens.inc(step.drafted)

@@ -74,6 +74,7 @@ class ReplicaConfig:
     max_batch: int = MAX_BATCH
     max_queue: int = 64
     cost_aware: bool = True
+    adapt: bool = True
     kv_cache_gb: float | None = None
     eager: bool = False
     expect_plan: str | None = None  # plan sha256s (comma-separated): the chosen artifact must be one of them
@@ -228,7 +229,7 @@ class Replica:
             decoder = load(path, eager=c.eager, expect_plan=plan_sha256(path) if pinned else None)
             slots, _ = kv_slots(decoder, c.kv_cache_gb, int(c.max_batch))
             self.server = Server(decoder, model_name(decoder, c.model_name), int(c.max_batch), int(c.max_queue),
-                                 c.cost_aware, slots, metrics=ServerMetrics(mirror=Mirrored.make))
+                                 c.cost_aware, slots, metrics=ServerMetrics(mirror=Mirrored.make), adapt=c.adapt)
             err.print(f"ygg replica: serving {path} ({built_for(decoder.plan)}) with {threads} thread(s)")
         except BaseException as e:  # noqa: BLE001 - said by the constructor, which Ray reports
             self.failure = e
@@ -406,7 +407,7 @@ def serve_ray(opts: ServeOptions, ray_opts: RayOptions, artifacts: Path, model_n
     it down once running requests finish."""
     threads = ray_opts.replica_threads(os.cpu_count() or 1)
     args = {"artifacts": str(Path(artifacts).resolve()), "model_name": model_name, "max_batch": opts.max_batch,
-            "max_queue": opts.max_queue, "cost_aware": opts.cost_aware, "kv_cache_gb": opts.kv_cache_gb,
+            "max_queue": opts.max_queue, "cost_aware": opts.cost_aware, "adapt": opts.adapt, "kv_cache_gb": opts.kv_cache_gb,
             "eager": eager, "expect_plan": expect_plan, "threads": threads, "api_key": opts.api_key}
     config = ReplicaConfig.from_args(args)
     if ray_opts.address is None:

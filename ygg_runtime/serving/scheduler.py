@@ -54,9 +54,9 @@ class Scheduler:
     loader's, measured 1.5x slower per forward on 2 cores (the 1.5B target: 61 -> 96 ms)."""
 
     def __init__(self, decoder: Decoder, max_batch: int, max_queue: int, metrics: ServerMetrics,
-                 cost_aware: bool = True, kv_slots: int | None = None):
+                 cost_aware: bool = True, kv_slots: int | None = None, adapt: bool = True):
         self.decoder, self.metrics, self.max_queue = decoder, metrics, max_queue
-        self.batch = decoder.batch(max_batch, cost_aware, kv_slots)
+        self.batch = decoder.batch(max_batch, cost_aware, kv_slots, adapt)
         self._counted = [0, 0, 0]  # the batch's preemptions, moves and moved rows already counted
         self.queue: deque[Job] = deque()
         self.jobs: list[Job] = []  # admitted and not finished

@@ -58,12 +58,13 @@ class StopText:
 
 class Server:
     def __init__(self, decoder: Decoder, model_name: str, max_batch: int = MAX_BATCH, max_queue: int = 64,
-                 cost_aware: bool = True, kv_slots: int | None = None, metrics: ServerMetrics | None = None):
+                 cost_aware: bool = True, kv_slots: int | None = None, metrics: ServerMetrics | None = None,
+                 adapt: bool = True):
         if decoder.codec is None:
             raise YggError("this artifact has no tokenizer to serve text with")
         self.decoder, self.model_name = decoder, model_name
         self.metrics = metrics or ServerMetrics()
-        self.scheduler = Scheduler(decoder, max_batch, max_queue, self.metrics, cost_aware, kv_slots)
+        self.scheduler = Scheduler(decoder, max_batch, max_queue, self.metrics, cost_aware, kv_slots, adapt)
         self.created = int(time.time())
         self.context = decoder.max_context or decoder.target.max_len
 

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.decoding.accept import Verdict, warp
+from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
 from ygg_runtime.artifact.params import Params
 from ygg_runtime.model.runner import ModelRunner
@@ -60,6 +61,10 @@ class StepState:
     # Sequences whose trees share this step's forwards (`ygg_runtime.decoding.batch`): a method that weighs
     # its tree against measured costs prices it as its share (`Curves.shared`, CAST).
     sequences: int = 1
+    # The request's acceptance estimate (`ygg_runtime.decoding.estimate`), which a method that adapts
+    # prices its nodes and picks its depth by; None: as calibrated (`--no-adapt`, or a method that does not).
+    estimate: Estimate | None = None
+    remaining: int | None = None  # tokens the request may still make (its budget left): what a one-time cost is spread over
 
     def top(self, rows: Tensor, depths: list[int], k: int) -> list[Children]:
         """The k best children (draft probabilities, tokens) of tree nodes at `depths`, one per row

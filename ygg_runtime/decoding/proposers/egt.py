@@ -10,8 +10,10 @@ most tokens per modelled millisecond. Forwards narrower than their width are pad
 slots. Depth 0 is plain decoding: the drafter is not run.
 
 With a depth predictor (`ygg_runtime.decoding.predictor`) and its `depth_policy` from the plan, the depth
-is chosen every step from the target's hidden state (`objective.best_depth`); without one, every
-step has the planned fixed `depth`.
+is chosen every step from the target's hidden state (`objective.best_depth`); without one, from
+calibration's reach (the plan's `adapt.policy`) when the request keeps an acceptance estimate
+(`ygg_runtime.decoding.estimate`), which corrects either reach and scales every node's price to what
+this request has shown; with neither, every step has the planned fixed `depth`.
 
 Stages (docs/design.md, "Stages"): by default the next step's first drafter forward feeds the accepted leaf
 the drafter never saw (tail draft) and the bonus token (head draft). The plan's `stages` can run
@@ -35,13 +37,14 @@ import torch
 
 from ygg_runtime.decoding import objective, prune
 from ygg_runtime.decoding.accept import Verdict
+from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
 from ygg_runtime.artifact.params import EGTParams
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, Hook, StepInfo, StepState
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
-from ygg_runtime.decoding.tree import TokenTree
+from ygg_runtime.decoding.tree import DRAFT, TokenTree
 
 
 
@@ -58,31 +61,34 @@ class Planner:
         self.curves = curves
 
     def grow(self, root_token: int, root_children: Children, expand: Callable[[TokenTree, list[int]], list[Children]],
-             depth: int) -> TokenTree:
+             depth: int, estimate: Estimate | None = None) -> TokenTree:
         """The drafted tree: the root's children, then depth - 1 rounds that each expand the
         draft_width best unexpanded nodes. expand(tree, nodes) gives each node's top children;
-        `ygg_compile.calibrate` replays recorded trees through it."""
+        `ygg_compile.calibrate` replays recorded trees through it. estimate: the request's, which
+        scales each node's calibrated price."""
         tree = TokenTree(root_token, child_rule="deterministic")
         frontier: list[tuple[float, int]] = []  # (-path value, node): unexpanded nodes
-        self._add_children(tree, 0, root_children, frontier)
+        self._add_children(tree, 0, root_children, frontier, estimate)
         for _ in range(depth - 1):
             # ascending node order keeps each row's ancestors before it
             picks = sorted(heapq.heappop(frontier)[1] for _ in range(min(self.draft_width, len(frontier))))
             if not picks:
                 break
             for node, children in zip(picks, expand(tree, picks)):
-                self._add_children(tree, node, children, frontier)
+                self._add_children(tree, node, children, frontier, estimate)
         return tree
 
-    def _add_children(self, tree: TokenTree, node: int, children: Children, frontier: list) -> None:
+    def _add_children(self, tree: TokenTree, node: int, children: Children, frontier: list,
+                      estimate: Estimate | None) -> None:
+        scale = estimate.scale(DRAFT, tree.depths[node] + 1) if estimate is not None else 1.0
         for q, token in zip(*children):
-            child = tree.add(node, token, q, self.accept(q))
+            child = tree.add(node, token, q, self.accept(q), DRAFT, scale)
             heapq.heappush(frontier, (-tree.path_values[child], child))
 
-    def prune(self, tree: TokenTree, context: int, depth: int, behind: int = 0,
-              draft_context: int | None = None) -> TokenTree:
-        """The verified subtree (`prune.verified`), all drafting of a depth-`depth` step counted."""
-        drafts = self.shape(depth, behind=behind).draft_widths
+    def prune(self, tree: TokenTree, context: int, depth: int, draft_context: int | None = None) -> TokenTree:
+        """The verified subtree (`prune.verified`), the drafting of a depth-`depth` step counted (a
+        catch-up the step began with is spent whatever the width: `catch_up_ms`)."""
+        drafts = self.shape(depth).draft_widths
         return prune.verified(tree, self.verify_widths, self.curves, drafts, context, draft_context)
 
     def step_ms(self, draft_widths: tuple[int, ...], verify_width: int, context: int,
@@ -99,6 +105,16 @@ class Planner:
             chunk = max(self.curves.draft_widths)
             begin = (chunk,) * ((behind - 1) // chunk) + ((behind - 1) % chunk + 1,)
         return objective.egt_shape(depth, self.draft_width, verify_width or self.verify_width, begin)
+
+    def catch_up_ms(self, behind: int, draft_context: int) -> float:
+        """What a drafting step's first forward costs beyond the usual one when the drafter is
+        `behind` (after steps that skipped it): paid once, on the way back to drafting. The depth
+        choice spreads it over the tokens the request may still make (`objective.best_depth`): charged
+        to one step, it grows with every plain step and would keep the drafter out for good."""
+        if behind <= BEGIN_WIDTH or self.curves is None:
+            return 0.0
+        begin = self.shape(1, behind=behind).draft_widths
+        return sum(self.curves.t_draft(w, draft_context) for w in begin) - self.curves.t_draft(BEGIN_WIDTH, draft_context)
 
 
 class EGT(DraftProposer):
@@ -117,12 +133,18 @@ class EGT(DraftProposer):
         self.predictor = predictor if policy is not None and curves is not None else None
         if self.predictor is not None and self.predictor.max_depth != policy.max_depth:
             raise YggError("the depth predictor and the plan's depth policy disagree on the depths: recompile")
-        self.planner = Planner(params, curves, policy.draft_width if self.predictor is not None else None)
+        # The per-step depth's policy: the predictor's, else calibration's for a request that adapts
+        # (compile plans it at the fixed depth's draft width).
+        adapt = params.adapt.policy if params.adapt is not None and curves is not None else None
+        self.policy = policy if self.predictor is not None else adapt
+        self.planner = Planner(params, curves, self.policy.draft_width if self.policy is not None else None)
         self.curves = curves  # alone; in a batch the planner prices its step as a share of it (StepState.sequences)
-        if self.predictor is not None:
-            self.factors = policy.factors
-            self.shapes = [self.planner.shape(d, w) for d, w in enumerate(policy.verify_widths)]
-        self.max_depth = self.predictor.max_depth if self.predictor is not None else params.depth
+        self._costs: dict[int, objective.StepCosts] = {}  # the policy's shapes' times, by sequences sharing a step
+        if self.policy is not None:
+            self.factors = self.policy.factors
+            self.shapes = [self.planner.shape(d, w) for d, w in enumerate(self.policy.verify_widths)]
+        self.max_depth = (self.predictor.max_depth if self.predictor is not None else
+                          max(params.depth, adapt.max_depth) if adapt is not None else params.depth)
         self.step_depth = params.depth  # this step's depth
         self.retriever = Retriever(params.graft, adjacency) if params.graft is not None else None
         self.hook = hook
@@ -152,29 +174,42 @@ class EGT(DraftProposer):
         if self.curves is not None:  # priced as its share of the step's forwards (alone: the curves themselves)
             self.planner.curves = self.curves.shared(state.sequences)
         self.step_depth, self.guesses = self.params.depth, {}
+        estimate = state.estimate
         retrieved = None  # the retrieval-only step: (its whole tree, the verified part)
         if self.retriever is not None:
             self.retriever.sync(seq)
-            retrieved = self.retriever.alone(seq[-1], self.planner.verify_widths, self.planner.curves, len(seq))
+            retrieved = self.retriever.alone(seq[-1], self.planner.verify_widths, self.planner.curves, len(seq),
+                                             estimate)
             alone_value = sum(retrieved[1].path_values)  # its E[A]
         # After steps that skipped the drafter, its next step first feeds what it missed: a cost
         # the depth choice and the width choice both count.
         behind = self.drafter.behind(seq) if self.max_depth else 0
         drafts_at = self.drafter.at(len(seq))  # the drafter's context: shorter than seq's when it reads a window
+        reach = None  # P(accepted length >= d) of this step: the predictor's, or calibration's for a request that adapts
         if self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
+        elif self.predictor is None and self.policy is not None and estimate is not None:
+            reach = self.policy.reach
+        if reach is not None:
+            if estimate is not None:
+                reach = estimate.reach(reach)
             plain = None if retrieved is None else (alone_value, retrieved[1].verify_width)
-            shapes = self.shapes
-            if behind > BEGIN_WIDTH:
-                shapes = [shapes[0]] + [self.planner.shape(d, s.verify_width, behind) for d, s in enumerate(shapes) if d]
-            self.step_depth = objective.best_depth(reach, self.factors, shapes, self.planner.curves, len(seq), plain,
-                                                   drafts_at)
+            costs = self._costs.get(state.sequences)  # the shapes' times, kept per batch size (the curves' share)
+            if costs is None:
+                costs = self._costs[state.sequences] = objective.StepCosts(self.shapes, self.planner.curves)
+            self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.planner.curves, len(seq),
+                                                   plain, drafts_at, costs, self.planner.catch_up_ms(behind, drafts_at),
+                                                   state.remaining)
+            if self.step_depth == 0 and estimate is not None:
+                estimate.plain()
         elif retrieved is not None and self.step_depth and self.planner.curves is not None and self.params.tokens_per_step:
             # without a predictor: retrieval alone when it beats the calibrated fixed-depth step per ms
-            curves, context = self.planner.curves, len(seq)
+            curves, context, tokens = self.planner.curves, len(seq), self.params.tokens_per_step
             alone_rate = alone_value / self.planner.step_ms((), retrieved[1].verify_width, context)
-            shape = self.planner.shape(self.step_depth, behind=behind)
-            if alone_rate > self.params.tokens_per_step / objective.step_ms(shape, curves, context, drafts_at):
+            shape = self.planner.shape(self.step_depth)
+            ms = objective.step_ms(shape, curves, context, drafts_at)
+            ms += objective.spread(self.planner.catch_up_ms(behind, drafts_at), tokens, state.remaining)
+            if alone_rate > tokens / ms:
                 self.step_depth = 0
         if self.step_depth == 0:  # the drafter catches up on these tokens at its next step
             self.drafted, verified = retrieved or (TokenTree(seq[-1], child_rule="deterministic"),) * 2
@@ -189,14 +224,14 @@ class EGT(DraftProposer):
         mark = self._clock(None)
         (root,) = state.top(self.drafter.begin(seq)[None], [0], self.planner.top_k)
         mark = self._clock("begin", mark)
-        self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth)
+        self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth, estimate)
         if self.hook is not None:
             self.hook.drafted(self.drafted, state)
         if self.retriever is not None:  # under the root and the likeliest drafted nodes
             tree = self.drafted
             best = sorted(range(1, len(tree)), key=lambda v: -tree.path_values[v])[: self.retriever.params.under]
-            self.retriever.graft(tree, best)
-        verified = self.planner.prune(self.drafted, len(seq), self.step_depth, behind, drafts_at)
+            self.retriever.graft(tree, best, estimate)
+        verified = self.planner.prune(self.drafted, len(seq), self.step_depth, drafts_at)
         mark = self._clock("rounds", mark)
         if self.params.stages.ahead():
             self.guesses = self._ahead(verified)

@@ -37,7 +37,7 @@ class PLD(Proposer):
 
     def propose(self, state: StepState) -> TokenTree:
         self.retriever.sync(state.seq)
-        return self.retriever.alone(state.seq[-1], self.verify_widths, self.curves, len(state.seq))[1]
+        return self.retriever.alone(state.seq[-1], self.verify_widths, self.curves, len(state.seq), state.estimate)[1]
 
     def update(self, verdict) -> StepInfo:
         return StepInfo(retrieval_s=self.retriever.take_seconds())
