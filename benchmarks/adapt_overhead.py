@@ -1,88 +1,75 @@
 """What the request's acceptance estimate adds to a step's host time (issue 73: at most 50 µs).
 
-Runs egt on a prompt with an artifact, recording every verified tree and its verdict, then replays
-those steps through the estimate's own work alone, many times: `Estimate.observe` (the update after
-the verify), `Estimate.reach` + `objective.best_depth` at each step's context (the choice before
-drafting, as egt makes it; nothing remembered between replays),
-and `estimate.scale` for every node the step priced (the drafted and retrieved nodes' path values).
-Prints the median microseconds a step of each and their sum, beside `best_depth` summing each
-shape's forwards at every step (what a plan with a depth predictor paid before `StepCosts`). The forwards are not part of it: this is host work.
+    .venv/bin/python benchmarks/adapt_overhead.py [ARTIFACT] [--prompt FILE] [--tokens 128] [--repeats 100] [-o FILE.json]
 
-    python benchmarks/adapt_overhead.py artifacts/default [--prompt FILE] [--tokens 128] [--repeats 200]
+Runs egt on a prompt with the artifact, recording every verified tree and its verdict, then replays
+those steps through the estimate's own work alone, timed by the harness (interleaved rounds,
+medians): `Estimate.observe` (the update after the verify), `Estimate.reach` + `objective.best_depth`
+at each step's own context with `objective.StepCosts` (the choice before drafting, as egt makes it;
+the curves remember nothing from the last round), and `Estimate.scale` for every node the step
+priced. Beside them, `best_depth` summing each shape's forwards through the curves at every step
+(what a plan with a depth predictor paid before `StepCosts`). Host work only: no forward runs.
 """
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import time
+import json
 from pathlib import Path
 
 import ygg_runtime
+from ygg_bench import harness
 from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.estimate import Estimate
+from ygg_runtime.errors import YggError
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("artifact", type=Path)
-    ap.add_argument("--prompt", type=Path, default=Path("demo/code.txt"))
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=200)
-    args = ap.parse_args()
-
+    ap = harness.parser(__doc__, artifact="artifacts/default", repeats=100)
+    ap.add_argument("--prompt", type=Path, default=Path("demo/code.txt"), help="the prompt file egt decodes")
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens")
+    args = harness.parse(ap)
     decoder = ygg_runtime.load(args.artifact)
-    egt = decoder.methods["egt"]
-    if egt.adapt is None or egt.adapt.policy is None and egt.depth_policy is None:
-        raise SystemExit("this artifact's egt has no acceptance estimate: compile it again")
+    egt = decoder.methods.get("egt")
+    if egt is None or egt.adapt is None or egt.adapt.policy is None:
+        raise YggError(f"{args.artifact}'s egt keeps no acceptance estimate (compiled before it): compile it again")
     steps: list = []
     result = decoder.generate(args.prompt.read_text(), max_new_tokens=args.tokens, method="egt",
                               on_step=lambda tree, verdict: steps.append((tree, list(verdict.path))))
     proposer = decoder.proposer("egt")
-    policy, curves = proposer.policy, proposer.planner.curves
-    prior = policy.reach
+    curves, prior, a = proposer.planner.curves, proposer.policy.reach, egt.adapt
     contexts, at = [], result.prompt_tokens
     for n in result.accepted_lengths:  # each step's context
         contexts.append(at)
         at += n
 
-    def observe() -> float:
-        est = Estimate(egt.adapt.strength, egt.adapt.half_life, egt.adapt.reach_strength)
-        t = time.perf_counter()
+    def observe() -> None:
+        est = Estimate(a.strength, a.half_life, a.reach_strength)
         for tree, path in steps:
             est.reach(prior)
             est.observe(tree, path)
-        return (time.perf_counter() - t) / len(steps)
 
-    def choose(adapting: bool) -> float:
-        """The depth choice at each step's own context, nothing remembered from the last replay."""
-        est = Estimate(egt.adapt.strength, egt.adapt.half_life, egt.adapt.reach_strength)
-        curves._memo.clear()
-        t = time.perf_counter()
-        costs = objective.StepCosts(proposer.shapes, curves) if adapting else None  # egt keeps one per batch size
+    def choose(costs: bool) -> None:
+        est = Estimate(a.strength, a.half_life, a.reach_strength)
+        table = objective.StepCosts(proposer.shapes, curves) if costs else None  # egt keeps one per batch size
         for context in contexts:
-            reach = est.reach(prior) if adapting else prior
-            objective.best_depth(reach, proposer.factors, proposer.shapes, curves, context, costs=costs)
-        return (time.perf_counter() - t) / len(steps)
+            objective.best_depth(est.reach(prior), proposer.factors, proposer.shapes, curves, context, costs=table)
 
-    def scale() -> float:
-        est = Estimate(egt.adapt.strength, egt.adapt.half_life, egt.adapt.reach_strength)
-        t = time.perf_counter()
+    def scale() -> None:
+        est = Estimate(a.strength, a.half_life, a.reach_strength)
         for tree, _ in steps:
             for v in range(1, len(tree)):
                 est.scale(tree.sources[v], tree.depths[v])
-        return (time.perf_counter() - t) / len(steps)
 
-    timed = {name: statistics.median(f() for _ in range(args.repeats)) * 1e6
-             for name, f in (("observe (after the verify)", observe), ("reach + best_depth", lambda: choose(True)),
-                             ("scale every node", scale), ("best_depth, forwards summed", lambda: choose(False)))}
-    nodes = statistics.mean(len(t) for t, _ in steps)
-    print(f"{len(steps)} egt steps of {result.prompt_tokens} + {len(result.token_ids)} tokens, {nodes:.1f} verified "
-          f"nodes a step; median µs a step over {args.repeats} replays:")
-    for name, us in timed.items():
-        print(f"  {name:28s} {us:7.1f}")
-    total = timed["observe (after the verify)"] + timed["reach + best_depth"] + timed["scale every node"]
-    print(f"  {'a step adapting, in all':28s} {total:7.1f}")
+    work = {"observe": observe, "reach + best_depth": lambda: choose(True), "scale every node": scale,
+            "best_depth, forwards summed": lambda: choose(False)}
+    samples = harness.interleaved(work, args.repeats, setup=lambda name: curves._memo.clear())
+    us = {name: round(ms * 1000 / len(steps), 1) for name, ms in harness.medians(samples).items()}
+    out = {"steps": len(steps), "prompt_tokens": result.prompt_tokens, "tokens": len(result.token_ids),
+           "verified_nodes_per_step": round(sum(len(t) for t, _ in steps) / len(steps), 2), "us_per_step": us,
+           "adapting_us_per_step": round(us["observe"] + us["reach + best_depth"] + us["scale every node"], 1)}
+    print(json.dumps(out))
+    if args.out:
+        harness.write_json(args.out, out)
 
 
 if __name__ == "__main__":
