@@ -181,8 +181,9 @@ class EGT(DraftProposer):
             retrieved = self.retriever.alone(seq[-1], self.planner.verify_widths, self.planner.curves, len(seq),
                                              estimate)
             alone_value = sum(retrieved[1].path_values)  # its E[A]
-        # After steps that skipped the drafter, its next step first feeds what it missed: a cost
-        # the depth choice and the width choice both count.
+        # After steps that skipped the drafter, its next step first feeds what it missed: a cost the
+        # depth choice spreads over the budget left (`Planner.catch_up_ms`); the width choice, once
+        # drafting, counts it spent.
         behind = self.drafter.behind(seq) if self.max_depth else 0
         drafts_at = self.drafter.at(len(seq))  # the drafter's context: shorter than seq's when it reads a window
         reach = None  # P(accepted length >= d) of this step: the predictor's, or calibration's for a request that adapts
