@@ -491,9 +491,9 @@ def reach_policy(calib: Calibration, replays: Replays, draft_width: int) -> dict
     1 + factors[D] · Σ_{d ≤ D} reach[d - 1] is that replay's mean tokens per step, so at the prior the
     runtime's `objective.best_depth` weighs the depths as `plan_egt` did. The request's acceptance
     estimate corrects the reach every step (`ygg_runtime.decoding.estimate`)."""
-    w = draft_width if draft_width in replays.widths else replays.widths[0]
-    deep = [n - 1 for n, _, _ in replays.at(PROBE_DEPTH, w)]
-    reach = [sum(a >= d for a in deep) / len(deep) for d in range(1, PROBE_DEPTH + 1)]
+    w = _replayed_width(replays, draft_width)
+    deep = _deepest(replays, w)
+    reach = _reach(deep)
     factors, widths = [1.0], [1]
     for depth in range(1, PROBE_DEPTH + 1):
         runs = replays.at(depth, w)
@@ -502,6 +502,21 @@ def reach_policy(calib: Calibration, replays: Replays, draft_width: int) -> dict
         widths.append(int(statistics.median_low(vw for _, vw, _ in runs)))
     return {"file": None, "draft_width": w, "factors": factors, "verify_widths": widths,
             "reach": [round(r, 4) for r in reach]}
+
+
+def _replayed_width(replays: Replays, draft_width: int) -> int:
+    """The draft width the replays hold nearest the plan's: its own, else the first tried."""
+    return draft_width if draft_width in replays.widths else replays.widths[0]
+
+
+def _deepest(replays: Replays, width: int) -> list[int]:
+    """Each probe step's accepted length (bonus excluded) under the deepest replayed egt of `width`."""
+    return [n - 1 for n, _, _ in replays.at(PROBE_DEPTH, width)]
+
+
+def _reach(accepted: list[int]) -> list[float]:
+    """P(accepted length >= d), d = 1..PROBE_DEPTH, over those steps."""
+    return [sum(a >= d for a in accepted) / len(accepted) for d in range(1, PROBE_DEPTH + 1)]
 
 
 # The prior strengths tried, in expected acceptances (the held-out likelihood picks one).
@@ -532,8 +547,7 @@ def fit_strength(calib: Calibration, replays: Replays | None = None, draft_width
     by_prompt: dict[int, list[int]] = {}
     for i, s in enumerate(calib.steps):
         by_prompt.setdefault(s.prompt, []).append(i)
-    w = draft_width if replays is not None and draft_width in replays.widths else replays.widths[0] if replays else 0
-    deep = [n - 1 for n, _, _ in replays.at(PROBE_DEPTH, w)] if replays is not None else []
+    deep = _deepest(replays, _replayed_width(replays, draft_width)) if replays is not None else []
     nodes = {n0: 0.0 for n0 in STRENGTHS} | {None: 0.0}
     reach = {n0: 0.0 for n0 in STRENGTHS} | {None: 0.0}
     tries = reach_tries = 0
@@ -542,7 +556,7 @@ def fit_strength(calib: Calibration, replays: Replays | None = None, draft_width
         held = [q for q in prompts if fold_of[q] == k]
         kept = [i for i, s in enumerate(calib.steps) if fold_of[s.prompt] != k]
         amap = AcceptanceMap(acceptance_map(Calibration([calib.steps[i] for i in kept], 0, 0, 0.0)))
-        prior = [sum(deep[i] >= d for i in kept) / len(kept) for d in range(1, PROBE_DEPTH + 1)] if deep else []
+        prior = _reach([deep[i] for i in kept]) if deep else []
         observed = {i: _observed(calib.steps[i], amap) for q in held for i in by_prompt[q]}
         for n0 in nodes:
             for q in held:
@@ -560,14 +574,14 @@ def fit_strength(calib: Calibration, replays: Replays | None = None, draft_width
                     continue
                 est = Estimate(n0 or 1.0, HALF_LIFE, n0 or 1.0)  # the reach
                 for i in by_prompt[q]:
-                    now = est.reach(prior) if n0 is not None else prior
+                    now = est.reach(prior)  # also what the step is scored against when observed
+                    now = now if n0 is not None else prior
                     got, before = deep[i], 1.0
                     for d in range(min(got + 1, PROBE_DEPTH)):
                         c = clip(now[d] / before if before > 0 else 0.0)
                         reach[n0] += log(c) if d < got else log(1 - c)
                         reach_tries += n0 is None
                         before = now[d]
-                    est.reach(prior)
                     est.observe(*_chain(got, prior))
     best = max(STRENGTHS, key=lambda n0: nodes[n0])
     out = {"strength": best, "half_life": HALF_LIFE, "tries": tries, "folds": folds,

@@ -100,8 +100,8 @@ def adapt_line(adapt: dict | None) -> str:
     source's price ratio and the reach's odds ratio."""
     if adapt is None:
         return "off (every step as planned)"
-    parts = [f"{name} " + f"×{a.get('ratio', a.get('odds')):.2f}"
-             + f" ({a['accepted']} accepted of {a['expected']:.1f} calibration expected)"
+    parts = [f"{name} ×{a.get('ratio', a.get('odds')):.2f} ({a['accepted']} accepted of {a['expected']:.1f} "
+             "calibration expected)"
              for name, a in adapt.items() if isinstance(a, dict)]
     return ("  ".join(parts) or "nothing tried yet") + f"; prior strengths {adapt['strength']:g} (nodes), {adapt['reach_strength']:g} (reach)"
 

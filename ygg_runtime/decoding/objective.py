@@ -215,11 +215,8 @@ class StepCosts:
 
 
 def _knots(xs: list[int], ys: list[float], x: int) -> float:
-    """ys at x, linear between the measured xs (the first's value before them)."""
-    if len(xs) == 1 or x <= xs[0]:
-        return ys[0]
-    i = min(bisect.bisect_left(xs, x), len(xs) - 1)
-    return ys[i - 1] + (ys[i] - ys[i - 1]) * (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    """ys at x, linear between the measured xs (the first's value before them, as `Curves._at`)."""
+    return ys[0] if len(xs) == 1 or x <= xs[0] else _interp(xs, ys, x)
 
 
 def spread(once_ms: float, tokens_per_step: float, remaining: int | None) -> float:
