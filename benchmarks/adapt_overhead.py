@@ -18,8 +18,7 @@ from pathlib import Path
 
 import ygg_runtime
 from ygg_bench import harness
-from ygg_runtime.decoding import objective
-from ygg_runtime.decoding.estimate import Estimate
+from ygg_runtime.decoding import estimate, objective
 from ygg_runtime.errors import YggError
 
 
@@ -36,26 +35,27 @@ def main() -> None:
     result = decoder.generate(args.prompt.read_text(), max_new_tokens=args.tokens, method="egt",
                               on_step=lambda tree, verdict: steps.append((tree, list(verdict.path))))
     proposer = decoder.proposer("egt")
-    curves, prior, a = proposer.planner.curves, proposer.policy.reach, egt.adapt
+    # calibration's reach as each step's prior (a plan with a depth predictor reads its own each step: the same work)
+    curves, prior = proposer.planner.curves, egt.adapt.policy.reach
     contexts, at = [], result.prompt_tokens
     for n in result.accepted_lengths:  # each step's context
         contexts.append(at)
         at += n
 
     def observe() -> None:
-        est = Estimate(a.strength, a.half_life, a.reach_strength)
+        est = estimate.of(egt)
         for tree, path in steps:
             est.reach(prior)
             est.observe(tree, path)
 
     def choose(costs: bool) -> None:
-        est = Estimate(a.strength, a.half_life, a.reach_strength)
+        est = estimate.of(egt)
         table = objective.StepCosts(proposer.shapes, curves) if costs else None  # egt keeps one per batch size
         for context in contexts:
             objective.best_depth(est.reach(prior), proposer.factors, proposer.shapes, curves, context, costs=table)
 
     def scale() -> None:
-        est = Estimate(a.strength, a.half_life, a.reach_strength)
+        est = estimate.of(egt)
         for tree, _ in steps:
             for v in range(1, len(tree)):
                 est.scale(tree.sources[v], tree.depths[v])

@@ -128,6 +128,21 @@ def test_the_estimate_learns_each_source_and_depth_and_forgets_with_its_half_lif
     assert 0.9 < est.scale(DRAFT, 1) < 1.0 and 1.0 < est.scale(CONTEXT, 1) < 1.1
 
 
+def test_fading_the_evidence_in_growing_units_loses_nothing_when_they_are_brought_back():
+    """The evidence fades by one division a step (`Estimate.unit`); bringing it back to plain units
+    (before a float would overflow) changes no figure."""
+    a, b = (Estimate(512.0, 1.0, 16.0, weight=0.75, reach_weight=0.9) for _ in range(2))
+    for step in range(60):
+        for est in (a, b):
+            _tries(est, [0.88, 0.6], [step % 3 == 0])
+        if step % 7 == 0:
+            b._rescale()
+    assert b.unit < a.unit
+    assert a.reach([0.88, 0.6]) == pytest.approx(b.reach([0.88, 0.6]), rel=1e-9)
+    assert a.scale(DRAFT, 1) == pytest.approx(b.scale(DRAFT, 1), rel=1e-9)
+    assert a.to_dict() == b.to_dict()
+
+
 def _synthetic(rates: list[float], steps: int, seed: int) -> tuple[calibrate.Calibration, calibrate.Replays]:
     """Probe steps of prompts whose drafters agree with the target at `rates` (one per prompt): a
     chain of two children per node, priced alike in every prompt; and the replays of egt's deepest
@@ -165,6 +180,45 @@ def test_compile_fits_the_priors_strengths_on_held_out_prompts():
     assert unlike["loglik_per_try"][str(unlike["strength"])] > unlike["prior_loglik_per_try"]
     assert unlike["reach_loglik_per_try"][str(unlike["reach_strength"])] > unlike["prior_reach_loglik_per_try"]
     assert calibrate.fit_strength(*_synthetic([0.5], 10, seed=1), 2)["strength"] is None
+
+
+def test_compile_fits_a_robust_prior_where_one_prompt_is_far_from_the_others():
+    """Prompts alike but one (a language the drafter never saw) want a strong prior with a part
+    that lets such a request leave it (weight < 1); prompts all alike want next to none."""
+    outlier = calibrate.fit_strength(*_synthetic([0.9, 0.9, 0.85, 0.9, 0.9, 0.2, 0.9, 0.88], 40, seed=1), 2)
+    alike = calibrate.fit_strength(*_synthetic([0.5] * 8, 40, seed=1), 2)
+    assert outlier["weight"] < 0.9 and outlier["reach_weight"] < 0.9
+    assert alike["weight"] >= 0.9 and alike["reach_weight"] >= 0.9
+    for fit in (outlier, alike):  # each weight scored beside the others at the fitted strength
+        best = fit["weight_loglik_per_try"][str(fit["weight"])]
+        assert best == max(fit["weight_loglik_per_try"].values()) == fit["loglik_per_try"][str(fit["strength"])]
+
+
+def _tries(est: Estimate, prior: list[float], accepted: list[bool]) -> None:
+    """Drafted steps of one child priced prior[0] under the root, accepted or not."""
+    for hit in accepted:
+        tree = TokenTree(0)
+        child = tree.add(0, 1, prior[0], prior[0])
+        est.reach(prior)
+        est.observe(tree, [0, child] if hit else [0])
+
+
+def test_a_robust_prior_leaves_calibration_for_a_request_unlike_it_and_keeps_it_for_one_alike():
+    prior = [0.88, 0.6]
+    unlike = [i % 10 < 3 for i in range(20)]  # 30% where calibration expects 88%
+    strong, robust = Estimate(512.0, 32.0, 16.0), Estimate(512.0, 32.0, 16.0, weight=0.75, reach_weight=0.9)
+    for est in (strong, robust):
+        _tries(est, prior, unlike)
+    assert strong.reach(prior)[0] > 0.5 and robust.reach(prior)[0] < 0.45  # the request's own 0.3 wins
+    assert strong.scale(DRAFT, 1) > 0.9 and robust.scale(DRAFT, 1) < 0.5  # its prices too
+    assert robust.to_dict()["reach"]["like"] < 0.2 and robust.to_dict()["draft"]["like"] < 0.2
+    alike = [i % 25 < 22 for i in range(50)]  # 88%: calibration's kind
+    strong, robust = Estimate(512.0, 32.0, 16.0), Estimate(512.0, 32.0, 16.0, weight=0.75, reach_weight=0.9)
+    for est in (strong, robust):
+        _tries(est, prior, alike)
+    assert robust.reach(prior)[0] == pytest.approx(strong.reach(prior)[0], abs=0.03)
+    assert robust.scale(DRAFT, 1) == pytest.approx(strong.scale(DRAFT, 1), abs=0.03)
+    assert robust.to_dict()["reach"]["like"] > 0.75
 
 
 def test_the_reach_policy_reproduces_each_depths_replayed_tokens_at_the_prior():

@@ -643,8 +643,8 @@ def _plan_methods(calib, agreement, profile: Profile, opts: CompileOptions, use_
         egt, egt_rows = calibrate.plan_egt(replays, accept, verify)
         fit = calibrate.fit_strength(calib, replays, egt["draft_width"])
         if fit["strength"] is not None:  # the request's acceptance estimate, egt's prior reach for it
-            adapt = {"strength": fit["strength"], "half_life": fit["half_life"]}
-            egt["adapt"] = adapt | {"reach_strength": fit["reach_strength"],
+            adapt = {"strength": fit["strength"], "weight": fit["weight"], "half_life": fit["half_life"]}
+            egt["adapt"] = adapt | {"reach_strength": fit["reach_strength"], "reach_weight": fit["reach_weight"],
                                     "policy": calibrate.reach_policy(calib, replays, egt["draft_width"])}
         if use_predictor:
             trained = predictor_training.train(calib, agreement) if agreement is not None else None

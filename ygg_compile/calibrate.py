@@ -521,6 +521,8 @@ def _reach(accepted: list[int]) -> list[float]:
 
 # The prior strengths tried, in expected acceptances (the held-out likelihood picks one).
 STRENGTHS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 512.0, 2048.0)
+# The reach's robust prior: the weights tried on its strong part (1: no robust part).
+WEIGHTS = (1.0, 0.9, 0.75, 0.5, 0.25)
 # Steps over which a request's evidence keeps half its weight. Not fitted: calibration's prompts do not
 # change their character mid-answer, so their likelihood would always prefer never forgetting. It is
 # what lets a request priced out of drafting try again (docs/design.md, "Adapting to the request").
@@ -548,8 +550,8 @@ def fit_strength(calib: Calibration, replays: Replays | None = None, draft_width
     for i, s in enumerate(calib.steps):
         by_prompt.setdefault(s.prompt, []).append(i)
     deep = _deepest(replays, _replayed_width(replays, draft_width)) if replays is not None else []
-    nodes = {n0: 0.0 for n0 in STRENGTHS} | {None: 0.0}
-    reach = {n0: 0.0 for n0 in STRENGTHS} | {None: 0.0}
+    nodes = {(n0, w): 0.0 for n0 in STRENGTHS for w in WEIGHTS} | {None: 0.0}
+    reach = {(m, w): 0.0 for m in STRENGTHS for w in WEIGHTS} | {None: 0.0}
     tries = reach_tries = 0
     clip = lambda p: min(1 - 1e-3, max(1e-3, p))  # noqa: E731
     for k in range(folds):
@@ -558,39 +560,45 @@ def fit_strength(calib: Calibration, replays: Replays | None = None, draft_width
         amap = AcceptanceMap(acceptance_map(Calibration([calib.steps[i] for i in kept], 0, 0, 0.0)))
         prior = _reach([deep[i] for i in kept]) if deep else []
         observed = {i: _observed(calib.steps[i], amap) for q in held for i in by_prompt[q]}
-        for n0 in nodes:
+        for key in nodes:
+            n0, w = key if key is not None else (1.0, 1.0)
             for q in held:
-                est = Estimate(n0 or 1.0, HALF_LIFE, n0 or 1.0)  # the nodes' prices
+                est = Estimate(n0, HALF_LIFE, n0, w)  # the nodes' prices
                 for i in by_prompt[q]:
                     tree, path = observed[i]
                     for j, u in enumerate(path):
                         if tree.children[u]:
-                            r = est.scale(DRAFT, tree.depths[u] + 1) if n0 is not None else 1.0
+                            r = est.scale(DRAFT, tree.depths[u] + 1) if key is not None else 1.0
                             p = clip(sum(min(1.0, r * tree.accepts[c]) for c in tree.children[u]))
-                            nodes[n0] += log(p) if j + 1 < len(path) else log(1 - p)
-                            tries += n0 is None
+                            nodes[key] += log(p) if j + 1 < len(path) else log(1 - p)
+                            tries += key is None
                     est.observe(tree, path)
-                if not prior:
-                    continue
-                est = Estimate(n0 or 1.0, HALF_LIFE, n0 or 1.0)  # the reach
+        if not prior:
+            continue
+        for key in reach:
+            m, w = key if key is not None else (1.0, 1.0)
+            for q in held:
+                est = Estimate(1.0, HALF_LIFE, m, reach_weight=w)  # the reach
                 for i in by_prompt[q]:
                     now = est.reach(prior)  # also what the step is scored against when observed
-                    now = now if n0 is not None else prior
+                    now = now if key is not None else prior
                     got, before = deep[i], 1.0
                     for d in range(min(got + 1, PROBE_DEPTH)):
                         c = clip(now[d] / before if before > 0 else 0.0)
-                        reach[n0] += log(c) if d < got else log(1 - c)
-                        reach_tries += n0 is None
+                        reach[key] += log(c) if d < got else log(1 - c)
+                        reach_tries += key is None
                         before = now[d]
                     est.observe(*_chain(got, prior))
-    best = max(STRENGTHS, key=lambda n0: nodes[n0])
-    out = {"strength": best, "half_life": HALF_LIFE, "tries": tries, "folds": folds,
-           "loglik_per_try": {str(n0): round(nodes[n0] / max(1, tries), 4) for n0 in STRENGTHS},
+    n0, w = max((key for key in nodes if key is not None), key=lambda key: nodes[key])
+    out = {"strength": n0, "weight": w, "half_life": HALF_LIFE, "tries": tries, "folds": folds,
+           "loglik_per_try": {str(k): round(nodes[k, w] / max(1, tries), 4) for k in STRENGTHS},
+           "weight_loglik_per_try": {str(v): round(nodes[n0, v] / max(1, tries), 4) for v in WEIGHTS},
            "prior_loglik_per_try": round(nodes[None] / max(1, tries), 4)}
     if deep:
-        best = max(STRENGTHS, key=lambda n0: reach[n0])
-        out |= {"reach_strength": best, "reach_tries": reach_tries,
-                "reach_loglik_per_try": {str(n0): round(reach[n0] / max(1, reach_tries), 4) for n0 in STRENGTHS},
+        m, w = max((key for key in reach if key is not None), key=lambda key: reach[key])
+        out |= {"reach_strength": m, "reach_weight": w, "reach_tries": reach_tries,
+                "reach_loglik_per_try": {str(n0): round(reach[n0, w] / max(1, reach_tries), 4) for n0 in STRENGTHS},
+                "reach_weight_loglik_per_try": {str(v): round(reach[m, v] / max(1, reach_tries), 4) for v in WEIGHTS},
                 "prior_reach_loglik_per_try": round(reach[None] / max(1, reach_tries), 4)}
     return out
 

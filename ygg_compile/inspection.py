@@ -205,16 +205,19 @@ def stages_summary(r: StagesReport | None) -> str:
 
 
 def adapt_summary(r: AdaptReport | None) -> str:
-    """One line on the request's acceptance estimate: the prior strength compile fitted, and how much
-    better it predicts held-out calibration prompts than calibration's prices alone."""
+    """One line on the request's acceptance estimate: the prior strengths and robust weights compile
+    fitted, and how much better they predict held-out calibration prompts than calibration's prices
+    alone."""
     if r is None or r.strength is None:
         return f"acceptance estimate: none ({r.why if r is not None and r.why else 'not fitted: recompile'}): every step as planned"
-    reach = (f"; egt's reach {r.reach_strength:g} ({r.reach_tries} tries: {r.reach_loglik_per_try[str(r.reach_strength)]:.3f} "
-             f"vs {r.prior_reach_loglik_per_try:.3f})" if r.reach_strength is not None else "")
+    robust = lambda w: f" at weight {w:g}" if w < 1.0 else ""  # noqa: E731
+    reach = (f"; egt's reach {r.reach_strength:g}{robust(r.reach_weight)} ({r.reach_tries} tries: "
+             f"{r.reach_loglik_per_try[str(r.reach_strength)]:.3f} vs {r.prior_reach_loglik_per_try:.3f})"
+             if r.reach_strength is not None else "")
     return (f"acceptance estimate: prior strength, fitted {r.folds}-fold on held-out calibration prompts (log-likelihood "
-            f"a try, against calibration's alone): nodes' prices {r.strength:g} expected acceptances ({r.tries} tries: "
-            f"{r.loglik_per_try[str(r.strength)]:.3f} vs {r.prior_loglik_per_try:.3f}){reach}; evidence half-life "
-            f"{r.half_life:g} steps")
+            f"a try, against calibration's alone): nodes' prices {r.strength:g} expected acceptances{robust(r.weight)} "
+            f"({r.tries} tries: {r.loglik_per_try[str(r.strength)]:.3f} vs {r.prior_loglik_per_try:.3f}){reach}; "
+            f"evidence half-life {r.half_life:g} steps")
 
 
 def predictor_summary(r: PredictorReport) -> str:

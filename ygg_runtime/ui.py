@@ -97,13 +97,21 @@ class RichReporter(Reporter):
 
 def adapt_line(adapt: dict | None) -> str:
     """The request's acceptance estimate against calibration's, in one line (`Metrics.adapt`): each
-    source's price ratio and the reach's odds ratio."""
+    source's price ratio and the reach's odds ratio, with how far the request still looks like
+    calibration's kind where the prior is a robust one."""
     if adapt is None:
         return "off (every step as planned)"
-    parts = [f"{name} ×{a.get('ratio', a.get('odds')):.2f} ({a['accepted']} accepted of {a['expected']:.1f} "
-             "calibration expected)"
-             for name, a in adapt.items() if isinstance(a, dict)]
-    return ("  ".join(parts) or "nothing tried yet") + f"; prior strengths {adapt['strength']:g} (nodes), {adapt['reach_strength']:g} (reach)"
+    parts = []
+    for name, a in adapt.items():
+        if not isinstance(a, dict):
+            continue
+        weight = adapt.get("reach_weight" if name == "reach" else "weight", 1.0)
+        like = f", like calibration {a['like']:.0%}" if weight < 1.0 and "like" in a else ""
+        parts.append(f"{name} ×{a.get('ratio', a.get('odds')):.2f} ({a['accepted']} accepted of "
+                     f"{a['expected']:.1f} calibration expected{like})")
+    robust = lambda w: f" at weight {w:g}" if w < 1.0 else ""  # noqa: E731
+    return (("  ".join(parts) or "nothing tried yet") + f"; prior strengths {adapt['strength']:g}"
+            f"{robust(adapt.get('weight', 1.0))} (nodes), {adapt['reach_strength']:g}{robust(adapt.get('reach_weight', 1.0))} (reach)")
 
 
 def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:

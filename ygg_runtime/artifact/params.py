@@ -216,11 +216,15 @@ class Adapt(Settings):
     strength: float  # of the nodes' prices
     half_life: float
     reach_strength: float | None = None  # of egt's reach (None: `strength`)
+    weight: float = 1.0  # P(a request's node prices are calibration's kind); the rest: a one-acceptance prior
+    reach_weight: float = 1.0  # P(a request's reach is calibration's kind); the rest: a one-try prior
     policy: DepthPolicy | None = None
 
     def __post_init__(self):
         if not self.strength > 0 or not self.half_life > 0 or self.reach_strength is not None and not self.reach_strength > 0:
             raise YggError("adapt needs strength, reach_strength > 0 and half_life > 0")
+        if not (0.0 < self.weight <= 1.0 and 0.0 < self.reach_weight <= 1.0):
+            raise YggError("adapt's weight and reach_weight must be in (0, 1]")
         if self.policy is not None and self.policy.file is not None:
             raise YggError("adapt's depth policy is calibration's (no predictor file)")
 

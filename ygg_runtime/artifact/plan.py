@@ -310,14 +310,18 @@ class GraftReport:
 class AdaptReport:
     """How compile fitted the request's acceptance estimate (`ygg_compile.calibrate.fit_strength`)."""
     strength: float | None  # the prior's strength in expected acceptances (None: too little calibration)
+    weight: float = 1.0  # the robust prior's weight on that strength (the rest: one acceptance's)
     half_life: float | None = None  # steps over which evidence keeps half its weight
     tries: int = 0  # held-out tries it was scored on
     folds: int = 0
-    loglik_per_try: dict[str, float] = field(default_factory=dict)  # by strength tried
+    loglik_per_try: dict[str, float] = field(default_factory=dict)  # by strength tried, at the fitted weight
+    weight_loglik_per_try: dict[str, float] = field(default_factory=dict)  # by weight tried, at the fitted strength
     prior_loglik_per_try: float | None = None  # calibration's prices alone, no estimate
     reach_strength: float | None = None  # the reach's prior strength
+    reach_weight: float = 1.0  # the robust prior's weight on it (the rest: one try's)
     reach_tries: int = 0
     reach_loglik_per_try: dict[str, float] = field(default_factory=dict)
+    reach_weight_loglik_per_try: dict[str, float] = field(default_factory=dict)
     prior_reach_loglik_per_try: float | None = None
     why: str | None = None  # why there is none
 
