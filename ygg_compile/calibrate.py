@@ -521,7 +521,7 @@ def _reach(accepted: list[int]) -> list[float]:
 
 # The prior strengths tried, in expected acceptances (the held-out likelihood picks one).
 STRENGTHS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 512.0, 2048.0)
-# The reach's robust prior: the weights tried on its strong part (1: no robust part).
+# The robust priors' weights tried on their strong part, for the prices and the reach (1: no robust part).
 WEIGHTS = (1.0, 0.9, 0.75, 0.5, 0.25)
 # Steps over which a request's evidence keeps half its weight. Not fitted: calibration's prompts do not
 # change their character mid-answer, so their likelihood would always prefer never forgetting. It is

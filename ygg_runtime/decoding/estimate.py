@@ -26,9 +26,9 @@ yet too, so its tree grows). Each prior is robust: with weight w calibration's k
 under each (Gamma–Poisson, Beta–Binomial) moves w to the request's `like`, and every figure above
 is the two posteriors mixed by it — a request far from calibration's kind (another language)
 leaves its prices within a few tries, one like it keeps them. n0, m and both weights are fitted by
-compile on held-out calibration prompts (`ygg_compile.calibrate.fit_strength`). Evidence fades with a half-life in steps, so a request
-priced out of drafting drifts back to the prior and tries again (the estimate recovers when the
-request does).
+compile on held-out calibration prompts (`ygg_compile.calibrate.fit_strength`). Evidence fades with
+a half-life in steps, so a request priced out of drafting drifts back to the prior and tries again
+(the estimate recovers when the request does).
 
 The scaled prices move everything the objective decides: pruning's verify width (path values),
 egt's depth every step (`reach`), depth 0 — a retrieval-only or plain step, no drafter forward —
@@ -78,6 +78,7 @@ class Estimate:
         self.tries = [0.0] * DEPTHS  # the reach's faded tries
         self.ratios = [[1.0] * DEPTHS for _ in ROWS[:REACH]]  # r_d of each source
         self.odds = [1.0] * DEPTHS  # the reach's odds ratio θ at each depth
+        self.whole = [1.0] * len(ROWS)  # each row's ratio (the reach's: odds ratio) over all its depths
         self.used = 0  # depth cells any try has reached (the rest hold no evidence)
         # observed, expected and tries are kept in units that grow by 1 / keep a step, so fading all
         # the evidence is one division: a cell's faded value is what it holds / unit
@@ -159,20 +160,20 @@ class Estimate:
                 weak, weak_whole = _ratios(ROBUST, o, e)
                 strong = [like * x + (1.0 - like) * y for x, y in zip(strong, weak)]
                 whole = like * whole + (1.0 - like) * weak_whole
-            self.ratios[r] = strong + [whole] * rest
+            self.ratios[r], self.whole[r] = strong + [whole] * rest, whole
         o, e, n = ([x * inv for x in row[:k]] for row in (self.observed[REACH], self.expected[REACH], self.tries))
         so, se, sn = sum(o), sum(e), sum(n)
         if sn <= 0:
             return
         m, w = self.reach_strength, self.reach_weight
-        strong, whole = self._row_odds(m, o, e, n)
+        odds, whole = self._row_odds(m, o, e, n)
         if w < 1.0:  # the weak part: each depth's own tries on a prior of one try at its conditional
             c = _clip(se / sn)
             like = self.like[REACH] = _posterior(w, _beta_binomial(m, c, so, sn) - _beta_binomial(ROBUST, c, so, sn))
-            strong = [_mix(like, a, *((_clip(ed / nd), od, nd) if nd >= 1e-3 else (c, so, sn)))
-                      for a, od, ed, nd in zip(strong, o, e, n)]
+            odds = [_mix(like, a, *((_clip(ed / nd), od, nd) if nd >= 1e-3 else (c, so, sn)))
+                    for a, od, ed, nd in zip(odds, o, e, n)]
             whole = _mix(like, whole, c, so, sn)
-        self.odds = strong + [whole] * rest
+        self.odds, self.whole[REACH] = odds + [whole] * rest, whole
 
     def _row_odds(self, m: float, o: list[float], e: list[float], n: list[float]) -> tuple[list[float], float]:
         """The reach's odds ratio at every depth under a prior of strength m, each depth's prior
@@ -227,16 +228,11 @@ class Estimate:
             if not tries:
                 continue
             deepest = max((d + 1 for d in range(DEPTHS) if self.expected[r][d] > 0), default=1)
-            inv, like = 1.0 / self.unit, self.like[r]
-            o, e = sum(self.observed[r]) * inv, sum(self.expected[r]) * inv
+            like, whole = self.like[r], round(self.whole[r], 3)
             if r == REACH:
-                n, m = sum(self.tries) * inv, self.reach_strength
-                whole = _mix(like, self._odds(o, e, n, m), _clip(e / n), o, n) if n > 1e-3 else 1.0
-                now = {"odds": round(whole, 3), "by_depth": [round(x, 3) for x in self.odds[:deepest]]}
+                now = {"odds": whole, "by_depth": [round(x, 3) for x in self.odds[:deepest]]}
             else:
-                n0 = self.strength
-                whole = like * (n0 + o) / (n0 + e) + (1.0 - like) * (ROBUST + o) / (ROBUST + e)
-                now = {"ratio": round(whole, 3), "by_depth": [round(x, 3) for x in self.ratios[r][:deepest]]}
+                now = {"ratio": whole, "by_depth": [round(x, 3) for x in self.ratios[r][:deepest]]}
             out[name] = now | {"like": round(like, 3), "tries": tries, "expected": round(expected, 2),
                                "accepted": accepted}
         return out
