@@ -79,7 +79,7 @@ class Estimate:
         self.ratios = [[1.0] * DEPTHS for _ in ROWS[:REACH]]  # r_d of each source
         self.odds = [1.0] * DEPTHS  # the reach's odds ratio θ at each depth
         self.whole = [1.0] * len(ROWS)  # each row's ratio (the reach's: odds ratio) over all its depths
-        self.used = 0  # depth cells any try has reached (the rest hold no evidence)
+        self.used = [0] * len(ROWS)  # per row, the depth cells any try has reached (the rest hold no evidence)
         # observed, expected and tries are kept in units that grow by 1 / keep a step, so fading all
         # the evidence is one division: a cell's faded value is what it holds / unit
         self.unit = 1.0
@@ -147,8 +147,9 @@ class Estimate:
         worth (`ROBUST`). Each row weighs the two by how likely each makes what the request showed,
         so a request far from calibration's kind (another language) leaves the strong prior within a
         few tries, and one like it keeps it. Depths past the deepest ever tried take their row's."""
-        k, rest, inv = self.used, DEPTHS - self.used, 1.0 / self.unit
+        inv = 1.0 / self.unit
         for r in range(REACH):
+            k = self.used[r]
             o, e = [x * inv for x in self.observed[r][:k]], [x * inv for x in self.expected[r][:k]]
             so, se = sum(o), sum(e)
             if se <= 0:  # a row never tried keeps calibration's prices
@@ -160,7 +161,8 @@ class Estimate:
                 weak, weak_whole = _ratios(ROBUST, o, e)
                 strong = [like * x + (1.0 - like) * y for x, y in zip(strong, weak)]
                 whole = like * whole + (1.0 - like) * weak_whole
-            self.ratios[r], self.whole[r] = strong + [whole] * rest, whole
+            self.ratios[r], self.whole[r] = strong + [whole] * (DEPTHS - k), whole
+        k = self.used[REACH]
         o, e, n = ([x * inv for x in row[:k]] for row in (self.observed[REACH], self.expected[REACH], self.tries))
         so, se, sn = sum(o), sum(e), sum(n)
         if sn <= 0:
@@ -173,7 +175,7 @@ class Estimate:
             odds = [_mix(like, a, *((_clip(ed / nd), od, nd) if nd >= 1e-3 else (c, so, sn)))
                     for a, od, ed, nd in zip(odds, o, e, n)]
             whole = _mix(like, whole, c, so, sn)
-        self.odds, self.whole[REACH] = odds + [whole] * rest, whole
+        self.odds, self.whole[REACH] = odds + [whole] * (DEPTHS - k), whole
 
     def _row_odds(self, m: float, o: list[float], e: list[float], n: list[float]) -> tuple[list[float], float]:
         """The reach's odds ratio at every depth under a prior of strength m, each depth's prior
@@ -205,8 +207,8 @@ class Estimate:
 
     def _count(self, row: int, d: int, expected: float) -> None:
         """A try at depth d + 1 of a row, which its prior expected to succeed this often."""
-        if d >= self.used:
-            self.used = d + 1
+        if d >= self.used[row]:
+            self.used[row] = d + 1
         self.expected[row][d] += expected * self.unit
         self.totals[row][0] += 1
         self.totals[row][1] += expected

@@ -204,6 +204,9 @@ class StepCosts:
         self.drafting = [[sum(curves.t_draft(w, c) for w in s.draft_widths) for c in at] for s in shapes]
         self.verifying = [[curves.t_verify(s.verify_width, c) + curves.t_other(s.verify_width) for c in at]
                           for s in shapes]
+        # per pair of segments (the drafter's context's, the target's): each shape's time as
+        # a + b·drafter context + c + d·context, so a step costs two bisections and a line a shape
+        self._lines: dict[tuple[int, int], list[tuple[float, float, float, float]]] = {}
 
     def at(self, context: int, draft_context: int | None = None) -> list[float]:
         """Each shape's `step_ms` at `context` (the drafter's at `draft_context`)."""
@@ -211,12 +214,26 @@ class StepCosts:
         at = self.curves.contexts
         if max(context, dc) > at[-1]:
             return [step_ms(s, self.curves, context, draft_context) for s in self.shapes]
-        return [_knots(at, d, dc) + _knots(at, v, context) for d, v in zip(self.drafting, self.verifying)]
+        key = (_segment(at, dc), _segment(at, context))
+        lines = self._lines.get(key)
+        if lines is None:
+            lines = self._lines[key] = [_line(at, d, key[0]) + _line(at, v, key[1])
+                                        for d, v in zip(self.drafting, self.verifying)]
+        return [a + b * dc + c + d * context for a, b, c, d in lines]
 
 
-def _knots(xs: list[int], ys: list[float], x: int) -> float:
-    """ys at x, linear between the measured xs (the first's value before them, as `Curves._at`)."""
-    return ys[0] if len(xs) == 1 or x <= xs[0] else _interp(xs, ys, x)
+def _segment(xs: list[int], x: int) -> int:
+    """Which piece of the measured times' line (`Curves._at`) x falls on: 0 before the first
+    measured x (its value there), else the index of the measured x that ends its span."""
+    return 0 if len(xs) == 1 or x <= xs[0] else min(bisect.bisect_left(xs, x), len(xs) - 1)
+
+
+def _line(xs: list[int], ys: list[float], i: int) -> tuple[float, float]:
+    """(intercept, slope) of the measured times ys on segment i (`_segment`)."""
+    if i == 0:
+        return ys[0], 0.0
+    slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] - slope * xs[i - 1], slope
 
 
 def spread(once_ms: float, tokens_per_step: float, remaining: int | None) -> float:
