@@ -194,9 +194,10 @@ def speedup(expected_accepted: float, shape: StepShape, curves: Curves, context:
 class StepCosts:
     """Modelled ms of a fixed list of step shapes at any context (`step_ms`), read off their drafting
     and verifying times at each measured context: each is linear in the context between two measured
-    ones (`Curves._at`), so two reads a shape replace a sum over its forwards — egt's depth choice
-    runs every step, and its host time counts (issue 73: 50 µs). Past the longest measured context
-    (where `Curves` clamps each forward) it sums the forwards as `step_ms` does."""
+    ones (`Curves._at`), so a line a shape, kept per pair of segments, replaces a sum over its
+    forwards — egt's depth choice runs every step, and its host time counts (issue 73: 50 µs). Past
+    the longest measured context (where `Curves` clamps each forward) it sums the forwards as
+    `step_ms` does."""
 
     def __init__(self, shapes: list[StepShape], curves: Curves):
         self.shapes, self.curves = shapes, curves
