@@ -20,7 +20,8 @@ others still run, and none started without the time it needs:
      (benchmarks/gpu_model.py), one replayed forward taken apart by torch.profiler at W = 1, 8, 64
      (each kernel's time, each GEMM's read rate, kernels a forward and a layer), the drafter's T(1)
      against the target's, T(1) over an 8x cache, the row check, the modelled `egt` speed-up over
-     `ar` from the real pair's acceptance, and `ar` / `egt` decoding it (=, ms per token);
+     `ar` from the real pair's acceptance, and `ar` / `egt` decoding it (=, ms per token), and each
+     one's host work a step with its forwards replayed (benchmarks/step_overhead.py);
   5. 7B shapes: random Llama-2-7B and LLaMA-68M (the seeds' pair) made on the GPU and timed as
      forwards (no compile): T(W) beside the floor and the model;
   6. start: `ygg_runtime.load` and a first token in a fresh process, with the artifact's compiled
@@ -512,6 +513,13 @@ def real_shapes(check: Check, device: torch.device, work: Path, shapes: dict, vo
     out |= forwards(dec)  # after the forwards ran: how many graphs they captured
     if not out["decode"]["all_equal"]:
         out["failed"] = f"{out['decode']['equal']} greedy outputs = ar's"
+        return out
+    # A step's host work with its forwards replayed from a recorded run (benchmarks/step_overhead.py;
+    # this replaces the decoder's forwards, so it comes last)
+    from step_overhead import methods_overhead, tape_models
+
+    tape_models(dec)
+    out["step_overhead"] = methods_overhead(dec, list(PROMPTS[0].encode()), 48, ["ar", "egt"], repeats=3)
     return out
 
 
@@ -652,6 +660,9 @@ def markdown(c: Check) -> str:
                   f"target T(1) / floor {real.get('target_T1_over_floor')}, T(64)/T(1) {real.get('target_T64_over_T1')}, "
                   f"drafter T(1) / target T(1) {real.get('draft_T1_over_target_T1')}, drafter's worst T(W)/T(1) "
                   f"{real.get('draft_worst_TW_over_T1')}, T(1) over an 8x cache {real.get('target_T1_cache_x8_over_T1')}×"]
+    if "step_overhead" in real:
+        lines += ["", "host work a step, forwards replayed (benchmarks/step_overhead.py): " + ", ".join(
+            f"{m} {v['host_ms_per_step']} ms ({v['host_reads_per_step']:g} host reads)" for m, v in real["step_overhead"].items())]
     seven = r.get("7B shapes", {})
     for role, m in seven.get("models", {}).items():
         lines += _rows_md(f"7B pair, {role}", m)

@@ -98,11 +98,13 @@ class HostReads(TorchFunctionMode):
 
 
 def tape_models(decoder) -> None:
-    """Put every forward of the decoder's models behind `Taped`."""
+    """Put every forward of the decoder's models behind `Taped`, and run them uncaptured: a captured
+    graph replays its kernels without calling the forward, which a replay must hand back instead."""
     for runner in decoder.runners.values():
         runner.model = Taped(runner.model)
         if runner.compiled is not None:
             runner.compiled = Taped(runner.compiled)
+        runner.graphs = None
 
 
 def counted(run) -> tuple[tuple[int, int], list[tuple[int, int]]]:
@@ -121,25 +123,13 @@ def per_step(marks: list[tuple[int, int]], which: int) -> float:
     return float(statistics.median(per)) if per else float("nan")
 
 
-def main() -> None:
-    ap = harness.parser(__doc__, artifact="artifacts/default", repeats=3)
-    ap.add_argument("--prompt", type=Path, default=Path("demo/code.txt"), help="the prompt file each method decodes")
-    ap.add_argument("--tokens", type=int, default=128, help="new tokens a request")
-    ap.add_argument("--methods", default="", help="comma-separated (default: every method of the artifact)")
-    ap.add_argument("--batch", type=harness.ints, default=[1, 4, 8], help="ygg serve's batch sizes (egt)")
-    ap.add_argument("--batch-prompts", type=Path, default=Path("benchmarks/data/unseen_prompts.jsonl"),
-                    help="JSONL prompts the batch takes in turn")
-    args = harness.parse(ap)
-    decoder = ygg_runtime.load(args.artifact)
-    methods = [m for m in args.methods.split(",") if m] or list(decoder.methods)
-    for m in methods:
-        if m not in decoder.methods:
-            raise YggError(f"method '{m}' is not in {args.artifact} (it has: {', '.join(decoder.methods)})")
-    tape_models(decoder)
-    prompt = decoder.encode(args.prompt.read_text())
+def methods_overhead(decoder, prompt: list[int], tokens: int, methods: list[str], repeats: int) -> dict:
+    """Each method's host work and host reads a step on `prompt` (`tape_models` done): recorded
+    once, replayed in the harness's interleaved rounds (the last `repeats` of each, medians), then
+    once more counting reads. Prints a line a method."""
 
     def request(method: str, on_step=None):
-        return decoder.generate(prompt, max_new_tokens=args.tokens, method=method, on_step=on_step)
+        return decoder.generate(prompt, max_new_tokens=tokens, method=method, on_step=on_step)
 
     for m in methods:  # both models' prompt-prefix rows in their caches (`PrefixCache`), as every later run finds them
         decoder.generate(prompt, max_new_tokens=8, method=m)
@@ -161,13 +151,13 @@ def main() -> None:
             samples[m].append([r.metrics.decode_s * 1000 / steps] + [getattr(r.metrics, f) * 1000 / steps for f in PARTS])
         return call
 
-    harness.interleaved({m: replay(m) for m in methods}, args.repeats, setup=setup)
+    harness.interleaved({m: replay(m) for m in methods}, repeats, setup=setup)
     rows = {}
     for m in methods:
         setup(m)
         _, marks = counted(lambda on_step, m=m: request(m, on_step))
         r = last[m]
-        kept = samples[m][-args.repeats:]
+        kept = samples[m][-repeats:]
         rows[m] = {"host_ms_per_step": round(statistics.median(x[0] for x in kept), 3),
                    "of_it_ms": {f: round(statistics.median(x[i + 1] for x in kept), 3) for i, f in enumerate(PARTS)},
                    "host_reads_per_step": per_step(marks, 0), "to_host_per_step": per_step(marks, 1),
@@ -181,6 +171,26 @@ def main() -> None:
               f"{rows[m]['to_host_per_step']:g}; {r.metrics.steps} steps, "
               f"{rows[m]['tokens_per_step']} tokens a step)", flush=True)
         tapes[m] = Tape()  # free the recorded outputs
+    Taped.tape = None
+    return rows
+
+
+def main() -> None:
+    ap = harness.parser(__doc__, artifact="artifacts/default", repeats=3)
+    ap.add_argument("--prompt", type=Path, default=Path("demo/code.txt"), help="the prompt file each method decodes")
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens a request")
+    ap.add_argument("--methods", default="", help="comma-separated (default: every method of the artifact)")
+    ap.add_argument("--batch", type=harness.ints, default=[1, 4, 8], help="ygg serve's batch sizes (egt)")
+    ap.add_argument("--batch-prompts", type=Path, default=Path("benchmarks/data/unseen_prompts.jsonl"),
+                    help="JSONL prompts the batch takes in turn")
+    args = harness.parse(ap)
+    decoder = ygg_runtime.load(args.artifact)
+    methods = [m for m in args.methods.split(",") if m] or list(decoder.methods)
+    for m in methods:
+        if m not in decoder.methods:
+            raise YggError(f"method '{m}' is not in {args.artifact} (it has: {', '.join(decoder.methods)})")
+    tape_models(decoder)
+    rows = methods_overhead(decoder, decoder.encode(args.prompt.read_text()), args.tokens, methods, args.repeats)
 
     batch_rows = {}
     lines = [json.loads(x) for x in args.batch_prompts.read_text().splitlines() if x.strip()]

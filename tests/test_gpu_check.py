@@ -37,5 +37,9 @@ def test_the_gpu_check_runs_every_section_on_small_shapes(artifact, tmp_path):
     assert [r["width"] for r in real["models"]["target"]["rows"]] == [1, 2, 4, 8, 16, 32, 64]
     assert real["egt_plan"]["modelled_speedup_over_ar"] >= 1.0  # depth 0, plain decoding, is always a candidate
     assert real["decode"]["all_equal"]
+    for method in ("ar", "egt"):  # each step's host work with its forwards replayed
+        overhead = real["step_overhead"][method]
+        assert overhead["host_ms_per_step"] > 0 and overhead["steps"] > 0
+        assert overhead["host_reads_per_step"] == overhead["to_host_per_step"] >= 1
     md = (tmp_path / "gpu-check.md").read_text()
-    assert "| real shapes | ok |" in md and "**target**" in md
+    assert "| real shapes | ok |" in md and "**target**" in md and "host work a step, forwards replayed" in md
