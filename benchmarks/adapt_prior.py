@@ -44,25 +44,23 @@ def main() -> None:
         raise YggError(f"{args.artifact} keeps no acceptance estimate (compiled before it): compile it again")
     twin = without_robust_prior(decoder)
     prompts = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()]
-    rows, texts = [], {}
+    rows = []
     for p in prompts:
         text, name = p["turns"][0], p.get("category", str(p.get("question_id")))
         runs = {"ar": lambda: decoder.generate(text, max_new_tokens=args.tokens, method="ar"),
                 "no-adapt": lambda: decoder.generate(text, max_new_tokens=args.tokens, adapt=False),
                 "weights 1": lambda: twin.generate(text, max_new_tokens=args.tokens),
                 "plan": lambda: decoder.generate(text, max_new_tokens=args.tokens)}
-        same = {}
+        want, same = decoder.generate(text, max_new_tokens=args.tokens, method="ar").text, []
 
         def checked(who: str):
             def call():
-                out = runs[who]()
-                same[who] = out.text == texts.setdefault(name, out.text) if who != "ar" else True
+                same.append(runs[who]().text == want)  # every run of every contestant, plain decoding's text
             return call
 
-        texts[name] = decoder.generate(text, max_new_tokens=args.tokens, method="ar").text
         ms = harness.medians(harness.interleaved({c: checked(c) for c in CONTESTANTS}, args.repeats, warmup=0), 1)
         rows.append({"prompt": name, "ms": ms, "x_ar": {c: round(ms["ar"] / ms[c], 3) for c in CONTESTANTS},
-                     "equal_to_ar": all(same.values())})
+                     "equal_to_ar": all(same)})
         print(f"{name:16s} " + "  ".join(f"{c} {ms[c]:7.0f} ms {ms['ar'] / ms[c]:4.2f}x" for c in CONTESTANTS)
               + ("" if rows[-1]["equal_to_ar"] else "  TEXT DIFFERS"), flush=True)
     summary = {c: {"median_x_ar": round(statistics.median(r["x_ar"][c] for r in rows), 3),
