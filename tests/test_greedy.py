@@ -219,3 +219,4 @@ def test_a_checkpoint_whose_tokenizer_outgrows_its_embedding_compiles_and_decode
     prompt.write_text("hello <|endoftext|> world")
     assert_one_line_error(ygg("run", prompt, "--artifact", out, "--raw", "-n", 8), "token id 258",
                           "no embedding row", "remove it from the prompt")
+

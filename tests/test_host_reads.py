@@ -72,25 +72,57 @@ def test_an_egt_step_reads_the_device_once_per_drafter_round_and_once_for_its_ve
             assert mine == depth + 1
 
 
-def test_a_predicted_depth_costs_one_read_more_and_coupled_sampling_none(models, reads, monkeypatch):
-    """With the depth predictor: depth + 2 (its reach, read once a step). Coupled sampling with the
-    GPU's choice of every tree row at once: depth + 1, as greedy."""
+def test_a_predicted_depth_travels_with_the_verdict_and_coupled_sampling_reads_no_more(models, reads, monkeypatch):
+    """With the depth predictor: depth + 1 as without it — its reach at every verified row is read
+    in the verdict's transfer (`Proposer.with_verdict`); only the first step, after the prompt,
+    reads it on its own (depth + 2). Coupled sampling with the GPU's choice of every tree row at
+    once: the same."""
     from ygg_runtime.decoding import accept
 
     target, draft = models
     policy = DepthPolicy(**depth_policy(factor=4.0))
     params = EGTParams(depth=3, draft_width=2, top_k=3, verify_widths=list(COMPILED), depth_policy=policy)
     predictor = DepthPredictor(random_predictor(target.model.args.dim))
-    egt = build("egt", params, Drafter(draft, target.vocab_size), Curves(PROFILE), predictor=predictor)
-    steps = step_reads(target, egt, reads)
-    assert {d for d, _, _ in steps} - {0}  # it drafted
-    assert all(mine == every == d + 2 for d, mine, every in steps)
 
+    def predicted(**kw):
+        egt = build("egt", params, Drafter(draft, target.vocab_size), Curves(PROFILE), predictor=predictor)
+        steps = step_reads(target, egt, reads, **kw)
+        assert {d for d, _, _ in steps} - {0}  # it drafted
+        (d0, mine0, every0), *rest = steps
+        assert mine0 == every0 == d0 + 2
+        assert rest and all(mine == every == d + 1 for d, mine, every in rest)
+
+    predicted()
     monkeypatch.setattr(accept, "rows_at_once", lambda device: True)
+    predicted(temperature=1.0, seed=3)
     egt = build("egt", {"depth": 3, "draft_width": 2, "top_k": 3, "verify_widths": list(COMPILED)},
                 Drafter(draft, target.vocab_size), Curves(PROFILE))
     steps = step_reads(target, egt, reads, temperature=1.0, seed=3)
     assert all(mine == every == d + 1 for d, mine, every in steps)
+
+
+def test_the_reach_read_with_the_verdict_is_the_one_its_row_gives_alone(models):
+    """The predictor's heads computed over every verified row and read with the verdict give,
+    at the accepted row, the reach it gives that row alone (within float32 rounding of a batched
+    product): what the depth choice reads is the predictor's, whichever way it travels."""
+    target, draft = models
+    policy = DepthPolicy(**depth_policy(factor=4.0))
+    params = EGTParams(depth=3, draft_width=2, top_k=3, verify_widths=list(COMPILED), depth_policy=policy)
+    predictor = DepthPredictor(random_predictor(target.model.args.dim))
+    egt = build("egt", params, Drafter(draft, target.vocab_size), Curves(PROFILE), predictor=predictor)
+    g = Generation(target, egt, PROMPT, max_new_tokens=24)
+    g.prefill()
+    checked = 0
+    while not g.done:
+        tree = g.propose()
+        c = g.call()
+        logits = target.forward(c.tokens, c.offsets, c.depths, c.tree_mask, tree.verify_width)
+        g.accept(logits, Stopwatch(target.device).start().stop())
+        if not g.done:
+            alone = predictor.reach(g.hidden)
+            assert predictor.monotone(g.extra) == pytest.approx(alone, abs=1e-6)
+            checked += 1
+    assert checked > 3
 
 
 @pytest.mark.parametrize("method,params,reads_per_step", [

@@ -9,7 +9,7 @@ import torch
 from helpers import linear_curves
 from ygg_compile.sequoia_tree import optimal_tree
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.decoding.prune import allocate, best_subtree, expected_accepted
+from ygg_runtime.decoding.prune import Pruning, allocate, best_subtree, expected_accepted
 from ygg_runtime.decoding.tree import TokenTree
 
 
@@ -52,6 +52,28 @@ def test_pruning_equals_top_k_by_value_when_values_decrease_along_paths():
         k = rng.randint(1, n)
         top = sorted(range(n), key=lambda v: -values[v])[:k]
         assert expected_accepted(values, best_subtree(parents, values, k)) == pytest.approx(expected_accepted(values, top))
+
+
+def test_pruning_of_values_decreasing_along_paths_is_the_best_subtree_with_ties_and_zeros():
+    """The sort that prunes a step's trees (values never increase along a path) against brute
+    force, with children as likely as their parents and nodes worth nothing: the best sum for every
+    size, root-connected, and no node worth nothing kept."""
+    rng = random.Random(7)
+    for trial in range(300):
+        n = rng.randint(1, 10)
+        parents, values = [-1], [1.0]
+        for v in range(1, n):
+            p = rng.randrange(v)
+            parents.append(p)
+            values.append(values[p] * rng.choice([1.0, 0.0, rng.random(), 0.5]))
+        pruning = Pruning(parents, values, n)
+        assert pruning.order is not None
+        for k in range(1, n + 1):
+            nodes = pruning.nodes(k)
+            assert nodes[0] == 0 and len(nodes) <= k and all(parents[v] in nodes for v in nodes[1:]), (parents, nodes)
+            assert all(values[v] > 0 for v in nodes[1:]) or values[0] == 0
+            assert pruning.value(k) == pytest.approx(brute_force(parents, values, k)), trial
+            assert expected_accepted(values, nodes) == pytest.approx(pruning.value(k))
 
 
 def token_tree(parents: list[int], values: list[float]) -> TokenTree:

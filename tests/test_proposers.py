@@ -1,5 +1,6 @@
-"""The proposer contract (docs/design.md, "Adding a method"): two verbs and a start, nothing else
-public, each method built from what it uses."""
+"""The proposer contract (docs/design.md, "Adding a method"): two verbs and a start (and what a step
+reads with its verdict, which a method may leave as none), nothing else public, each method built
+from what it uses."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from ygg_runtime.decoding import proposers
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.proposers import METHODS, Proposer
 
-CONTRACT = {"start", "propose", "update", "max_tree_size", "name", "Params"}
+CONTRACT = {"start", "propose", "update", "with_verdict", "max_tree_size", "name", "Params"}
 
 
 def test_the_proposer_interface_is_two_verbs_and_a_start():
     assert {n for n in dir(Proposer) if not n.startswith("_")} == CONTRACT
     assert list(inspect.signature(Proposer.propose).parameters) == ["self", "state"]
     assert list(inspect.signature(Proposer.update).parameters) == ["self", "verdict"]
+    assert list(inspect.signature(Proposer.with_verdict).parameters) == ["self", "hidden"]
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -255,7 +255,7 @@ def test_unseeded_sampling_leaves_the_callers_random_state_alone(models):
 def test_a_zero_exponential_draw_never_picks_a_token_the_drafter_rules_out(monkeypatch):
     """Gumbel top-k keys are log q - log E with E ~ Exp(1); E can be exactly 0. A token with
     q = 0 then got the key NaN, which topk ranks first."""
-    from ygg_runtime.decoding.proposers.base import pick_children
+    from ygg_runtime.decoding.proposers.base import DraftRows, pick_children
     from ygg_runtime.decoding.proposers import Sampling, StepState
 
     logits = torch.tensor([2.0, 1.0, float("-inf"), 0.5, float("-inf"), 0.0])
@@ -264,7 +264,7 @@ def test_a_zero_exponential_draw_never_picks_a_token_the_drafter_rules_out(monke
                         lambda self, generator=None: real(self, generator=generator).index_fill_(0, torch.tensor([2, 4]), 0.0))
     tree = TokenTree(0, child_rule="without_replacement")
     state = StepState([0], sampling=Sampling(1.0, 1.0, torch.Generator().manual_seed(0)))
-    (picks,) = pick_children(tree, [0], logits[None], 3, state)
+    (picks,) = pick_children(tree, [0], DraftRows(logits[None], None, len(logits)), 3, state)
     assert all(tree.tokens[c] not in (2, 4) for c in picks) and len(picks) == 3
 
 

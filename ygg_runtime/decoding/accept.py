@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ygg_runtime.decoding.select import first_max
 from ygg_runtime.transfer import rows_at_once, to_host
 from ygg_runtime.decoding.tree import TokenTree
 
@@ -26,6 +27,9 @@ from ygg_runtime.decoding.tree import TokenTree
 class Verdict:
     path: list[int]  # accepted nodes from the root (node 0) down
     bonus: int  # the target's own next token after the path
+    # what the proposer asked to read with the verdict (`Proposer.with_verdict`), at the path's last
+    # node: the row the next step starts from, known only once the verdict is read
+    extra: list[float] | None = None
 
     @property
     def accepted(self) -> int:
@@ -65,23 +69,36 @@ def _follow(tree: TokenTree, choice: Callable[[int], int]) -> Verdict:
         path.append(node)
 
 
-def accept_greedy(tree: TokenTree, logits: Tensor) -> Verdict:
-    """logits [n, V] of the target at every tree node (their argmax read in one transfer)."""
-    best = to_host(logits.argmax(-1))
-    return _follow(tree, best.__getitem__)
+def accept_greedy(tree: TokenTree, logits: Tensor, extra: Tensor | None = None) -> Verdict:
+    """logits [W, V] of the target at every tree node, padded to the forward's width (the tree's
+    rows' argmax read in one transfer, with `extra`'s rows [W, m] when given: `Verdict.extra`)."""
+    return _read(tree, first_max(logits[: len(tree)]), extra)
+
+
+def _read(tree: TokenTree, choices: Tensor, extra: Tensor | None) -> Verdict:
+    """The verdict from the target's choice at every tree node [n], read in one transfer together
+    with the proposer's `extra` rows (the choices travel as float64, which holds them exactly)."""
+    if extra is None:
+        return _follow(tree, to_host(choices).__getitem__)
+    rows = to_host(torch.cat([choices[:, None].double(), extra[: len(tree)].double()], 1))
+    verdict = _follow(tree, lambda node: int(rows[node][0]))
+    verdict.extra = rows[verdict.path[-1]][1:]
+    return verdict
 
 
 def accept_coupled(tree: TokenTree, logits: Tensor, noise: "coupling.Noise", first: int, temperature: float,
-                   top_p: float) -> Verdict:
+                   top_p: float, extra: Tensor | None = None) -> Verdict:
     """logits [n, V] of the target at every tree node; first: the sequence position of the root's
     children. The target's choice at a node of depth d is argmax(log p + g) with g the noise of
     position first + d: on a GPU for every node in one read (without a nucleus the keys are
     elementwise, so each row's choice is the one it has alone); else only on the path walked (a
     row at a time, as `ar` computes it)."""
     if top_p == 1.0 and rows_at_once(logits.device):
-        best = noise.choices(logits, [first + d for d in tree.depths], temperature)
-        return _follow(tree, best.__getitem__)
-    return _follow(tree, lambda node: noise.choose(logits[node], first + tree.depths[node], temperature, top_p))
+        return _read(tree, noise.choices(logits[: len(tree)], [first + d for d in tree.depths], temperature), extra)
+    verdict = _follow(tree, lambda node: noise.choose(logits[node], first + tree.depths[node], temperature, top_p))
+    if extra is not None:  # no transfer to share: its own
+        verdict.extra = to_host(extra[verdict.path[-1]])
+    return verdict
 
 
 def _normalise(p: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.decoding.accept import warp
+from ygg_runtime.decoding.select import first_max
 from ygg_runtime.transfer import read_top, to_host
 
 
@@ -65,13 +66,14 @@ class Noise:
         """The target's token at `position` from its logits row [V]: argmax of log p + g, an exact
         sample of p."""
         g = self.at(position, logits.shape[-1], logits.device)
-        return int(to_host(keys(logits, temperature, top_p, g).argmax()))
+        return int(to_host(first_max(keys(logits, temperature, top_p, g)[None])[0]))
 
-    def choices(self, logits: Tensor, positions: list[int], temperature: float) -> list[int]:
-        """`choose` for every row of logits [n, V] (row i at positions[i]) in one read, without a
-        nucleus: log p + g is then elementwise, so a row's choice has the bits it has alone."""
+    def choices(self, logits: Tensor, positions: list[int], temperature: float) -> Tensor:
+        """`choose` for every row of logits [n, V] (row i at positions[i]), on the device for one
+        read, without a nucleus: log p + g is then elementwise, so a row's choice has the bits it
+        has alone."""
         g = torch.stack([self.at(p, logits.shape[-1], logits.device) for p in positions])
-        return to_host(keys(logits, temperature, 1.0, g).argmax(-1))
+        return first_max(keys(logits, temperature, 1.0, g))
 
     def candidates(self, logits: Tensor, positions: list[int], k: int, temperature: float,
                    top_p: float) -> list[tuple[list[float], list[int]]]:

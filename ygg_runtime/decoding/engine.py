@@ -16,7 +16,7 @@ from ygg_runtime.decoding.metrics import Metrics, Step
 from ygg_runtime.options import SAMPLING, check_sampling, check_settings
 from ygg_runtime.decoding.proposers import Proposer, Sampling, StepState
 from ygg_runtime.model.runner import Call, ModelRunner
-from ygg_runtime.transfer import Stopwatch
+from ygg_runtime.transfer import Stopwatch, to_host
 from ygg_runtime.decoding.tree import TokenTree
 
 
@@ -64,6 +64,7 @@ class Generation:
         self.estimate = estimate.of(proposer.params) if adapt else None  # this request's acceptance, step by step
         self.seq, self.out = list(prompt), []
         self.hidden: Tensor | None = None  # the target's at the last accepted position
+        self.extra: list[float] | None = None  # what the proposer read with the last verdict (`Verdict.extra`)
         self.sequences = 1  # sequences sharing the step's forwards (a batch sets it before each step)
         self.done = False
         self.proposed: TokenTree | None = None  # the tree the proposer built this step
@@ -96,6 +97,7 @@ class Generation:
     def end_prefill(self) -> None:
         """The prompt is in: the first step may draft."""
         self.hidden = self.target.hidden[-1] if self.target.hidden is not None else None
+        self.extra = None  # the first step reads what it needs from the prompt's last row itself
         now = time.perf_counter()
         self.metrics.prefill_s += now - self._t0  # a recomputation after a preemption counts as prefill
         if not self.out:
@@ -105,7 +107,7 @@ class Generation:
         """Draft this step's tree (the proposer's drafter forwards run here)."""
         self._ts = time.perf_counter()
         state = StepState(self.seq, self.hidden, self.sampling, self.sequences, self.estimate,
-                          self.max_new_tokens - len(self.out))
+                          self.max_new_tokens - len(self.out), self.extra)
         self.proposed = self.tree = self.proposer.propose(state)
         self._td = time.perf_counter()
         return self.tree
@@ -120,12 +122,16 @@ class Generation:
         (verify: what timed its target forward, for the metrics)."""
         tree = self.tree
         tv = time.perf_counter()
+        hidden = self.target.hidden
+        extra = self.proposer.with_verdict(hidden[: len(tree)]) if hidden is not None else None
         if self.sampling is None:
-            verdict = accept_greedy(tree, logits)
+            verdict = accept_greedy(tree, logits, extra)
         elif self.sampling.noise is not None:
-            verdict = accept_coupled(tree, logits, self.sampling.noise, len(self.seq), self.temperature, self.top_p)
+            verdict = accept_coupled(tree, logits, self.sampling.noise, len(self.seq), self.temperature, self.top_p,
+                                     extra)
         else:
             verdict = accept_sampling(tree, warp(logits, self.temperature, self.top_p), self.sampling.generator)
+            verdict.extra = to_host(extra[verdict.path[-1]]) if extra is not None else None
         if verify.waits:  # the verdict's read waited for the forward: the step's own host work starts now
             tv = time.perf_counter()
         if self.on_step is not None:
@@ -138,6 +144,7 @@ class Generation:
         else:
             info = self.proposer.update(verdict)
         self.hidden = self.target.hidden[verdict.path[-1]]
+        self.extra = verdict.extra
         new = [tree.tokens[i] for i in verdict.path[1:]] + [verdict.bonus]
         new = new[: self.max_new_tokens - len(self.out)]
         stop = next((i for i, t in enumerate(new) if t in self.eos_ids), None)

@@ -63,10 +63,15 @@ class DepthPredictor:
         return x
 
     def reach(self, hidden: Tensor) -> list[float]:
-        """P(accepted length >= d) for d = 1..D_max (one read), made non-increasing in d (the
-        heads are trained separately, so a deeper head may come out a hair above a shallower one)."""
+        """P(accepted length >= d) for d = 1..D_max (one read; `monotone`)."""
+        return self.monotone(to_host(self.raw(hidden)))
+
+    @staticmethod
+    def monotone(heads: list[float]) -> list[float]:
+        """The heads' probabilities made non-increasing in d: the reach (the heads are trained
+        separately, so a deeper head may come out a hair above a shallower one)."""
         out, low = [], 1.0
-        for p in to_host(self.raw(hidden)):
+        for p in heads:
             low = min(low, p)
             out.append(low)
         return out

@@ -9,6 +9,8 @@ table capped at min(subtree size, k), which keeps the whole DP at O(n·k).
 
 from __future__ import annotations
 
+import itertools
+
 from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.objective import Curves, StepShape
 from ygg_runtime.artifact.params import fit_width
@@ -23,22 +25,13 @@ def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | N
     curves. Drafted and retrieved nodes compete on their path values alone, so retrieval fills
     exactly the slots pruning leaves free."""
     widest = verify_widths[-1]
-    # Path values never increase along a path, so the best subtrees lie among the `widest`
-    # highest-valued nodes and their ancestors: the knapsack runs on those only.
-    keep = set(sorted(range(len(tree)), key=lambda v: -tree.path_values[v])[:widest])
-    for v in list(keep):
-        while v > 0 and tree.parents[v] not in keep:
-            v = tree.parents[v]
-            keep.add(v)
-    nodes = sorted(keep | {0})
-    index = {v: i for i, v in enumerate(nodes)}
-    pruning = Pruning([index.get(tree.parents[v], -1) for v in nodes], [tree.path_values[v] for v in nodes], widest)
+    pruning = Pruning(tree.parents, tree.path_values, widest)
     width = widest
     if curves is not None:
         def rate(w: int) -> float:
             return pruning.value(w) / objective.step_ms(StepShape(draft_widths, w), curves, context, draft_context)
         width = max(verify_widths, key=rate)
-    sub = tree.subtree([nodes[i] for i in pruning.nodes(width)])
+    sub = tree.subtree(pruning.nodes(width))
     sub.verify_width = fit_width(len(sub), verify_widths)
     return sub
 
@@ -96,11 +89,21 @@ def best_subtree(parents: list[int], values: list[float], k: int) -> list[int]:
 
 class Pruning:
     """The knapsack solved once for every size up to k, so a caller can weigh each compiled verify
-    width against its cost (`value(j)`) and then take that width's subtree (`nodes(j)`)."""
+    width against its cost (`value(j)`) and then take that width's subtree (`nodes(j)`).
+
+    When values never increase along a path — path values, the product of chances in [0, 1]: every
+    tree a step drafts, retrieves or batches — the best j-subtree is simply the j highest values
+    (ties to the lower node, so a parent comes before its child): any j-set sums to no more, and that
+    one is root-connected. The step takes this sort; the tree knapsack stays for general values."""
 
     def __init__(self, parents: list[int], values: list[float], k: int):
         n = len(parents)
         self.k = k = max(1, min(k, n))
+        self.order: list[int] | None = None  # the nodes by value, when values decrease along paths
+        if values[0] >= 0 and all(0 <= values[v] <= values[parents[v]] for v in range(1, n)):
+            self.order = sorted(range(n), key=lambda v: (-values[v], v))[:k]
+            self.root = [float("-inf")] + list(itertools.accumulate(values[v] for v in self.order))
+            return
         self.children: list[list[int]] = [[] for _ in range(n)]
         for v in range(1, n):
             self.children[parents[v]].append(v)
@@ -131,6 +134,10 @@ class Pruning:
     def _size(self, j: int) -> int:
         """The best node count ≤ j (ties: the smaller tree)."""
         j = max(1, min(j, len(self.root) - 1))
+        if self.order is not None:  # sums of values ≥ 0 in decreasing order: the smaller tree of an equal sum
+            while j > 1 and self.root[j - 1] == self.root[j]:
+                j -= 1
+            return j
         return max(range(1, j + 1), key=lambda m: (self.root[m], -m))
 
     def value(self, j: int) -> float:
@@ -138,6 +145,8 @@ class Pruning:
         return self.root[self._size(j)]
 
     def nodes(self, j: int) -> list[int]:
+        if self.order is not None:
+            return sorted(self.order[: self._size(j)])
         chosen: list[int] = []
         _collect(0, self._size(j), self.children, self.split, chosen)
         return sorted(chosen)

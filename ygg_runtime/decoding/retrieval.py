@@ -195,11 +195,15 @@ class Retriever:
         self.adjacency = params.adjacency or PRIOR_ADJACENCY
         self.prompt = 0
         self.seconds = 0.0  # spent indexing and retrieving since the last `take_seconds`
+        # the root's continuations at an index length: a step looks them up for its retrieval-only
+        # tree and again when it grafts into its drafted one
+        self._root: tuple[int, list[Continuation]] | None = None
 
     def reset(self, tokens: list[int]) -> None:
         """A new generation over a prompt (all but its last token, as proposers see it)."""
         t = time.perf_counter()
         self.index.reset(tokens)
+        self._root = None
         self.table = self.seed.copy()  # online updates stay within one generation
         self.prompt = len(tokens) + 1  # the root, the prompt's last token, arrives with the first step
         self.seconds += time.perf_counter() - t
@@ -227,8 +231,7 @@ class Retriever:
         t = time.perf_counter()
         p, added = self.params, 0
         for node in (0, *under):
-            path = [tree.tokens[v] for v in tree.path_to(node)[1:]]
-            for cont in self.index.lookup(p.length, p.limit, path):
+            for cont in self._lookup(tree, node):
                 parent = node
                 for i, token in enumerate(cont.tokens):
                     n, pos, twice = context_cell(cont, i)
@@ -253,6 +256,15 @@ class Retriever:
             parent = first
         self.seconds += time.perf_counter() - t
         return added
+
+    def _lookup(self, tree: TokenTree, node: int) -> list[Continuation]:
+        """The context's continuations after `node`'s root path (the root's kept for the step)."""
+        p = self.params
+        if node:
+            return self.index.lookup(p.length, p.limit, [tree.tokens[v] for v in tree.path_to(node)[1:]])
+        if self._root is None or self._root[0] != len(self.index.tokens):
+            self._root = (len(self.index.tokens), self.index.lookup(p.length, p.limit))
+        return self._root[1]
 
     def alone(self, root: int, verify_widths: tuple[int, ...], curves: Curves | None,
               context: int, estimate: Estimate | None = None) -> tuple[TokenTree, TokenTree]:

@@ -23,6 +23,7 @@ from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
 from ygg_runtime.artifact.params import Params
 from ygg_runtime.model.runner import ModelRunner
+from ygg_runtime.decoding.select import top_k
 from ygg_runtime.transfer import read_top
 from ygg_runtime.decoding.tree import TokenTree
 
@@ -49,6 +50,48 @@ class Sampling:
         return "coupled" if self.noise is not None else "rejection"
 
 
+class DraftRows:
+    """A drafter forward's logits rows over its own head [n, H], and what they mean on the target's
+    vocabulary. A cut head (`ygg_compile.draft_vocab`) holds a third of the vocabulary and gives every
+    other token nothing, so the greedy children — the top k of each row and their draft
+    probabilities — are read off the head as it is; the rows fitted to the whole vocabulary
+    (`full`) are made only for what needs every token (the coupled noise, a sampled draw)."""
+
+    def __init__(self, logits: Tensor, ids: Tensor | None, vocab: int):
+        self.logits = logits  # [n, H]
+        self.ids = ids  # the token id of each head row; None: row i is token i
+        self.vocab = vocab  # the target's vocabulary
+
+    def __len__(self) -> int:
+        return self.logits.shape[0]
+
+    def __getitem__(self, i: int) -> "DraftRows":
+        """Row i, as rows of one."""
+        return DraftRows(self.logits[i : i + 1], self.ids, self.vocab)
+
+    def top(self, k: int) -> tuple[Tensor, Tensor]:
+        """Each row's k likeliest tokens (on the device): draft probabilities and token ids [n, k]."""
+        rows = self.logits if self.ids is not None else self.logits[:, : self.vocab]  # past it: padding rows
+        rows = rows.float()
+        _, top = top_k(rows, k)
+        return torch.softmax(rows, -1).gather(1, top), top if self.ids is None else self.ids[top]
+
+    def full(self) -> Tensor:
+        """The rows on the target's vocabulary [n, V]: a cut head's rows at their token ids and
+        padding rows left out, -inf (no draft mass) for every token the drafter has no row for."""
+        logits = self.logits
+        if self.ids is not None:
+            out = logits.new_full((logits.shape[0], self.vocab), float("-inf"))
+            return out.index_copy_(1, self.ids, logits)
+        v = logits.shape[-1]
+        if v > self.vocab:
+            return logits[:, : self.vocab]
+        if v < self.vocab:
+            pad = logits.new_full((logits.shape[0], self.vocab - v), float("-inf"))
+            return torch.cat([logits, pad], dim=-1)
+        return logits
+
+
 @dataclass
 class StepState:
     """What the engine knows before a step: all a proposer reads to build its tree."""
@@ -65,17 +108,19 @@ class StepState:
     # prices its nodes and picks its depth by; None: as calibrated (`--no-adapt`, or a method that does not).
     estimate: Estimate | None = None
     remaining: int | None = None  # tokens the request may still make (its budget left): what a one-time cost is spread over
+    # What the proposer asked to read with the last verdict (`Proposer.with_verdict`), at the last
+    # accepted row; None at the first step (or when it asked for nothing).
+    extra: list[float] | None = None
 
-    def top(self, rows: Tensor, depths: list[int], k: int) -> list[Children]:
-        """The k best children (draft probabilities, tokens) of tree nodes at `depths`, one per row
-        of their draft logits [n, V], read in one transfer: by draft probability when greedy (and
-        for rejection sampling's children picked by rank); coupled, the drafter's k guesses at the
-        target's token under the noise of the children's position (`Noise.candidates`)."""
+    def top(self, rows: DraftRows, depths: list[int], k: int) -> list[Children]:
+        """The k best children (draft probabilities, tokens) of tree nodes at `depths`, one per draft
+        row, read in one transfer: by draft probability when greedy (and for rejection sampling's
+        children picked by rank); coupled, the drafter's k guesses at the target's token under the
+        noise of the children's position (`Noise.candidates`)."""
         s = self.sampling
         if s is not None and s.noise is not None:
-            return s.noise.candidates(rows, [len(self.seq) + d for d in depths], k, s.temperature, s.top_p)
-        top = torch.softmax(rows.float(), dim=-1).topk(min(k, rows.shape[-1]))
-        return read_top(top.values, top.indices)
+            return s.noise.candidates(rows.full(), [len(self.seq) + d for d in depths], k, s.temperature, s.top_p)
+        return read_top(*rows.top(k))
 
 
 @dataclass
@@ -128,6 +173,14 @@ class Proposer:
         """Learn what the target accepted of the tree `propose` returned last (the verdict in that
         tree's node numbering, whatever part of it the engine verified)."""
         return StepInfo()
+
+    def with_verdict(self, hidden: Tensor) -> Tensor | None:
+        """Values [n, m] of every verified row (from the target's final hidden states [n, dim] at the
+        tree's nodes) that the next step needs on the host, computed on the device and read in the
+        verdict's one transfer: which row the next step starts from is known only once the verdict
+        is read, and a read of its own would be one more round trip (`StepState.extra`). None:
+        nothing."""
+        return None
 
 
 class DraftProposer(Proposer):
@@ -184,7 +237,7 @@ class Drafter:
         self.prompt = 0  # the prompt's tokens (all but the first root) the drafter sees, fed or owed
         self.head = self.cut = 0  # the prompt's tokens [head, head + cut) are left out (a window)
         self.fed: set[int] = set()
-        self.ready: Tensor | None = None  # the next root's logits, when a head draft ran ahead
+        self.ready: DraftRows | None = None  # the next root's draft row, when a head draft ran ahead
 
     def reset(self) -> None:
         self.runner.reset()
@@ -232,8 +285,8 @@ class Drafter:
         if self.owes(upto):
             self.runner.prefill(tokens[self.runner.committed : self.at(upto)])
 
-    def begin(self, seq: list[int]) -> Tensor:
-        """Feed the unseen tokens; the root's logits [V_target]. The root sits at tree slot 0.
+    def begin(self, seq: list[int]) -> DraftRows:
+        """Feed the unseen tokens; the root's draft rows (one). The root sits at tree slot 0.
         After steps that skipped the drafter (egt at depth 0) there may be many: they go in
         chunks of the widest compiled width, so every forward keeps a compiled width."""
         if self.owes(len(seq)):  # a lazy drafter's first drafting step (a batch's: what it still owes)
@@ -250,18 +303,18 @@ class Drafter:
         logits = self.runner.forward_chain(pending)
         self.runner.commit(list(range(len(pending) - 1)))
         self.fed = {0}
-        return self.fit(logits[-1:])[0]
+        return self.rows(logits[-1:])
 
-    def expand(self, tree: TokenTree, nodes: list[int], width: int = 0) -> Tensor:
-        """Run the drafter over tree nodes (their ancestors already fed), padded to `width`;
-        logits [len(nodes), V]."""
+    def expand(self, tree: TokenTree, nodes: list[int], width: int = 0) -> DraftRows:
+        """Run the drafter over tree nodes (their ancestors already fed), padded to `width`; their
+        draft rows, one a node."""
         mask = tree.ancestor_mask()[nodes]
         tokens, depths = self.known([tree.tokens[i] for i in nodes]), [tree.depths[i] for i in nodes]
         logits = self.runner.forward(tokens, nodes, depths, mask, width)
         self.fed.update(nodes)
-        return self.fit(logits)
+        return self.rows(logits)
 
-    def finish(self, verdict: Verdict, ahead: tuple[int, Tensor] | None = None) -> None:
+    def finish(self, verdict: Verdict, ahead: tuple[int, DraftRows] | None = None) -> None:
         """Commit the accepted path as far as the drafter has seen it. ahead: (node, its logits)
         when the bonus token was fed ahead of the verify as that node (egt's AOT head draft): if the
         drafter saw the whole path, the node's row becomes the next root's (tree slot 0)."""
@@ -277,25 +330,18 @@ class Drafter:
         else:
             self.runner.commit(keep)
 
+    def rows(self, logits: Tensor) -> DraftRows:
+        """A forward's logits [n, H] as draft rows over the target's vocabulary (`DraftRows`)."""
+        return DraftRows(logits, self.runner.model.head_ids, self.target_vocab)
+
     def fit(self, logits: Tensor) -> Tensor:
-        """Map draft logits onto the target's vocabulary (padding rows get no draft mass; a head cut
-        to part of the vocabulary puts its rows at their token ids and gives every other token none:
-        the drafter never proposes it, and its q is the cut head's softmax, 0 elsewhere)."""
-        ids = self.runner.model.head_ids
-        if ids is not None:
-            out = logits.new_full((logits.shape[0], self.target_vocab), float("-inf"))
-            return out.index_copy_(1, ids, logits)
-        v = logits.shape[-1]
-        if v > self.target_vocab:
-            return logits[:, : self.target_vocab]
-        if v < self.target_vocab:
-            pad = logits.new_full((logits.shape[0], self.target_vocab - v), float("-inf"))
-            return torch.cat([logits, pad], dim=-1)
-        return logits
+        """Draft logits [n, H] on the target's vocabulary (`DraftRows.full`): calibration's rank of
+        the target's token among the drafter's."""
+        return self.rows(logits).full()
 
 
-def pick_children(tree: TokenTree, nodes: list[int], rows: Tensor, k: int, state: StepState) -> list[list[int]]:
-    """Add k children under each of `nodes` from their draft logits rows [n, V]: top-k when greedy;
+def pick_children(tree: TokenTree, nodes: list[int], rows: DraftRows, k: int, state: StepState) -> list[list[int]]:
+    """Add k children under each of `nodes` from their draft rows: top-k when greedy;
     coupled, the top k of log q + the noise of the children's position (both read in one
     transfer for all the nodes); rejection, k draws from the warped draft distribution without
     replacement (Gumbel top-k), recorded for acceptance."""
@@ -303,7 +349,7 @@ def pick_children(tree: TokenTree, nodes: list[int], rows: Tensor, k: int, state
     if sampling is None or sampling.noise is not None:
         tops = state.top(rows, [tree.depths[n] for n in nodes], k)
         return [[tree.add(n, t, p) for p, t in zip(*top)] for n, top in zip(nodes, tops)]
-    return [_draw_children(tree, n, row, k, sampling) for n, row in zip(nodes, rows)]
+    return [_draw_children(tree, n, row, k, sampling) for n, row in zip(nodes, rows.full())]
 
 
 def _draw_children(tree: TokenTree, node: int, logits: Tensor, k: int, sampling: Sampling) -> list[int]:

@@ -20,7 +20,7 @@ class Chain(DraftProposer):
         logits, node = self.drafter.begin(state.seq), 0
         k = self.params.k
         for d in range(k):
-            ((node,),) = pick_children(tree, [node], logits[None], 1, state)
+            ((node,),) = pick_children(tree, [node], logits, 1, state)
             if d + 1 < k:
-                logits = self.drafter.expand(tree, [node])[0]
+                logits = self.drafter.expand(tree, [node])
         return tree

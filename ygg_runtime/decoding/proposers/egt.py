@@ -42,7 +42,7 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
 from ygg_runtime.artifact.params import EGTParams
 from ygg_runtime.decoding.predictor import DepthPredictor
-from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, Hook, StepInfo, StepState
+from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, DraftRows, Hook, StepInfo, StepState
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
 from ygg_runtime.decoding.tree import DRAFT, TokenTree
 
@@ -150,7 +150,7 @@ class EGT(DraftProposer):
         self.hook = hook
         self.drafted: TokenTree | None = None  # the whole drafted tree of the step in progress
         self.verified: TokenTree | None = None  # the part of it proposed for the verify
-        self.guesses: dict[int, tuple[int, torch.Tensor]] = {}  # AOT head draft: node -> (guess node, its logits)
+        self.guesses: dict[int, tuple[int, DraftRows]] = {}  # AOT head draft: node -> (guess node, its draft row)
 
     @property
     def max_tree_size(self) -> int:
@@ -187,7 +187,9 @@ class EGT(DraftProposer):
         behind = self.drafter.behind(seq) if self.max_depth else 0
         drafts_at = self.drafter.at(len(seq))  # the drafter's context: shorter than seq's when it reads a window
         reach = None  # P(accepted length >= d) of this step: the predictor's, or calibration's for a request that adapts
-        if self.predictor is not None and state.hidden is not None:
+        if self.predictor is not None and state.extra is not None:  # read with the last verdict
+            reach = self.predictor.monotone(state.extra)
+        elif self.predictor is not None and state.hidden is not None:
             reach = self.predictor.reach(state.hidden)
         elif self.predictor is None and self.policy is not None and estimate is not None:
             reach = self.policy.reach
@@ -223,7 +225,7 @@ class EGT(DraftProposer):
             return state.top(rows, [tree.depths[v] for v in picks], self.planner.top_k)
 
         mark = self._clock(None)
-        (root,) = state.top(self.drafter.begin(seq)[None], [0], self.planner.top_k)
+        (root,) = state.top(self.drafter.begin(seq), [0], self.planner.top_k)
         mark = self._clock("begin", mark)
         self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth, estimate)
         if self.hook is not None:
@@ -250,7 +252,7 @@ class EGT(DraftProposer):
             self.hook.stage(stage, now - since)
         return now
 
-    def _ahead(self, verified: TokenTree) -> dict[int, tuple[int, torch.Tensor]]:
+    def _ahead(self, verified: TokenTree) -> dict[int, tuple[int, DraftRows]]:
         """Run the stages planned ahead of the verify in one drafter forward (see the module
         docstring); returns the head draft's guesses by the node they hang from."""
         full, fed, kept = self.drafted, self.drafter.fed, set(verified.origin)
@@ -269,6 +271,11 @@ class EGT(DraftProposer):
         logits = self.drafter.expand(full, nodes)
         row = {n: i for i, n in enumerate(nodes)}
         return {o: (g, logits[row[g]]) for o, g in head.items()}
+
+    def with_verdict(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The depth predictor's heads at every verified row: the next step's reach travels with
+        the verdict (a batched MLP over the tree's rows costs what one row's does)."""
+        return self.predictor.raw(hidden) if self.predictor is not None else None
 
     def update(self, verdict: Verdict) -> StepInfo:
         spent = self.retriever.take_seconds() if self.retriever is not None else 0.0

@@ -40,7 +40,7 @@ class Sequoia(DraftProposer):
         node_of = {0: 0}  # static node -> tree node
         for d, level in enumerate(self.levels):
             if d == 0:
-                logits = self.drafter.begin(seq)[None]
+                logits = self.drafter.begin(seq)
             else:
                 nodes = [node_of[v] for v in level]
                 logits = self.drafter.expand(tree, nodes, fit_width(len(nodes), self.widths))

@@ -21,7 +21,7 @@ class SpecInfer(DraftProposer):
     def propose(self, state: StepState) -> TokenTree:
         tree = TokenTree(state.seq[-1], child_rule="without_replacement")
         width, depth = self.params.width, self.params.depth
-        frontier, logits = [0], self.drafter.begin(state.seq)[None]
+        frontier, logits = [0], self.drafter.begin(state.seq)
         for d in range(depth):
             level = [c for kids in pick_children(tree, frontier, logits, width, state) for c in kids]
             if d + 1 < depth:
