@@ -86,6 +86,7 @@ class Curves:
         # absent from profiles measured before batching: then taken as 1.
         self.batch = {role: profile.batch(role) for role in ("target", "draft")}
         self.share = 1  # see shared()
+        self._costs: dict[tuple[int, tuple[StepShape, ...]], StepCosts] = {}  # see costs(); views share it
         self._memo: dict[tuple, float] = {}  # _at's answers (shared with the `shared` views: the same curves)
 
     def shared(self, sequences: int) -> "Curves":
@@ -99,6 +100,15 @@ class Curves:
         view = copy.copy(self)
         view.share = sequences
         return view
+
+    def costs(self, shapes: tuple[StepShape, ...]) -> "StepCosts":
+        """The shapes' times at any context (`StepCosts`), made once per shapes and share: a step
+        weighs the same few shapes every time (egt's depths, its verify widths)."""
+        key = (self.share, shapes)
+        costs = self._costs.get(key)
+        if costs is None:
+            costs = self._costs[key] = StepCosts(list(shapes), self)
+        return costs
 
     def t_verify(self, w: int, context: int | None = None) -> float:
         if self.share > 1:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 
-from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.objective import Curves, StepShape
 from ygg_runtime.artifact.params import fit_width
 from ygg_runtime.decoding.tree import TokenTree
@@ -28,9 +27,9 @@ def verified(tree: TokenTree, verify_widths: tuple[int, ...], curves: Curves | N
     pruning = Pruning(tree.parents, tree.path_values, widest)
     width = widest
     if curves is not None:
-        def rate(w: int) -> float:
-            return pruning.value(w) / objective.step_ms(StepShape(draft_widths, w), curves, context, draft_context)
-        width = max(verify_widths, key=rate)
+        times = curves.costs(tuple(StepShape(draft_widths, w) for w in verify_widths)).at(context, draft_context)
+        rates = [pruning.value(w) / ms for w, ms in zip(verify_widths, times)]
+        width = verify_widths[rates.index(max(rates))]
     sub = tree.subtree(pruning.nodes(width))
     sub.verify_width = fit_width(len(sub), verify_widths)
     return sub

@@ -139,10 +139,9 @@ class EGT(DraftProposer):
         self.policy = policy if self.predictor is not None else adapt
         self.planner = Planner(params, curves, self.policy.draft_width if self.policy is not None else None)
         self.curves = curves  # alone; in a batch the planner prices its step as a share of it (StepState.sequences)
-        self._costs: dict[int, objective.StepCosts] = {}  # the policy's shapes' times, by sequences sharing a step
         if self.policy is not None:
             self.factors = self.policy.factors
-            self.shapes = [self.planner.shape(d, w) for d, w in enumerate(self.policy.verify_widths)]
+            self.shapes = tuple(self.planner.shape(d, w) for d, w in enumerate(self.policy.verify_widths))
         self.max_depth = (self.predictor.max_depth if self.predictor is not None else
                           max(params.depth, adapt.max_depth) if adapt is not None else params.depth)
         self.step_depth = params.depth  # this step's depth
@@ -197,9 +196,7 @@ class EGT(DraftProposer):
             if estimate is not None:
                 reach = estimate.reach(reach)
             plain = None if retrieved is None else (alone_value, retrieved[1].verify_width)
-            costs = self._costs.get(state.sequences)  # the shapes' times, kept per batch size (the curves' share)
-            if costs is None:
-                costs = self._costs[state.sequences] = objective.StepCosts(self.shapes, self.planner.curves)
+            costs = self.planner.curves.costs(self.shapes)  # the shapes' times, kept per batch size (the curves' share)
             self.step_depth = objective.best_depth(reach, self.factors, self.shapes, self.planner.curves, len(seq),
                                                    plain, drafts_at, costs, self.planner.catch_up_ms(behind, drafts_at),
                                                    state.remaining)
