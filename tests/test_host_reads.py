@@ -125,15 +125,65 @@ def test_the_reach_read_with_the_verdict_is_the_one_its_row_gives_alone(models):
     assert checked > 3
 
 
-@pytest.mark.parametrize("method,params,reads_per_step", [
-    ("ar", {}, 1), ("chain", {"k": 3}, 4), ("specinfer", {"width": 2, "depth": 3}, 4),
-    ("sequoia", {"parents": [-1, 0, 0, 1, 1, 2, 3], "ranks": [0, 0, 1, 0, 1, 0, 0]}, 4)])
-def test_every_method_reads_once_per_drafter_level_and_once_for_its_verdict(models, reads, method, params,
-                                                                            reads_per_step):
+STATIC = [("chain", {"k": 3}), ("specinfer", {"width": 2, "depth": 3}),
+          ("sequoia", {"parents": [-1, 0, 0, 1, 1, 2, 3], "ranks": [0, 0, 1, 0, 1, 0, 0]})]
+
+
+@pytest.mark.parametrize("method,params,reads_per_step", [("ar", {}, 1)] + [(m, p, 2) for m, p in STATIC])
+def test_a_greedy_static_tree_is_read_once_whatever_its_depth_and_once_for_its_verdict(models, reads, method, params,
+                                                                                      reads_per_step):
+    """chain, specinfer and sequoia draft greedily on the device (`StaticTree`): each level's
+    children feed the next level where they are, the tree comes back in one read; then the verdict."""
     target, draft = models
     proposer = build(method, params, Drafter(draft, target.vocab_size) if method != "ar" else None)
     steps = step_reads(target, proposer, reads, n=24)
     assert all(mine == every == reads_per_step for _, mine, every in steps)
+
+
+def host_walk(proposer, seq: list[int]):
+    """A static tree drafted level by level with every level's children read back and added on the
+    host, each level fed through `Drafter.expand` from the tree built so far: what the methods did
+    before their levels stayed on the device."""
+    from ygg_runtime.artifact.params import fit_width
+    from ygg_runtime.decoding.tree import TokenTree
+    from ygg_runtime.transfer import read_top
+
+    shape, drafter = proposer.shape, proposer.drafter
+    widths = getattr(proposer, "widths", ())
+    tree = TokenTree(seq[-1])
+    rows = drafter.begin(seq)
+    for d, nodes in enumerate(shape.nodes):
+        if d:
+            rows = drafter.expand(tree, nodes, fit_width(len(nodes), widths) if widths else 0)
+        tops = read_top(*rows.top(shape.k[d]))
+        for i, r in zip(shape.rows[d].tolist(), shape.ranks[d].tolist()):
+            tree.add(nodes[i], tops[i][1][r], tops[i][0][r])
+    tree.verify_width = getattr(proposer, "verify_width", 0)
+    return tree
+
+
+@pytest.mark.parametrize("method,params", STATIC)
+def test_a_static_tree_drafted_on_the_device_is_the_one_a_host_walk_drafts(models, method, params):
+    """Step for step, the same tokens, draft probabilities, parents and widths as the walk that
+    reads every level back (`host_walk`): the next level's tokens, slots, depths and masks the
+    device path feeds are the tree's."""
+    target, draft = models
+    trees = {}
+    for on_device in (True, False):
+        proposer = build(method, params, Drafter(draft, target.vocab_size))
+        if not on_device:
+            proposer.propose = lambda state, p=proposer: host_walk(p, state.seq)
+        g = Generation(target, proposer, PROMPT, max_new_tokens=24)
+        g.prefill()
+        seen = []
+        while not g.done:
+            tree = g.propose()
+            c = g.call()
+            logits = target.forward(c.tokens, c.offsets, c.depths, c.tree_mask, tree.verify_width)
+            g.accept(logits, Stopwatch(target.device).start().stop())
+            seen.append((tree.tokens, tree.parents, tree.draft_probs, tree.verify_width))
+        trees[on_device] = seen
+    assert trees[True] == trees[False] and len(trees[True]) > 3
 
 
 @pytest.mark.parametrize("width,heads", [(1, 1), (3, 2), (5, 5), (8, 3)])

@@ -2,9 +2,11 @@
 
 On a GPU a read (`.tolist()`, `.item()`) waits for all the work queued before it, and a decode step
 is a chain of small forwards whose results the host must see (the drafter's top children, the
-target's choices): each read is a round trip the GPU idles through. So the step reads once per
-forward and no more, each read going through `to_host` (a test counts them per step, and the
-metrics report them). Host-to-device copies go one per forward, from pinned memory
+target's choices): each read is a round trip the GPU idles through. So a greedy step reads its
+drafted tree once (a static tree's levels feed each other on the device; egt reads once a drafter
+round) and its verdict once, with what the next step needs of the verified rows (the depth
+predictor's reach) in the same transfer, each read going through `to_host` (a test counts them
+per step, and `benchmarks/step_overhead.py` reports them). Host-to-device copies go one per forward, from pinned memory
 (`ygg_runtime.model.graphs.ForwardInputs`), and never wait. Device timings are taken with events, read
 after a transfer has waited anyway (`Stopwatch`), so timing costs no round trip.
 """

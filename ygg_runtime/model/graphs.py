@@ -52,6 +52,9 @@ class ForwardInputs:
         self._tree_at = 8 * (self._at[5] + padded(heads))
         self.host = torch.zeros(self._tree_at + width * window, dtype=torch.uint8, pin_memory=pin)
         self.tree = self.host[self._tree_at :].view(torch.bool).view(width, window)
+        # (row, tokens on the device): input tokens a drafter's last forward chose, written into the
+        # device's copy of the inputs (`write_late`) instead of read back to fill `host`
+        self.late: list[tuple[int, Tensor]] = []
 
     def set_ints(self, tokens: list[int], positions: list[int], slots: list[int], lo: list[int], hi: list[int],
                  heads: list[int]) -> None:
@@ -70,6 +73,12 @@ class ForwardInputs:
         tree = buffer[self._tree_at :].view(torch.bool).view(w, self.window)
         tokens, positions, slots, lo, hi = (ints[at : at + w] for at in self._at[:5])
         return tokens.view(1, w), positions, slots, lo, hi, tree, ints[self._at[5] : self._at[5] + self.heads]
+
+    def write_late(self, args: tuple[Tensor, ...]) -> None:
+        """Write the tokens that are on the device already into the forward's inputs `args` (on
+        the device: a copy there, no read)."""
+        for row, tokens in self.late:
+            args[0][0, row : row + len(tokens)].copy_(tokens)
 
     def on(self, device: torch.device) -> tuple[Tensor, ...]:
         """The inputs on `device`, in one copy that does not wait (the host buffer is pinned off the
@@ -128,6 +137,7 @@ class CapturedForwards:
                 self.failed = f"CUDA graph capture failed ({first_line(e)}): forwards run uncaptured"
                 return None
         g.inputs.copy_(inputs.host, non_blocking=True)
+        inputs.write_late(inputs.args(g.inputs))
         g.graph.replay()
         return g.logits, g.hidden
 

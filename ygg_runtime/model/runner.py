@@ -59,7 +59,9 @@ class Call:
     """One sequence's share of a forward: ModelRunner.forward's arguments, for `forward_many`."""
 
     runner: "ModelRunner"
-    tokens: list[int]
+    # the tokens [W]: on the host, or a device tensor a drafter's last forward chose (its next
+    # forward's input never comes back to the host: `ForwardInputs.late`)
+    tokens: list[int] | Tensor
     offsets: list[int]
     depths: list[int]
     tree_mask: Tensor
@@ -281,14 +283,22 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
         tree[n + i, 0] = True
         lo.append(s)
         hi.append(s)
-    tokens = [t for c in calls for t in c.tokens] + [0] * extra
-    inputs.set_ints(tokens, positions + [0] * extra, slots + pad_slots, lo, hi, heads)
+    tokens, row = [], 0
+    for c in calls:
+        if isinstance(c.tokens, Tensor):  # written on the device, after the host's inputs arrive there
+            inputs.late.append((row, c.tokens))
+            tokens += [0] * len(c.tokens)
+        else:
+            tokens += c.tokens
+        row += len(c.tokens)
+    inputs.set_ints(tokens + [0] * extra, positions + [0] * extra, slots + pad_slots, lo, hi, heads)
     compiled = first.compiled is not None and first.compiled.holds(width)
     forward = first.compiled if compiled else first.model
     cache = first.model.kv.data
     replayed = graphs.run("compiled" if compiled else "eager", forward, inputs, cache) if graphs is not None else None
     if replayed is None:
         args = inputs.on(first.device)
+        inputs.write_late(args)
         logits, hidden = forward(*args[:6], cache, args[6])
     else:  # the graph's static outputs, which its next replay overwrites: each call keeps a copy of its rows
         logits, hidden = replayed

@@ -21,11 +21,11 @@ from torch import Tensor
 from ygg_runtime.decoding.accept import Verdict, warp
 from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.params import Params
+from ygg_runtime.artifact.params import Params, SequoiaParams, fit_width
 from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.decoding.select import top_k
 from ygg_runtime.transfer import read_top
-from ygg_runtime.decoding.tree import TokenTree
+from ygg_runtime.decoding.tree import ChildRule, TokenTree
 
 if TYPE_CHECKING:
     from ygg_runtime.decoding.coupling import Noise
@@ -308,8 +308,16 @@ class Drafter:
     def expand(self, tree: TokenTree, nodes: list[int], width: int = 0) -> DraftRows:
         """Run the drafter over tree nodes (their ancestors already fed), padded to `width`; their
         draft rows, one a node."""
-        mask = tree.ancestor_mask()[nodes]
-        tokens, depths = self.known([tree.tokens[i] for i in nodes]), [tree.depths[i] for i in nodes]
+        tokens = self.known([tree.tokens[i] for i in nodes])
+        return self.feed(tokens, nodes, [tree.depths[i] for i in nodes], tree.ancestor_mask()[nodes], width)
+
+    def feed(self, tokens: list[int] | Tensor, nodes: list[int], depths: list[int], mask: Tensor,
+             width: int = 0) -> DraftRows:
+        """Run the drafter over tree nodes at `depths` seeing the tree slots of `mask`'s rows,
+        padded to `width`: their draft rows. tokens: on the device when the drafter's last forward
+        chose them (`StaticTree`), as the drafter embeds them (see STAND_IN)."""
+        if isinstance(tokens, Tensor):
+            tokens = torch.where(tokens < self.runner.vocab_size, tokens, self.STAND_IN)
         logits = self.runner.forward(tokens, nodes, depths, mask, width)
         self.fed.update(nodes)
         return self.rows(logits)
@@ -363,3 +371,62 @@ def _draw_children(tree: TokenTree, node: int, logits: Tensor, k: int, sampling:
     keys = torch.where(q > 0, q.log() - noise.log(), float("-inf"))
     picks = keys.topk(k).indices.tolist()
     return [tree.add(node, t, q[t].item()) for t in picks]
+
+
+class StaticTree:
+    """A tree whose shape is fixed before the step — chain's, specinfer's, sequoia's: node v is
+    the rank-`ranks[v]` child of `parents[v]` — drafted greedily on the device. Each level's
+    children are the top ranks of their parents' draft rows, and the next level's forward takes
+    them as its input tokens where they are (`Drafter.feed`): nothing comes back to the host until
+    the whole tree is read, once, whatever its depth (one round trip a step beside the verdict's).
+    The masks, depths and slots of every level are the shape's, made once. Its nodes are numbered
+    level by level, each inner node's children by rank: the order the per-level walk adds them in."""
+
+    def __init__(self, parents: list[int], ranks: list[int]):
+        shape = SequoiaParams(parents=parents, ranks=ranks)  # a static tree's children and levels
+        kids, self.levels = shape.children(), shape.levels()
+        tree_id, self.parents = {0: 0}, [-1]  # the static node's tree node; the tree's parents
+        starts = []  # the tree node each level's children begin at (they are numbered together)
+        self.rows: list[Tensor] = []  # per level: each child's row among the level's draft rows
+        self.ranks: list[Tensor] = []  # ... and its rank there
+        self.k: list[int] = []  # ranks a level reads
+        for level in self.levels:
+            starts.append(len(self.parents))
+            row, rank = [], []
+            for i, v in enumerate(level):
+                for c in kids[v]:
+                    tree_id[c] = len(self.parents)
+                    self.parents.append(tree_id[v])
+                    row.append(i)
+                    rank.append(ranks[c])
+            self.rows.append(torch.tensor(row))
+            self.ranks.append(torch.tensor(rank))
+            self.k.append(max(rank) + 1)
+        skeleton = TokenTree(0)
+        for p in self.parents[1:]:
+            skeleton.add(p, 0, 1.0)
+        mask = skeleton.ancestor_mask()
+        self.nodes = [[tree_id[v] for v in level] for level in self.levels]  # each level's fed nodes
+        self.masks = [mask[nodes] for nodes in self.nodes]
+        # where each level's inner nodes sit among the previous level's children
+        self.picks = [torch.tensor([n - starts[d - 1] for n in self.nodes[d]]) if d else None
+                      for d in range(len(self.levels))]
+
+    def draft(self, drafter: Drafter, seq: list[int], child_rule: ChildRule, widths: tuple[int, ...] = ()) -> TokenTree:
+        """The greedy tree under seq[-1] (`widths`: the compiled widths a level's forward is padded to)."""
+        rows = drafter.begin(seq)
+        values, tokens = [], []
+        for d, nodes in enumerate(self.nodes):
+            if d:
+                device = rows.logits.device
+                rows = drafter.feed(tokens[-1][self.picks[d].to(device)], nodes, [d] * len(nodes), self.masks[d],
+                                    fit_width(len(nodes), widths) if widths else 0)
+            q, top = rows.top(self.k[d])
+            at = (self.rows[d].to(q.device), self.ranks[d].to(q.device))
+            values.append(q[at])
+            tokens.append(top[at])
+        ((qs, ts),) = read_top(torch.cat(values)[None], torch.cat(tokens)[None])
+        tree = TokenTree(seq[-1], child_rule=child_rule)
+        for parent, q, t in zip(self.parents[1:], qs, ts):
+            tree.add(parent, t, q)
+        return tree

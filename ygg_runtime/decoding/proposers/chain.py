@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ygg_runtime.artifact.params import ChainParams
-from ygg_runtime.decoding.proposers.base import DraftProposer, StepState, pick_children
+from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, StaticTree, StepState, pick_children
 from ygg_runtime.decoding.tree import TokenTree
 
 
@@ -15,7 +15,13 @@ class Chain(DraftProposer):
     def max_tree_size(self) -> int:
         return self.params.k + 1
 
+    def __init__(self, params: ChainParams, drafter: Drafter | None):
+        super().__init__(params, drafter)
+        self.shape = StaticTree(list(range(-1, params.k)), [0] * (params.k + 1))  # greedy: drafted on the device
+
     def propose(self, state: StepState) -> TokenTree:
+        if state.sampling is None:
+            return self.shape.draft(self.drafter, state.seq, "iid")
         tree = TokenTree(state.seq[-1], child_rule="iid")
         logits, node = self.drafter.begin(state.seq), 0
         k = self.params.k

@@ -10,7 +10,7 @@ coupled sampling ranks the drafter's guesses under the position's noise (`ygg_ru
 from __future__ import annotations
 
 from ygg_runtime.artifact.params import SequoiaParams, fit_width
-from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, StepState
+from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, StaticTree, StepState
 from ygg_runtime.decoding.tree import TokenTree
 
 
@@ -23,6 +23,7 @@ class Sequoia(DraftProposer):
         self.ranks, self.widths = list(params.ranks), tuple(sorted(params.widths))
         self.children, self.levels = params.children(), params.levels()
         self.verify_width = fit_width(len(params.parents), self.widths)
+        self.shape = StaticTree(list(params.parents), self.ranks)
 
     @property
     def max_tree_size(self) -> int:
@@ -36,6 +37,10 @@ class Sequoia(DraftProposer):
         seq = state.seq
         tree = TokenTree(seq[-1], child_rule="deterministic")
         if not self.levels:
+            return tree
+        if state.sampling is None:  # greedy: drafted on the device
+            tree = self.shape.draft(self.drafter, seq, "deterministic", self.widths)
+            tree.verify_width = self.verify_width
             return tree
         node_of = {0: 0}  # static node -> tree node
         for d, level in enumerate(self.levels):
