@@ -453,3 +453,52 @@ def test_the_acceptance_a_window_keeps_is_the_drafters_greedy_agreement_reading_
     assert found["acceptance"] == pytest.approx(whole, abs=1e-4)
     assert found["kept"] == [pytest.approx(agree(text[start - w :]) / whole, abs=1e-4) for w in (16, 64)]
     assert calibrate.window_acceptance(target, draft, text[:40], windows=(16,), positions=32) is None
+
+
+class Scales:
+    """A request's estimate as `grow` reads it: a price factor per depth (some above 1, so the cap
+    at 1 matters)."""
+
+    def __init__(self, by_depth: list[float]):
+        self.by_depth = by_depth
+
+    def scale(self, source: int, depth: int) -> float:
+        return self.by_depth[min(depth, len(self.by_depth)) - 1]
+
+
+@pytest.mark.parametrize("depth,width,k", [(4, 4, 4), (3, 2, 3), (5, 1, 2), (2, 8, 2), (4, 8, 1)])
+@pytest.mark.parametrize("scales", [None, [1.4, 0.6, 1.0, 2.5, 0.3]])
+def test_egt_rounds_on_the_device_grow_the_tree_the_host_grows(models, depth, width, k, scales):
+    """`Planner.grow_on` (the rounds chosen and fed on the drafter's device, the tree read once)
+    against `Planner.grow` with the drafter's rows read every round: the same nodes, tokens,
+    parents, draft probabilities and path values, bit for bit, and the same nodes fed, for several
+    shapes, uncalibrated and calibrated acceptance maps, and with a request's price factors."""
+    from ygg_runtime.decoding.proposers import StepState
+
+    _, target, draft = models
+    accept = [[0.0, 0.0], [0.05, 0.02], [0.2, 0.3], [0.5, 0.55], [1.0, 0.97]]
+    for prompt, calibrated in zip(prompts(3, seed=40), (False, True, True)):
+        params = EGTParams(depth=depth, draft_width=width, top_k=k, verify_widths=list(COMPILED),
+                           accept=accept if calibrated else None)
+        planner = Planner(params)
+        estimate = Scales(scales) if scales is not None else None
+        trees, fed = [], []
+        for on_device in (False, True):
+            drafter = Drafter(draft, target.vocab_size)
+            drafter.reset()
+            drafter.prefill(prompt[:-1])
+            rows = drafter.begin(prompt)
+            if on_device:
+                tree = planner.grow_on(drafter, prompt[-1], rows, depth, estimate)
+            else:
+                state = StepState(list(prompt))
+
+                def expand(tree, picks, drafter=drafter, state=state):
+                    return state.top(drafter.expand(tree, picks, width), [tree.depths[v] for v in picks], k)
+
+                (root,) = state.top(rows, [0], k)
+                tree = planner.grow(prompt[-1], root, expand, depth, estimate)
+            trees.append((tree.tokens, tree.parents, tree.depths, tree.draft_probs, tree.path_values, tree.accepts))
+            fed.append(drafter.fed)
+        assert trees[0] == trees[1] and fed[0] == fed[1]
+        assert len(trees[0][0]) > 1 + k  # the rounds added nodes

@@ -58,25 +58,27 @@ def step_reads(target, proposer, reads, n: int = 40, **kw) -> list[tuple[int, in
     return out
 
 
-def test_an_egt_step_reads_the_device_once_per_drafter_round_and_once_for_its_verdict(models, reads):
-    """depth + 1 reads: the root's children, each later round's children (all its nodes at once),
-    the target's choices; a depth-0 step (plain decoding) one."""
+def test_a_greedy_egt_step_reads_its_tree_once_whatever_its_depth_and_once_for_its_verdict(models, reads):
+    """Two reads: the drafted tree, once its rounds chose and fed their nodes on the device
+    (`Planner.grow_on`), and the target's choices; a depth-0 step (plain decoding) one."""
     target, draft = models
     for params in ({"depth": 4, "draft_width": 4, "top_k": 4, "verify_widths": list(COMPILED)},
                    {"depth": 2, "draft_width": 8, "top_k": 2, "verify_widths": [4, 8]}):
         egt = build("egt", params, Drafter(draft, target.vocab_size), Curves(PROFILE))
         steps = step_reads(target, egt, reads)
         assert len(steps) > 5
+        assert {d for d, _, _ in steps} - {0, 1}  # deep steps ran
         for depth, mine, every in steps:
             assert mine == every  # nothing read around transfer.to_host
-            assert mine == depth + 1
+            assert mine == min(depth + 1, 2)
 
 
-def test_a_predicted_depth_travels_with_the_verdict_and_coupled_sampling_reads_no_more(models, reads, monkeypatch):
-    """With the depth predictor: depth + 1 as without it — its reach at every verified row is read
-    in the verdict's transfer (`Proposer.with_verdict`); only the first step, after the prompt,
-    reads it on its own (depth + 2). Coupled sampling with the GPU's choice of every tree row at
-    once: the same."""
+def test_a_predicted_depth_travels_with_the_verdict_and_coupled_sampling_reads_a_round_at_a_time(models, reads,
+                                                                                                monkeypatch):
+    """With the depth predictor: as without it — its reach at every verified row is read in the
+    verdict's transfer (`Proposer.with_verdict`); only the first step, after the prompt, reads it
+    on its own. Greedy: the tree and the verdict. Coupled sampling (with the GPU's choice of every
+    tree row at once) still reads each round's guesses under the noise: depth + 1."""
     from ygg_runtime.decoding import accept
 
     target, draft = models
@@ -84,17 +86,17 @@ def test_a_predicted_depth_travels_with_the_verdict_and_coupled_sampling_reads_n
     params = EGTParams(depth=3, draft_width=2, top_k=3, verify_widths=list(COMPILED), depth_policy=policy)
     predictor = DepthPredictor(random_predictor(target.model.args.dim))
 
-    def predicted(**kw):
+    def predicted(reads_of, **kw):
         egt = build("egt", params, Drafter(draft, target.vocab_size), Curves(PROFILE), predictor=predictor)
         steps = step_reads(target, egt, reads, **kw)
-        assert {d for d, _, _ in steps} - {0}  # it drafted
+        assert {d for d, _, _ in steps} - {0, 1}  # it drafted deep
         (d0, mine0, every0), *rest = steps
-        assert mine0 == every0 == d0 + 2
-        assert rest and all(mine == every == d + 1 for d, mine, every in rest)
+        assert mine0 == every0 == reads_of(d0) + 1
+        assert rest and all(mine == every == reads_of(d) for d, mine, every in rest)
 
-    predicted()
+    predicted(lambda depth: min(depth + 1, 2))
     monkeypatch.setattr(accept, "rows_at_once", lambda device: True)
-    predicted(temperature=1.0, seed=3)
+    predicted(lambda depth: depth + 1, temperature=1.0, seed=3)
     egt = build("egt", {"depth": 3, "draft_width": 2, "top_k": 3, "verify_widths": list(COMPILED)},
                 Drafter(draft, target.vocab_size), Curves(PROFILE))
     steps = step_reads(target, egt, reads, temperature=1.0, seed=3)

@@ -16,6 +16,9 @@ import bisect
 import copy
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.artifact.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
 from ygg_runtime.artifact.plan import OutputLength, Profile
@@ -360,3 +363,16 @@ class AcceptanceMap:
         if q >= self.qs[-1]:
             return self.accept[-1]
         return _interp(self.qs, self.accept, q)
+
+    def on(self, q: Tensor) -> Tensor:
+        """The map of float64 draft probabilities on their device, bit for bit the host's: the same
+        segment (`bisect_left`) and the same operations in the same order, each rounded as Python
+        rounds it."""
+        xs = torch.tensor(self.qs, dtype=torch.float64, device=q.device)
+        ys = torch.tensor(self.accept, dtype=torch.float64, device=q.device)
+        if len(xs) == 1:
+            return ys[0].expand_as(q).clone()
+        i = torch.searchsorted(xs, q, side="left").clamp(1, len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        inside = (y0 + (y1 - y0) * (q - x0) / (x1 - x0)).clamp(min=0.0)
+        return torch.where(q <= xs[0], ys[0], torch.where(q >= xs[-1], ys[-1], inside))

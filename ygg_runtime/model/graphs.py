@@ -52,9 +52,10 @@ class ForwardInputs:
         self._tree_at = 8 * (self._at[5] + padded(heads))
         self.host = torch.zeros(self._tree_at + width * window, dtype=torch.uint8, pin_memory=pin)
         self.tree = self.host[self._tree_at :].view(torch.bool).view(width, window)
-        # (row, tokens on the device): input tokens a drafter's last forward chose, written into the
-        # device's copy of the inputs (`write_late`) instead of read back to fill `host`
-        self.late: list[tuple[int, Tensor]] = []
+        # (input, row, values on the device): inputs a drafter's last forward chose — tokens, and for
+        # a round that also chose which nodes to feed, their positions, slots and mask rows — written
+        # into the device's copy of the inputs (`write_late`) instead of read back to fill `host`
+        self.late: list[tuple[int, int, Tensor]] = []
 
     def set_ints(self, tokens: list[int], positions: list[int], slots: list[int], lo: list[int], hi: list[int],
                  heads: list[int]) -> None:
@@ -77,8 +78,11 @@ class ForwardInputs:
     def write_late(self, args: tuple[Tensor, ...]) -> None:
         """Write the tokens that are on the device already into the forward's inputs `args` (on
         the device: a copy there, no read)."""
-        for row, tokens in self.late:
-            args[0][0, row : row + len(tokens)].copy_(tokens)
+        for i, row, values in self.late:
+            if values.dim() == 2:  # mask rows
+                args[i][row : row + len(values), : values.shape[1]].copy_(values)
+            else:
+                args[i].view(-1)[row : row + len(values)].copy_(values)
 
     def on(self, device: torch.device) -> tuple[Tensor, ...]:
         """The inputs on `device`, in one copy that does not wait (the host buffer is pinned off the

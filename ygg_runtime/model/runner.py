@@ -60,10 +60,12 @@ class Call:
 
     runner: "ModelRunner"
     # the tokens [W]: on the host, or a device tensor a drafter's last forward chose (its next
-    # forward's input never comes back to the host: `ForwardInputs.late`)
+    # forward's input never comes back to the host: `ForwardInputs.late`); offsets and depths too
+    # when a drafting round chose which nodes to feed on the device (then the mask rows are the
+    # device's, and the window their width)
     tokens: list[int] | Tensor
-    offsets: list[int]
-    depths: list[int]
+    offsets: list[int] | Tensor
+    depths: list[int] | Tensor
     tree_mask: Tensor
     logits: bool = True  # False: a prompt's rows, which only write the cache (no output head)
 
@@ -239,27 +241,35 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     need = max(n, first.min_width)  # padding to min_width is the exactness rule, not a choice
     width = max(width, first.padded(n))
 
+    def reach(c: Call) -> int:  # tree slots a call's rows reach (chosen on the device: within its window)
+        return c.tree_mask.shape[1] if isinstance(c.offsets, Tensor) else max(c.tree_mask.shape[1], max(c.offsets) + 1)
+
     def room(c: Call) -> int:
-        return c.runner.max_len - c.runner.committed - max(c.tree_mask.shape[1], max(c.offsets) + 1)
+        return c.runner.max_len - c.runner.committed - reach(c)
 
     host = max(calls, key=room)
     scratch = first.scratch  # slots a batch keeps for padding: a checked width whatever the regions hold
     if width > need and room(host) < width - n and len(scratch) < width - n:
         width = need
-    slots, positions, spans = [], [], []
+    slots, positions, spans, late = [], [], [], []
     for c in calls:
         r, t = c.runner, c.tree_mask.shape[1]
         if r.committed + t > r.max_len:
             raise ValueError(f"sequence of {r.committed + t} tokens exceeds the cache of {r.max_len}")
         start = r.base + r.committed
-        slots += [start + o for o in c.offsets]
-        positions += [r.committed + d for d in c.depths]
+        if isinstance(c.offsets, Tensor):  # chosen on the device: written there (`ForwardInputs.late`)
+            late += [(1, len(positions), r.committed + c.depths), (2, len(slots), start + c.offsets)]
+            slots += [0] * len(c.offsets)
+            positions += [0] * len(c.offsets)
+        else:
+            slots += [start + o for o in c.offsets]
+            positions += [r.committed + d for d in c.depths]
         spans.append((r.base, start, c.tree_mask))
     extra = width - n
     pad_slots = []
     if extra and room(host) >= extra:
         r = host.runner
-        first_free = r.base + r.committed + max(host.tree_mask.shape[1], max(host.offsets) + 1)
+        first_free = r.base + r.committed + reach(host)
         pad_slots = list(range(first_free, first_free + extra))
     elif extra:
         if len(scratch) < extra:
@@ -272,10 +282,14 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     heads, at = head_rows(calls, width, first, every=graphs is not None)
     inputs = ForwardInputs(width, len(heads), window, pin=first.device.type != "cpu")
     tree = inputs.tree
+    inputs.late = late
     lo, hi, row = [], [], 0
-    for base, start, tree_mask in spans:
+    for (base, start, tree_mask), c in zip(spans, calls):
         w, t = tree_mask.shape
-        tree[row : row + w, :t] = tree_mask
+        if isinstance(c.offsets, Tensor):
+            inputs.late.append((5, row, tree_mask))
+        else:
+            tree[row : row + w, :t] = tree_mask
         lo += [base] * w
         hi += [start] * w
         row += w
@@ -286,7 +300,7 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     tokens, row = [], 0
     for c in calls:
         if isinstance(c.tokens, Tensor):  # written on the device, after the host's inputs arrive there
-            inputs.late.append((row, c.tokens))
+            inputs.late.append((0, row, c.tokens))
             tokens += [0] * len(c.tokens)
         else:
             tokens += c.tokens

@@ -311,15 +311,18 @@ class Drafter:
         tokens = self.known([tree.tokens[i] for i in nodes])
         return self.feed(tokens, nodes, [tree.depths[i] for i in nodes], tree.ancestor_mask()[nodes], width)
 
-    def feed(self, tokens: list[int] | Tensor, nodes: list[int], depths: list[int], mask: Tensor,
+    def feed(self, tokens: list[int] | Tensor, nodes: list[int] | Tensor, depths: list[int] | Tensor, mask: Tensor,
              width: int = 0) -> DraftRows:
         """Run the drafter over tree nodes at `depths` seeing the tree slots of `mask`'s rows,
         padded to `width`: their draft rows. tokens: on the device when the drafter's last forward
-        chose them (`StaticTree`), as the drafter embeds them (see STAND_IN)."""
+        chose them (`StaticTree`), as the drafter embeds them (see STAND_IN); nodes and depths too
+        when a round chose the nodes there (`Planner.grow_on`, which records them as fed once it
+        reads the tree)."""
         if isinstance(tokens, Tensor):
             tokens = torch.where(tokens < self.runner.vocab_size, tokens, self.STAND_IN)
         logits = self.runner.forward(tokens, nodes, depths, mask, width)
-        self.fed.update(nodes)
+        if not isinstance(nodes, Tensor):
+            self.fed.update(nodes)
         return self.rows(logits)
 
     def finish(self, verdict: Verdict, ahead: tuple[int, DraftRows] | None = None) -> None:

@@ -34,6 +34,7 @@ import time
 from typing import Callable
 
 import torch
+from torch import Tensor
 
 from ygg_runtime.decoding import objective, prune
 from ygg_runtime.decoding.accept import Verdict
@@ -44,6 +45,7 @@ from ygg_runtime.artifact.params import EGTParams
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, DraftRows, Hook, StepInfo, StepState
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
+from ygg_runtime.transfer import to_host
 from ygg_runtime.decoding.tree import DRAFT, TokenTree
 
 
@@ -76,6 +78,65 @@ class Planner:
                 break
             for node, children in zip(picks, expand(tree, picks)):
                 self._add_children(tree, node, children, frontier, estimate)
+        return tree
+
+    def grow_on(self, drafter: Drafter, root_token: int, rows: DraftRows, depth: int,
+                estimate: Estimate | None = None) -> TokenTree:
+        """`grow`'s tree, greedy, with its rounds on the drafter's device: every node's token, parent,
+        depth and path value kept there (slots numbered as `grow` numbers them), each round's
+        draft_width best unexpanded nodes chosen there (a stable sort: equal values to the lower
+        node, as the heap pops them) and fed as they are (`Drafter.feed`), their top children added
+        there. The host reads the tree once, after the last round, and adds its nodes with `grow`'s
+        own arithmetic (a test holds the two trees equal). rows: the root's draft row (`begin`)."""
+        k, w = self.top_k, self.draft_width
+        q, top = rows.top(k)
+        device = q.device
+        size = 1 + k + k * w * max(0, depth - 1)  # slots the rounds can fill
+        tokens = torch.zeros(size, dtype=torch.long, device=device)
+        parents = torch.zeros(size, dtype=torch.long, device=device)
+        depths = torch.zeros(size, dtype=torch.long, device=device)
+        probs = torch.zeros(size, dtype=torch.float64, device=device)
+        values = torch.zeros(size, dtype=torch.float64, device=device)
+        values[0] = 1.0
+        unexpanded = torch.zeros(size, dtype=torch.bool, device=device)
+        ancestors = torch.eye(size, dtype=torch.bool, device=device)
+        scales = torch.tensor([1.0] + [estimate.scale(DRAFT, d) if estimate is not None else 1.0
+                                       for d in range(1, depth + 1)], dtype=torch.float64, device=device)
+
+        def add(at: int, nodes: Tensor, q: Tensor, top: Tensor) -> int:
+            """The top children [n, k] of `nodes` in slots from `at` on: `_add_children`'s price."""
+            end = at + q.numel()
+            parent = nodes.repeat_interleave(k)
+            tokens[at:end], parents[at:end], depths[at:end] = top.reshape(-1), parent, depths[parent] + 1
+            probs[at:end] = q.reshape(-1).double()
+            price = (self.accept.on(probs[at:end]) * scales[depths[at:end]]).clamp(max=1.0)
+            values[at:end] = values[parent] * price
+            unexpanded[at:end] = True
+            ancestors[at:end] |= ancestors[parent]
+            return end
+
+        filled = add(1, torch.zeros(1, dtype=torch.long, device=device), q, top)
+        picked, open_ = [], k
+        for _ in range(depth - 1):
+            count = min(w, open_)
+            if not count:
+                break
+            order = torch.where(unexpanded[:filled], values[:filled], float("-inf")).sort(descending=True, stable=True)
+            picks = order.indices[:count].sort().values  # ascending: each row's ancestors before it
+            unexpanded[picks] = False
+            rows = drafter.feed(tokens[picks], picks, depths[picks], ancestors[picks][:, :filled], w)
+            q, top = rows.top(k)
+            filled = add(filled, picks, q, top)
+            picked.append(picks)
+            open_ += count * (k - 1)
+        read = to_host(torch.cat([tokens[1:filled].double(), parents[1:filled].double(), probs[1:filled],
+                                  values[1:filled]] + [p.double() for p in picked]))
+        n = filled - 1
+        tree = TokenTree(root_token, child_rule="deterministic")
+        for token, parent, q in zip(read[:n], read[n : 2 * n], read[2 * n : 3 * n]):
+            tree.add(int(parent), int(token), q, self.accept(q))
+        tree.path_values[1:] = read[3 * n : 4 * n]  # the values the rounds chose by (`grow`'s, bit for bit)
+        drafter.fed.update(int(v) for v in read[4 * n :])
         return tree
 
     def _add_children(self, tree: TokenTree, node: int, children: Children, frontier: list,
@@ -222,9 +283,14 @@ class EGT(DraftProposer):
             return state.top(rows, [tree.depths[v] for v in picks], self.planner.top_k)
 
         mark = self._clock(None)
-        (root,) = state.top(self.drafter.begin(seq), [0], self.planner.top_k)
-        mark = self._clock("begin", mark)
-        self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth, estimate)
+        rows = self.drafter.begin(seq)
+        if state.sampling is None:  # greedy: the rounds on the device, the tree read once
+            mark = self._clock("begin", mark)
+            self.drafted = self.planner.grow_on(self.drafter, seq[-1], rows, self.step_depth, estimate)
+        else:
+            (root,) = state.top(rows, [0], self.planner.top_k)
+            mark = self._clock("begin", mark)
+            self.drafted = self.planner.grow(seq[-1], root, expand, self.step_depth, estimate)
         if self.hook is not None:
             self.hook.drafted(self.drafted, state)
         if self.retriever is not None:  # under the root and the likeliest drafted nodes
