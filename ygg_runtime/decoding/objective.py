@@ -356,6 +356,7 @@ class AcceptanceMap:
         pts = sorted(points or [[0.0, 0.0], [1.0, 1.0]])
         self.qs = [float(q) for q, _ in pts]
         self.accept = [min(1.0, max(0.0, float(a))) for _, a in pts]
+        self._on: tuple[Tensor, Tensor] | None = None  # qs and accept on the device `on` last ran on
 
     def __call__(self, q: float) -> float:
         if q <= self.qs[0]:
@@ -368,8 +369,9 @@ class AcceptanceMap:
         """The map of float64 draft probabilities on their device, bit for bit the host's: the same
         segment (`bisect_left`) and the same operations in the same order, each rounded as Python
         rounds it."""
-        xs = torch.tensor(self.qs, dtype=torch.float64, device=q.device)
-        ys = torch.tensor(self.accept, dtype=torch.float64, device=q.device)
+        if self._on is None or self._on[0].device != q.device:
+            self._on = tuple(torch.tensor(v, dtype=torch.float64, device=q.device) for v in (self.qs, self.accept))
+        xs, ys = self._on
         if len(xs) == 1:
             return ys[0].expand_as(q).clone()
         i = torch.searchsorted(xs, q, side="left").clamp(1, len(xs) - 1)
