@@ -40,9 +40,10 @@ def host_reads() -> int:
     return _reads
 
 
-def to_device(values: list[int], device: torch.device) -> Tensor:
-    """int64 values on the device without waiting for it: through pinned memory on a GPU."""
-    t = torch.tensor(values, dtype=torch.int64)
+def to_device(values: list, device: torch.device, dtype: torch.dtype = torch.int64) -> Tensor:
+    """Values on the device without waiting for it: through pinned memory on a GPU (a copy from
+    pageable memory would wait for the work queued before it)."""
+    t = torch.tensor(values, dtype=dtype)
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)

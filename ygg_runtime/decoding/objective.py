@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ygg_runtime.options import MAX_ROWS
+from ygg_runtime.transfer import to_device
 from ygg_runtime.artifact.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
 from ygg_runtime.artifact.plan import OutputLength, Profile
 
@@ -370,7 +371,7 @@ class AcceptanceMap:
         segment (`bisect_left`) and the same operations in the same order, each rounded as Python
         rounds it."""
         if self._on is None or self._on[0].device != q.device:
-            self._on = tuple(torch.tensor(v, dtype=torch.float64, device=q.device) for v in (self.qs, self.accept))
+            self._on = tuple(to_device(v, q.device, torch.float64) for v in (self.qs, self.accept))
         xs, ys = self._on
         if len(xs) == 1:
             return ys[0].expand_as(q).clone()

@@ -24,7 +24,7 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.artifact.params import Params, SequoiaParams, fit_width
 from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.decoding.select import top_k
-from ygg_runtime.transfer import read_top
+from ygg_runtime.transfer import read_top, to_device
 from ygg_runtime.decoding.tree import ChildRule, TokenTree
 
 if TYPE_CHECKING:
@@ -415,17 +415,24 @@ class StaticTree:
         self.picks = [torch.tensor([n - starts[d - 1] for n in self.nodes[d]]) if d else None
                       for d in range(len(self.levels))]
 
+    def _on(self, device: torch.device) -> None:
+        """The level tables on the drafter's device, moved once (a copy from pageable memory each
+        step would wait for the device)."""
+        if self.rows[0].device != device:
+            move = lambda ts: [t if t is None else to_device(t.tolist(), device) for t in ts]  # noqa: E731
+            self.rows, self.ranks, self.picks = move(self.rows), move(self.ranks), move(self.picks)
+
     def draft(self, drafter: Drafter, seq: list[int], child_rule: ChildRule, widths: tuple[int, ...] = ()) -> TokenTree:
         """The greedy tree under seq[-1] (`widths`: the compiled widths a level's forward is padded to)."""
         rows = drafter.begin(seq)
+        self._on(rows.logits.device)
         values, tokens = [], []
         for d, nodes in enumerate(self.nodes):
             if d:
-                device = rows.logits.device
-                rows = drafter.feed(tokens[-1][self.picks[d].to(device)], nodes, [d] * len(nodes), self.masks[d],
+                rows = drafter.feed(tokens[-1][self.picks[d]], nodes, [d] * len(nodes), self.masks[d],
                                     fit_width(len(nodes), widths) if widths else 0)
             q, top = rows.top(self.k[d])
-            at = (self.rows[d].to(q.device), self.ranks[d].to(q.device))
+            at = (self.rows[d], self.ranks[d])
             values.append(q[at])
             tokens.append(top[at])
         ((qs, ts),) = read_top(torch.cat(values)[None], torch.cat(tokens)[None])

@@ -45,7 +45,7 @@ from ygg_runtime.artifact.params import EGTParams
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, DraftRows, Hook, StepInfo, StepState
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
-from ygg_runtime.transfer import to_host
+from ygg_runtime.transfer import to_device, to_host
 from ygg_runtime.decoding.tree import DRAFT, TokenTree
 
 
@@ -100,8 +100,8 @@ class Planner:
         values[0] = 1.0
         unexpanded = torch.zeros(size, dtype=torch.bool, device=device)
         ancestors = torch.eye(size, dtype=torch.bool, device=device)
-        scales = torch.tensor([1.0] + [estimate.scale(DRAFT, d) if estimate is not None else 1.0
-                                       for d in range(1, depth + 1)], dtype=torch.float64, device=device)
+        scales = to_device([1.0] + [estimate.scale(DRAFT, d) if estimate is not None else 1.0
+                                    for d in range(1, depth + 1)], device, torch.float64)
 
         def add(at: int, nodes: Tensor, q: Tensor, top: Tensor) -> int:
             """The top children [n, k] of `nodes` in slots from `at` on: `_add_children`'s price."""
