@@ -86,8 +86,9 @@ class Planner:
         depth and path value kept there (slots numbered as `grow` numbers them), each round's
         draft_width best unexpanded nodes chosen there (a stable sort: equal values to the lower
         node, as the heap pops them) and fed as they are (`Drafter.feed`), their top children added
-        there. The host reads the tree once, after the last round, and adds its nodes with `grow`'s
-        own arithmetic (a test holds the two trees equal). rows: the root's draft row (`begin`)."""
+        there by `grow`'s arithmetic on tensors (`AcceptanceMap.on`). The host reads the tree once,
+        after the last round, path values included (a test holds the two trees equal, bit for bit).
+        rows: the root's draft row (`begin`)."""
         k, w = self.top_k, self.draft_width
         q, top = rows.top(k)
         device = q.device
@@ -335,7 +336,7 @@ class EGT(DraftProposer):
         row = {n: i for i, n in enumerate(nodes)}
         return {o: (g, logits[row[g]]) for o, g in head.items()}
 
-    def with_verdict(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def with_verdict(self, hidden: Tensor) -> Tensor | None:
         """The depth predictor's heads at every verified row: the next step's reach travels with
         the verdict (a batched MLP over the tree's rows costs what one row's does)."""
         return self.predictor.raw(hidden) if self.predictor is not None else None
