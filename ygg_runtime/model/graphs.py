@@ -76,8 +76,8 @@ class ForwardInputs:
         return tokens.view(1, w), positions, slots, lo, hi, tree, ints[self._at[5] : self._at[5] + self.heads]
 
     def write_late(self, args: tuple[Tensor, ...]) -> None:
-        """Write the tokens that are on the device already into the forward's inputs `args` (on
-        the device: a copy there, no read)."""
+        """Write the inputs that are on the device already (`late`: tokens, positions, slots, mask
+        rows) into the forward's inputs `args` (on the device: a copy there, no read)."""
         for i, row, values in self.late:
             if values.dim() == 2:  # mask rows
                 args[i][row : row + len(values), : values.shape[1]].copy_(values)

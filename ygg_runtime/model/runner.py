@@ -241,11 +241,11 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     need = max(n, first.min_width)  # padding to min_width is the exactness rule, not a choice
     width = max(width, first.padded(n))
 
-    def reach(c: Call) -> int:  # tree slots a call's rows reach (chosen on the device: within its window)
+    def extent(c: Call) -> int:  # tree slots a call's rows reach (chosen on the device: within its window)
         return c.tree_mask.shape[1] if isinstance(c.offsets, Tensor) else max(c.tree_mask.shape[1], max(c.offsets) + 1)
 
     def room(c: Call) -> int:
-        return c.runner.max_len - c.runner.committed - reach(c)
+        return c.runner.max_len - c.runner.committed - extent(c)
 
     host = max(calls, key=room)
     scratch = first.scratch  # slots a batch keeps for padding: a checked width whatever the regions hold
@@ -269,7 +269,7 @@ def forward_many(calls: list[Call], width: int = 0) -> list[Tensor]:
     pad_slots = []
     if extra and room(host) >= extra:
         r = host.runner
-        first_free = r.base + r.committed + reach(host)
+        first_free = r.base + r.committed + extent(host)
         pad_slots = list(range(first_free, first_free + extra))
     elif extra:
         if len(scratch) < extra:
