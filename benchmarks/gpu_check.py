@@ -662,7 +662,8 @@ def markdown(c: Check) -> str:
                   f"{real.get('draft_worst_TW_over_T1')}, T(1) over an 8x cache {real.get('target_T1_cache_x8_over_T1')}×"]
     if "step_overhead" in real:
         lines += ["", "host work a step, forwards replayed (benchmarks/step_overhead.py): " + ", ".join(
-            f"{m} {v['host_ms_per_step']} ms ({v['host_reads_per_step']:g} host reads)" for m, v in real["step_overhead"].items())]
+            f"{m} {v['host_ms_per_step']} ms ({v['host_reads_per_step']:g} host reads, "
+            f"{v['device_ops_per_step']:g} device ops)" for m, v in real["step_overhead"].items())]
     seven = r.get("7B shapes", {})
     for role, m in seven.get("models", {}).items():
         lines += _rows_md(f"7B pair, {role}", m)

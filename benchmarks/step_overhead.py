@@ -19,7 +19,9 @@ Host reads: every point where the host waits for a tensor's value (`item`, `toli
 in one more replay, per step (the median over the steps; the first, which holds the prefill, left
 out). Work the replay still runs on tensors — the depth predictor's small MLP, KV compaction, top-k
 over the logits — is counted as the step's: on a GPU it is device work between the forwards, but it
-is what the step adds to them.
+is what the step adds to them. The same replay counts the step's device ops (aten operators that are
+not views, by a dispatch mode): uncaptured, each is a kernel launch on a GPU, which costs the host
+microseconds whatever the kernel does — what a step's graph capture would take off the host.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ygg_runtime
 from ygg_bench import harness
@@ -97,6 +100,19 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class DeviceOps(TorchDispatchMode):
+    """Counts the aten operators that run a kernel (views and other aliases left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 def tape_models(decoder) -> None:
     """Put every forward of the decoder's models behind `Taped`, and run them uncaptured: a captured
     graph replays its kernels without calling the forward, which a replay must hand back instead."""
@@ -107,18 +123,19 @@ def tape_models(decoder) -> None:
         runner.graphs = None
 
 
-def counted(run) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+def counted(run) -> tuple[tuple[int, int, int], list[tuple[int, int, int]]]:
     """Host reads over one more replay — every one (`HostReads`), and those the runtime makes on
-    purpose through `transfer.to_host` — in all, and at each verified step's end (`on_step`)."""
-    marks: list[tuple[int, int]] = []
+    purpose through `transfer.to_host` — and device ops (`DeviceOps`), in all and at each verified
+    step's end (`on_step`)."""
+    marks: list[tuple[int, int, int]] = []
     declared = transfer.host_reads()
-    with HostReads() as reads:
-        run(lambda *_: marks.append((reads.count, transfer.host_reads() - declared)))
-    return (reads.count, transfer.host_reads() - declared), marks
+    with HostReads() as reads, DeviceOps() as ops:
+        run(lambda *_: marks.append((reads.count, transfer.host_reads() - declared, ops.count)))
+    return (reads.count, transfer.host_reads() - declared, ops.count), marks
 
 
-def per_step(marks: list[tuple[int, int]], which: int) -> float:
-    """The median host reads between two verified steps (the first, which holds the prefill, left out)."""
+def per_step(marks: list[tuple[int, ...]], which: int) -> float:
+    """The median count between two verified steps (the first, which holds the prefill, left out)."""
     per = [b[which] - a[which] for a, b in zip(marks, marks[1:])]
     return float(statistics.median(per)) if per else float("nan")
 
@@ -161,6 +178,7 @@ def methods_overhead(decoder, prompt: list[int], tokens: int, methods: list[str]
         rows[m] = {"host_ms_per_step": round(statistics.median(x[0] for x in kept), 3),
                    "of_it_ms": {f: round(statistics.median(x[i + 1] for x in kept), 3) for i, f in enumerate(PARTS)},
                    "host_reads_per_step": per_step(marks, 0), "to_host_per_step": per_step(marks, 1),
+                   "device_ops_per_step": per_step(marks, 2),
                    "steps": r.metrics.steps,
                    "tokens_per_step": round(len(r.token_ids) / max(1, r.metrics.steps), 2),
                    "forwards_per_step": round(len(tapes[m].calls) / max(1, r.metrics.steps), 2),
@@ -168,7 +186,7 @@ def methods_overhead(decoder, prompt: list[int], tokens: int, methods: list[str]
         parts = ", ".join(f"{f.removesuffix('_s')} {v:.3f}" for f, v in rows[m]["of_it_ms"].items())
         print(f"{m:10s} {rows[m]['host_ms_per_step']:7.3f} ms of host work a step ({parts}), "
               f"{rows[m]['host_reads_per_step']:5.1f} host reads a step (through to_host "
-              f"{rows[m]['to_host_per_step']:g}; {r.metrics.steps} steps, "
+              f"{rows[m]['to_host_per_step']:g}), {rows[m]['device_ops_per_step']:g} device ops ({r.metrics.steps} steps, "
               f"{rows[m]['tokens_per_step']} tokens a step)", flush=True)
         tapes[m] = Tape()  # free the recorded outputs
     Taped.tape = None
@@ -216,12 +234,14 @@ def main() -> None:
         run_batch()
         samples_ms = harness.interleaved({n: run_batch}, args.repeats, setup=lambda _: tape.rewind())[n]
         tape.rewind()
-        (total, declared), _ = counted(run_batch)
+        (total, declared, ops), _ = counted(run_batch)
         batch_rows[n] = {"host_ms_per_step": round(statistics.median(samples_ms) / steps[0], 3), "steps": steps[0],
                          "host_reads_per_step": round(total / steps[0], 1),
-                         "to_host_per_step": round(declared / steps[0], 1)}
+                         "to_host_per_step": round(declared / steps[0], 1),
+                         "device_ops_per_step": round(ops / steps[0], 1)}
         print(f"batch {n:3d} {batch_rows[n]['host_ms_per_step']:7.3f} ms of host work a batched step, "
-              f"{batch_rows[n]['host_reads_per_step']} host reads a step ({steps[0]} steps)", flush=True)
+              f"{batch_rows[n]['host_reads_per_step']} host reads a step, {batch_rows[n]['device_ops_per_step']} "
+              f"device ops ({steps[0]} steps)", flush=True)
         Taped.tape = None
     out = {"artifact": str(args.artifact), "prompt": str(args.prompt), "tokens": args.tokens,
            "methods": rows, "batch": {"method": method, "sizes": batch_rows}}

@@ -41,5 +41,6 @@ def test_the_gpu_check_runs_every_section_on_small_shapes(artifact, tmp_path):
         overhead = real["step_overhead"][method]
         assert overhead["host_ms_per_step"] > 0 and overhead["steps"] > 0
         assert overhead["host_reads_per_step"] == overhead["to_host_per_step"] >= 1
+        assert overhead["device_ops_per_step"] >= 1  # at least the target's choice
     md = (tmp_path / "gpu-check.md").read_text()
     assert "| real shapes | ok |" in md and "**target**" in md and "host work a step, forwards replayed" in md
