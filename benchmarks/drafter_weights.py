@@ -4,7 +4,7 @@ on the 12-prompt drafter benchmark (Spec-Bench, 2 prompts per category, 128 new 
 the target's own, whatever the drafter), next to the same artifact's target.
 
     .venv/bin/python benchmarks/drafter_weights.py ARTIFACT [--variants 4:all,4:32768,3:all,...]
-        [--prompts ../shared/data/spec_bench/question.jsonl] [-o FILE.json]
+        [--prompts benchmarks/data/spec_bench/question.jsonl] [-o FILE.json]
 
 The target, its compiled forward and the drafter's source come from ARTIFACT (its drafter is
 rebuilt from the GGUF file it names, at each width: `ygg_compile.quantize`, with the head rows of
@@ -36,7 +36,7 @@ CATEGORIES = ("coding", "writing", "math_reasoning", "qa", "translation", "summa
 def main() -> None:
     ap = harness.parser(__doc__, artifact="", repeats=5)
     ap.add_argument("--variants", default="4:all,4:65536,4:32768,4:16384,3:all,3:32768,2:all")
-    ap.add_argument("--prompts", type=Path, default=Path("../shared/data/spec_bench/question.jsonl"))
+    ap.add_argument("--prompts", type=Path, default=Path("benchmarks/data/spec_bench/question.jsonl"))
     ap.add_argument("-n", "--max-new-tokens", type=int, default=128)
     args = harness.parse(ap)
     native.load()  # this checkout's kernels (the artifact's copy may predate a format the drafters use)

@@ -2,7 +2,7 @@
 at each temperature (what chose `ygg_runtime.options.SAMPLING`), and whether each method's coupled
 text is `ar`'s for the same seed.
 
-    .venv/bin/python benchmarks/sampling_rules.py ARTIFACT [--prompts ../shared/data/spec_bench/question.jsonl]
+    .venv/bin/python benchmarks/sampling_rules.py ARTIFACT [--prompts benchmarks/data/spec_bench/question.jsonl]
         [--per-category 2] [-n 64] [--methods a,b] [--no-equality] [-o FILE.json]
 
 Acceptance: Spec-Bench, `--per-category` prompts in each of six categories, `-n` new tokens, every
@@ -30,7 +30,7 @@ RULES = ("coupled", "rejection")
 
 def main() -> None:
     ap = harness.parser(__doc__, artifact="", repeats=None)
-    ap.add_argument("--prompts", type=Path, default=Path("../shared/data/spec_bench/question.jsonl"))
+    ap.add_argument("--prompts", type=Path, default=Path("benchmarks/data/spec_bench/question.jsonl"))
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("-n", "--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperatures", default="0.7,1.0")
