@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 ART ?= artifacts/default
 
-.PHONY: install install-qwen install-llama demo test bench bench-serve artifacts imports clean gpu-check gpu-wheels
+.PHONY: install install-qwen install-llama install-openvino demo test bench bench-serve artifacts imports clean gpu-check gpu-wheels
 
 install: $(VENV)/.installed
 
@@ -29,6 +29,20 @@ $(VENV)/.installed-llama: $(VENV)/.installed
 	@args="$$($(BIN)/python -m ygg_bench.peers --cmake-args)"; \
 	if [ -n "$$args" ]; then echo "building llama.cpp for this CPU without ggml's AMX path: $$args"; fi; \
 	CMAKE_ARGS="$$args $${CMAKE_ARGS:-}" $(BIN)/pip install -q $${args:+--no-cache-dir} -e '.[llama]'
+	touch $@
+
+# OpenVINO GenAI as a benchmark peer (`ygg bench --peers openvino,openvino-sd,openvino-pld,openvino-gguf`),
+# in a venv of its own: optimum-intel (its exporter) needs a transformers ours is not. torch is ours,
+# from the same wheel; optimum-intel goes in without its dependencies, which would pull a CUDA
+# torchvision that breaks its import (benchmarks/openvino/requirements.txt pins the rest).
+OV_VENV := .venv-openvino
+install-openvino: $(OV_VENV)/.installed
+
+$(OV_VENV)/.installed: benchmarks/openvino/requirements.txt
+	test -x $(OV_VENV)/bin/python || $(PYTHON) -m venv $(OV_VENV)
+	$(OV_VENV)/bin/pip install -q torch==2.13.0
+	$(OV_VENV)/bin/pip install -q -c <(echo torch==2.13.0) -r benchmarks/openvino/requirements.txt
+	$(OV_VENV)/bin/pip install -q --no-deps optimum-intel==2.2.0
 	touch $@
 
 $(VENV)/.installed-qwen: $(VENV)/.installed
@@ -55,21 +69,25 @@ test: install install-llama
 imports:
 	@$(PYTHON) tools/import_graph.py ygg_bench; echo; $(PYTHON) tools/import_graph.py ygg_compile; echo; $(PYTHON) tools/import_graph.py ygg_runtime
 
-# Every compiled method and the peers (transformers; llama.cpp on the same GGUF files) on Spec-Bench
-# (10 prompts in each of six categories, 128 new tokens, interleaved, medians); results under
+# Every compiled method and the peers (transformers; llama.cpp on the same GGUF files; OpenVINO GenAI
+# on an Intel CPU) on Spec-Bench's questions (benchmarks/data/spec_bench: 10 prompts in each of six
+# categories, 128 new tokens, interleaved, medians); results under
 # benchmarks/results/<device>/. Run it alone on the machine. BENCH_FLAGS=--resume continues an
 # interrupted run, or extends it to more categories.
-SPEC_BENCH ?= ../shared/data/spec_bench/question.jsonl
+SPEC_BENCH ?= benchmarks/data/spec_bench/question.jsonl
 BENCH_CATEGORIES ?= coding,writing,math_reasoning,qa,translation,summarization
 BENCH_LIMIT ?= 10
 BENCH_FLAGS ?=
-BENCH_PEERS ?= hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-pld
-bench: install-qwen install-llama
+# On an Intel CPU, OpenVINO GenAI's modes too (the runtime Intel users reach for)
+INTEL := $(shell grep -q GenuineIntel /proc/cpuinfo 2>/dev/null && echo yes)
+comma := ,
+BENCH_PEERS ?= hf,hf-assisted,hf-pld,llama.cpp,llama.cpp-pld$(if $(INTEL),$(comma)openvino$(comma)openvino-sd$(comma)openvino-pld$(comma)openvino-gguf)
+bench: install-qwen install-llama $(if $(findstring openvino,$(BENCH_PEERS)),install-openvino)
 	@# (re)compile when the artifact is missing, incomplete or of an older format
 	$(BIN)/python -c "from ygg_runtime.artifact.load import read_plan; read_plan('$(ART)')" 2>/dev/null \
 		|| $(BIN)/ygg compile --draft qwen2.5-coder-0.5b --target qwen2.5-coder-1.5b -o $(ART)
 	$(BIN)/ygg bench --artifact $(ART) --max-new-tokens 128 --peers $(BENCH_PEERS) $(BENCH_FLAGS) \
-		$$(test -f $(SPEC_BENCH) && echo --prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT))
+		--prompts $(SPEC_BENCH) --categories $(BENCH_CATEGORIES) --limit $(BENCH_LIMIT)
 
 # `ygg serve` under load: egt against batched plain decoding at each concurrency level, through the
 # real server on loopback (8 Spec-Bench prompts per category, 128 new tokens), beside llama.cpp's

@@ -245,7 +245,7 @@ def test_every_contestant_of_a_full_bench_draws_in_a_colour_of_its_own():
     from ygg_bench import plots
 
     names = ["chain", "specinfer", "pld", "sequoia", "egt", "auto", "egt-nograft", "egt-eager", "egt-ahead", "ar-eager", "hf",
-             "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-pld"]
+             "hf-assisted", "hf-pld", "llama.cpp", "llama.cpp-pld", "openvino", "openvino-sd", "openvino-pld", "openvino-gguf"]
     colours = [to_hex(plots._color(n, i)) for i, n in enumerate(names)] + [to_hex(plots._color("ar", 0))]
     assert len(set(colours)) == len(colours), colours
 

@@ -74,4 +74,4 @@ def test_cache_ls_lists_every_kind_and_clear_removes_them_but_what_is_being_writ
 
 def test_cache_clear_of_an_unknown_kind_is_one_line(tmp_path):
     assert_one_line_error(ygg("cache", "clear", "weights", env={"YGG_CACHE": str(tmp_path)}),
-                          "unknown cache kind 'weights'", "conversions, packages, kernels, graphs, profiles, checks")
+                          "unknown cache kind 'weights'", "conversions, packages, kernels, graphs, openvino, profiles, checks")

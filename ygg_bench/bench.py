@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 import ygg_runtime
-from ygg_bench import harness
-from ygg_bench.options import LLAMA_PEERS, BenchOptions
+from ygg_bench import harness, openvino_peers
+from ygg_bench.options import LLAMA_PEERS, OPENVINO_PEERS, BenchOptions
 from ygg_bench.peer_process import PeerFamily, PeerProcess
 from ygg_bench.peers import LLAMA_MISSING, llama_gguf
 from ygg_bench.report import ABLATIONS, AUTO, REFERENCES, summarize, write_results
@@ -163,6 +163,8 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     ui = ui or Reporter()
     if any(p in LLAMA_PEERS for p in opts.peers):
         _load_llama(read_plan(opts.artifact), check_only=True)  # refuse, before any work, a peer that cannot run
+    if ov := next((p for p in opts.peers if p in OPENVINO_PEERS), None):
+        openvino_peers.require(ov)
     prompts = read_jsonl(opts.prompts, opts.categories, opts.limit) if opts.long is None else []
     with ui.step(f"loading artifact {opts.artifact}"):
         decoder = ygg_runtime.load(opts.artifact)
@@ -179,20 +181,25 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     contestants: list[Contestant] = [Method(decoder, m) for m in methods]
     loaded: dict[str, PeerProcess] = {}  # a family's peers share a child process
     left_out: dict[str, str] = {}  # peer -> why it is not in the results
+    about = {"ours": _weights_of_ours(plan)}  # what each family reads, and a peer's tuned settings
 
     def loader(family: str) -> Callable[[str], PeerProcess]:
         def peers(name: str) -> PeerProcess:
             if family not in loaded or loaded[family].proc is None:  # the first time, and after a peer's crash
-                names = [p for p in opts.peers if (p in LLAMA_PEERS) == (family == "llama.cpp") and p not in left_out]
-                tool = "llama.cpp" if family == "llama.cpp" else "transformers"
-                with ui.step(f"loading peers ({', '.join(names)}) with {tool} in a process of their own"):
-                    if family not in loaded:
-                        loaded[family] = PeerProcess(_load_llama(plan) if family == "llama.cpp" else _load_peers(plan, names))
+                names = [p for p in opts.peers if _family(p) == family and p not in left_out]
+                if family not in loaded:
+                    loaded[family] = PeerProcess(_load_llama(plan) if family == "llama.cpp" else
+                                                 _load_openvino(plan, names, ui) if family == "openvino" else
+                                                 _load_peers(plan, names))
+                    about.update(_weights_of(family, plan, loaded[family].family, names))
+                with ui.step(f"loading peers ({', '.join(names)}) with {TOOLS[family]} in a process of their own"):
                     loaded[family].start(name)
+                if family == "openvino" and not loaded[family].family.settings:
+                    _tune_openvino(loaded[family], names, decoder, plan, about, ui)
             return loaded[family]
         return peers
 
-    contestants += [Peer(loader("llama.cpp" if p in LLAMA_PEERS else "hf"), p) for p in opts.peers]
+    contestants += [Peer(loader(_family(p)), p) for p in opts.peers]
 
     encoded, skipped = [], []
     room = plan.max_context - opts.max_new_tokens - max(step_room(decoder.target, proposer_of(decoder, m)) for m in methods)
@@ -269,6 +276,7 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
         "artifact": _artifact_info(opts.artifact, plan),
         "skipped_prompts": [p.key for p, _ in skipped],
         "left_out": left_out,
+        "peers": about,
         "profile": profile,
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "summary": summarize(rows, [c.name for c in contestants if c.name not in left_out], greedy=opts.temperature == 0),
@@ -277,6 +285,68 @@ def run_bench(opts: BenchOptions, ui: Reporter | None = None) -> dict:
     with ui.step(f"writing results to {out}"):
         write_results(results, out)
     return results
+
+
+TOOLS = {"hf": "transformers", "llama.cpp": "llama.cpp", "openvino": "OpenVINO GenAI"}
+
+
+def _family(peer: str) -> str:
+    """Which child process serves a peer."""
+    return "llama.cpp" if peer in LLAMA_PEERS else "openvino" if peer in OPENVINO_PEERS else "hf"
+
+
+def _load_openvino(plan: Plan, peers: list[str], ui: Reporter) -> PeerFamily:
+    """OpenVINO GenAI on the pair exported to its IR (once, into the cache), with as many threads as
+    ours; `openvino-gguf` reads the target's GGUF file itself."""
+    python = openvino_peers.require(peers[0])
+    dtype = getattr(torch, plan.dtype)
+    target = openvino_peers.export(plan.models["target"], dtype, ui)
+    draft = openvino_peers.export(plan.models["draft"], dtype, ui) if "openvino-sd" in peers and "draft" in plan.models else None
+    gguf = plan.models["target"].gguf if "openvino-gguf" in peers else None
+    if "openvino-gguf" in peers and not (gguf and Path(gguf).is_file()):
+        raise YggError(f"peer openvino-gguf reads the target's GGUF file, and this artifact's target "
+                       f"({plan.models['target'].spec}) has none here")
+    return PeerFamily("openvino", (str(python), str(target), str(draft) if draft else None, gguf,
+                                   list(plan.tokenizer.eos_token_ids)), torch.get_num_threads())
+
+
+def _tune_openvino(process: PeerProcess, peers: list[str], decoder, plan: Plan, about: dict, ui: Reporter) -> None:
+    """The speculative OpenVINO peers' settings, swept once on this machine (`openvino_peers.tune`); each
+    peer's chosen settings and sweep go into the results."""
+    models = plan.models
+    key = openvino_peers.tuning_key(models["target"].sha256, models["draft"].sha256 if "draft" in models else None)
+    tuned = openvino_peers.tune(peers, lambda peer, ids, n, s: process.generate(peer, ids, n, settings=s).tpot_ms,
+                                decoder.encode, openvino_peers.ir_dir(models["target"].sha256) / "tuned.json", key, ui)
+    process.family.settings.update({p: t["settings"] for p, t in tuned.items()})
+    for peer, t in tuned.items():
+        about.setdefault(peer, {}).update(t)
+
+
+def _weights_of_ours(plan: Plan) -> dict:
+    """What our target reads: its weights' formats and the bytes the artifact holds of them."""
+    w = plan.models["target"].weights
+    held = plan.files.get("target/model.safetensors")
+    return {"weights": (", ".join(w.formats) if w.formats else f"{plan.dtype} ({w.numbers})"),
+            "bytes": held.bytes if held else None}
+
+
+def _weights_of(family: str, plan: Plan, loaded: PeerFamily, peers: list[str]) -> dict:
+    """What the target of a peer family's `peers` reads: its format and the bytes it holds."""
+    target = plan.models["target"]
+    if family == "llama.cpp":
+        return {", ".join(peers): {"weights": "the GGUF file (" + ", ".join(target.weights.formats or ["as stored"]) + ")",
+                                   "bytes": Path(target.gguf).stat().st_size}}
+    if family == "openvino":
+        ir, gguf = Path(loaded.args[1]), loaded.args[3]
+        out = {}
+        if exported := [p for p in peers if p != "openvino-gguf"]:
+            out[", ".join(exported)] = {"weights": f"OpenVINO IR, {openvino_peers.weights_format(ir)}",
+                                        "bytes": (ir / "openvino_model.bin").stat().st_size}
+        if gguf:
+            out["openvino-gguf"] = {"weights": "the GGUF file, read by GenAI", "bytes": Path(gguf).stat().st_size}
+        return out
+    held = sum(f.stat().st_size for f in Path(loaded.args[0]).glob("*.safetensors"))
+    return {", ".join(peers): {"weights": f"{plan.dtype} safetensors (the GGUF file dequantized)", "bytes": held}}
 
 
 def _load_llama(plan: Plan, check_only: bool = False) -> PeerFamily | None:

@@ -61,7 +61,8 @@ def bench_cmd(
     limit: Optional[int] = typer.Option(None, "--limit", help="at most this many prompts per category"),
     methods: Optional[list[str]] = typer.Option(None, "--methods", help="compiled methods to time (default: all, plus the ablations that apply: egt-fixed without the depth predictor, egt-eager without the compiled forwards, egt-plain / egt-ahead with the stage order the plan did not pick, ar-eager the plain decoding egt-eager is compared with; ar always runs)"),
     peers: list[str] = typer.Option([",".join(HF_PEERS)], "--peers",
-                                    help="peers: hf, hf-assisted, hf-pld (transformers), llama.cpp, llama.cpp-pld (llama-cpp-python, the extra '.[llama]'), or none"),
+                                    help="peers: hf, hf-assisted, hf-pld (transformers), llama.cpp, llama.cpp-pld (llama-cpp-python, the extra '.[llama]'), "
+                                         "openvino, openvino-sd, openvino-pld, openvino-gguf (OpenVINO GenAI: make install-openvino), or none"),
     max_new_tokens: int = typer.Option(BenchOptions.max_new_tokens, "--max-new-tokens", "-n", help="tokens to generate per prompt at most"),
     temperature: float = typer.Option(BenchOptions.temperature, "--temperature", "-t", help="0 = greedy (outputs compared with ar's)"),
     top_p: float = typer.Option(BenchOptions.top_p, "--top-p", help="nucleus sampling mass (at temperature > 0)"),
@@ -72,7 +73,7 @@ def bench_cmd(
     long: Optional[str] = typer.Option(None, "--long", metavar="TOKENS", help="long prompts in place of the prompt set: code from the standard library to summarise, about this many tokens each (comma-separated, e.g. 1000,4000,16000); reports time to first token and whole-request latency beside TPOT"),
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="every contestant generates --max-new-tokens tokens, past the answer's end (ours and the peers alike)"),
 ) -> None:
-    """Time every compiled method and the peers (transformers, llama.cpp) on the same prompts, interleaved."""
+    """Time every compiled method and the peers (transformers, llama.cpp, OpenVINO GenAI) on the same prompts, interleaved."""
     peer_list = [p for p in split(peers) or [] if p != "none"]
     opts = BenchOptions(
         artifact=artifact, prompts=prompts, categories=split(categories, "--categories"), limit=limit, methods=split(methods, "--methods"),

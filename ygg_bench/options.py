@@ -16,7 +16,12 @@ from ygg_runtime.options import ServeOptions, check_max_new_tokens, check_sampli
 
 HF_PEERS = ("hf", "hf-assisted", "hf-pld")
 LLAMA_PEERS = ("llama.cpp", "llama.cpp-pld")  # an optional extra: pip install -e '.[llama]'
-PEERS = HF_PEERS + LLAMA_PEERS
+# OpenVINO GenAI, from a venv of its own (`make install-openvino`; `ygg_bench.openvino_peers`)
+OPENVINO_PEERS = ("openvino", "openvino-sd", "openvino-pld", "openvino-gguf")
+PEERS = HF_PEERS + LLAMA_PEERS + OPENVINO_PEERS
+# Each speculative peer's own plain decoding: what its greedy output must equal (its exactness, beside ours)
+OWN_PLAIN = {"hf-assisted": "hf", "hf-pld": "hf", "llama.cpp-pld": "llama.cpp", "openvino-sd": "openvino",
+             "openvino-pld": "openvino"}
 SERVE_CONCURRENCY = (1, 2, 4, 8)  # `ygg bench-serve`'s load levels
 SERVE_METHODS = ("egt", "ar")  # and the methods it loads the server with
 # Servers `ygg bench-serve` drives beside ours (opt-in: llama-cpp-python's server, the llama extra)

@@ -8,7 +8,8 @@ from ygg_compile.plots import figure, png
 
 COLORS = {"ar": "#7f7f7f", "chain": "#1f77b4", "specinfer": "#ff7f0e", "sequoia": "#9467bd", "egt": "#2ca02c",
           "hf": "#bcbd22", "hf-assisted": "#d62728", "hf-pld": "#8c564b", "pld": "#17becf", "llama.cpp": "#e377c2",
-          "llama.cpp-pld": "#f7b6d2", "auto": "#393b79"}
+          "llama.cpp-pld": "#f7b6d2", "auto": "#393b79", "openvino": "#084594", "openvino-sd": "#6a3d9a",
+          "openvino-pld": "#b15928", "openvino-gguf": "#636363"}
 
 
 # Contestants without a colour of their own (egt-eager, egt-nograft, ar-eager, ...) take tab20's light

@@ -13,6 +13,7 @@ from typing import Callable
 from rich.table import Table
 
 from ygg_bench import harness, plots
+from ygg_bench.options import OWN_PLAIN
 from ygg_compile.plots import tw_curves
 from ygg_runtime.files import write_atomic
 from ygg_runtime.artifact.plan import Profile
@@ -138,6 +139,12 @@ def summarize(rows: list[dict], contestants: list[str], greedy: bool) -> list[di
                 row["reference"] = ref
                 row["same_as_ar"] = sum(d is None for d in divergences)
                 row["first_divergence"] = [d for d in divergences if d is not None]
+            own = OWN_PLAIN.get(name)  # a speculative peer against its own plain decoding: its exactness
+            both = [p for p in mine if (own, p) in per]
+            if greedy and both:
+                row["own_plain"] = own
+                row["own_plain_prompts"] = len(both)
+                row["same_as_own_plain"] = sum(per[(own, p)][0]["tokens"] == per[(name, p)][0]["tokens"] for p in both)
             out.append(row)
     return out
 
@@ -195,7 +202,7 @@ def winners(summary: list[dict]) -> dict[str, str]:
 CSV_FIELDS = ["category", "contestant", "kind", "prompts", "tpot_ms", "tpot_p25_ms", "tpot_p75_ms", "prefill_ms_per_token",
               "first_token_s", "request_s", "first_token_vs_ar", "request_speedup_vs_ar", "speedup_vs_ar",
               "speedup_vs_hf_assisted", "speedup_vs_llama_cpp", "egt_speedup_over", "mean_accepted_length", "acceptance_rate", "depth_acceptance",
-              "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "generated_tokens",
+              "mean_tree_depth", "draft_share", "verify_share", "other_share", "same_as_ar", "same_as_own_plain", "generated_tokens",
               "retrieval_ms_per_step", "retrieval_steps_share"]
 
 
@@ -303,10 +310,13 @@ def summary_markdown(results: dict) -> str:
             "`= ar` counts prompts whose greedy output equals plain decoding's token for token: `ar`'s, or for a "
             "contestant of ours on the eager forwards `ar-eager`'s (eager and compiled forwards round differently; "
             "each is exact against its own plain decoding). Every one of our methods must equal it on every prompt: "
-            "that is the artifact's exactness guarantee (`exactness` in plan.yaml). The Hugging Face peers run "
-            "transformers' own kernels, which round differently again: their counts are for information."
+            "that is the artifact's exactness guarantee (`exactness` in plan.yaml). The peers run kernels of their "
+            "own, which round differently again: their counts against `ar` are for information; what they owe is "
+            "their own plain decoding (below)."
         )
         lines.append("")
+        lines += peers_exactness(results["summary"])
+    lines += peers_weights(results.get("peers") or {})
     prof = results["profile"]
     lines += [
         f"## Forward latency T(W) measured in this run (context {prof['contexts'][0]} tokens, ms)",
@@ -323,6 +333,44 @@ def summary_markdown(results: dict) -> str:
         lines += ["", f"Left out: **{peer}**, {why}"]
     lines += ["", "![speed-up](speedup.png) ![TPOT vs accepted length](tpot_vs_accepted.png) ![T(W)](tw_curves.png)", ""]
     return "\n".join(lines)
+
+
+def peers_exactness(summary: list[dict]) -> list[str]:
+    """Each speculative peer's greedy outputs against its own plain decoding and against ours."""
+    rows = [r for r in summary if "own_plain" in r]
+    if not rows:
+        return []
+    lines = ["## The peers' exactness", "",
+             "A speculative peer owes its own plain decoding token for token (greedy): how many of its outputs equal "
+             "that, and how many equal ours (`ar`).", "",
+             "| category | peer | = its plain | its plain | = ours (ar) |", "|---|---|---|---|---|"]
+    for r in rows:
+        ours = f"{r['same_as_ar']}/{r['prompts']}" if "same_as_ar" in r else "–"
+        lines.append(f"| {r['category']} | {r['contestant']} | {r['same_as_own_plain']}/{r['own_plain_prompts']} | "
+                     f"`{r['own_plain']}` | {ours} |")
+    return lines + [""]
+
+
+def peers_weights(about: dict) -> list[str]:
+    """What each contestant family's target holds (its format and bytes), and the settings a peer was
+    tuned to, so the table is honest about what each reads."""
+    if len(about) < 2:
+        return []
+    lines = ["## What each reads", "", "The target's weights as each holds them (a plain step reads them once, "
+             "the embedding table aside).", "", "| contestants | target weights | GB |", "|---|---|---|"]
+    for who, a in about.items():
+        if "weights" in a:
+            gb = f"{a['bytes'] / 1e9:.2f}" if a.get("bytes") else "–"
+            lines.append(f"| {'our methods' if who == 'ours' else who} | {a['weights']} | {gb} |")
+    tuned = {who: a for who, a in about.items() if "settings" in a}
+    if tuned:
+        lines += ["", "Speculative settings, tuned on this machine on our calibration prompts (median ms a token of "
+                      "each setting swept; the fastest kept):", ""]
+        for who, a in tuned.items():
+            swept = "; ".join(f"{k}: {v}" for k, v in a["swept"].items())
+            chosen = ", ".join(f"{k}={v}" for k, v in sorted(a["settings"].items()))
+            lines.append(f"- `{who}`: **{chosen}** (swept, ms a token: {swept})")
+    return lines + [""]
 
 
 def glance_table(summary: list[dict]) -> list[str]:

@@ -23,6 +23,7 @@ KINDS = {
     "packages": ("packages", "packaged models' GGUF files, assembled from their pip packages' parts"),
     "kernels": ("kernels", "the native kernels built for this machine and torch"),
     "graphs": (GRAPHS, "compiled forwards (AOTInductor packages, no weights) a compile of the same graph reuses"),
+    "openvino": ("openvino", "GGUF models exported to OpenVINO IR for the benchmark's openvino peers, and their tuned settings"),
     "profiles": ("profiles", "latency profiles measured here (used when no checkout's profiles/ is)"),
     "checks": ("verified.json", "which artifact files were hashed and found intact"),
 }
@@ -73,6 +74,12 @@ def _describe(kind: str, p: Path) -> str:
             return f"{Path(src['gguf']).name} in {src['dtype']}"
         except (OSError, ValueError, KeyError):
             return "float32, made by an earlier version (compiles no longer use it)"
+    if kind == "openvino":
+        try:
+            src = json.loads((p / SOURCE_FILE).read_text())
+            return f"{Path(src['gguf']).name} as OpenVINO IR ({src['weights']})"
+        except (OSError, ValueError, KeyError, TypeError):
+            return "an export without its record (made again when next needed)"
     if kind == "kernels" and p.suffix == ".json":
         return f"{p.name}: the instruction-set flags they are built with here"
     return p.name
