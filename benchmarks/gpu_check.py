@@ -52,7 +52,7 @@ import torch
 from ygg_bench import harness
 
 if TYPE_CHECKING:
-    from ygg_runtime.artifact.plan import Plan
+    from ygg_runtime.schema.plan import Plan
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # tiny.py: random models and the byte tokenizer

@@ -20,7 +20,7 @@ from ygg_runtime.decoding import proposers
 from ygg_runtime.decoding.engine import generate
 from ygg_runtime.model.transformer import Transformer, from_state
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.artifact.plan import Profile
+from ygg_runtime.schema.plan import Profile
 from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.ui import Reporter
 
@@ -118,9 +118,9 @@ def with_random_predictor(artifact: Path, out: Path, seed: int = 0) -> Path:
 
     from dataclasses import replace
 
-    from ygg_runtime.artifact.integrity import file_entry
-    from ygg_runtime.artifact.params import DepthPolicy
-    from ygg_runtime.artifact.plan import Plan, Profile
+    from ygg_runtime.checks.integrity import file_entry
+    from ygg_runtime.schema.params import DepthPolicy
+    from ygg_runtime.schema.plan import Plan, Profile
 
     shutil.copytree(artifact, out)
     plan = Plan.from_yaml((out / "plan.yaml").read_text())

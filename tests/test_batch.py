@@ -545,7 +545,7 @@ def test_every_measured_forward_fits_the_cache_a_compile_makes_whatever_the_exac
     from helpers import to_runtime
 
     from ygg_compile import calibrate, profile
-    from ygg_runtime.artifact.params import WIDTHS
+    from ygg_runtime.schema.params import WIDTHS
 
     small = runner(to_runtime(tiny.hf_model("llama", seed=3)), max_context + calibrate.PROBE_ROOM)
     widths, contexts = profile.plan_grid(max_context)

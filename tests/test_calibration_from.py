@@ -10,7 +10,7 @@ import torch
 from helpers import assert_one_line_error, ygg
 
 from ygg_compile import calibration_file
-from ygg_runtime.artifact.plan import Plan
+from ygg_runtime.schema.plan import Plan
 
 
 def plan(directory: Path) -> Plan:

@@ -13,7 +13,7 @@ import yaml
 from helpers import assert_one_line_error, hf_greedy, ygg
 
 from ygg_runtime.decoding.metrics import DERIVED, PER_STEP, Metrics
-from ygg_runtime.artifact.plan import FORMAT_VERSION
+from ygg_runtime.schema.plan import FORMAT_VERSION
 
 PROMPT = "Once upon a time"
 
@@ -251,7 +251,7 @@ def test_cpus_of_one_name_file_their_profiles_apart_by_instruction_set_class(mon
     import torch
 
     from ygg_compile import hardware
-    from ygg_runtime.artifact.plan import CPUInfo
+    from ygg_runtime.schema.plan import CPUInfo
 
     threads = torch.get_num_threads()
     for model, isa, slug in (

@@ -15,7 +15,7 @@ from ygg_runtime.ui import Reporter
 from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.objective import AcceptanceMap, Curves, StepShape
 from ygg_runtime.decoding.proposers import Drafter, build
-from ygg_runtime.artifact.params import EGTParams
+from ygg_runtime.schema.params import EGTParams
 from ygg_runtime.decoding.proposers.egt import Planner
 from ygg_runtime.decoding.decoder import Choice
 from ygg_runtime.decoding.prune import Pruning, best_subtree
@@ -362,7 +362,7 @@ def test_a_long_request_may_run_the_plans_method_with_a_drafter_that_reads_only_
     (a window that keeps little acceptance is not, nor one within the margin of plain steps). The
     output is ar's; --json says the window."""
     import ygg_runtime
-    from ygg_runtime.artifact.plan import DraftWindow
+    from ygg_runtime.schema.plan import DraftWindow
 
     dec = ygg_runtime.load(artifact)
     measured = dec.plan.draft_window  # compile measured the windows its context leaves room for
@@ -402,7 +402,7 @@ def test_calibrations_answers_run_to_their_first_end_token_or_are_cut_off_at_the
 def test_a_request_is_expected_to_make_the_tokens_an_answer_length_fitted_to_calibration_leaves_it():
     """`objective.expected_tokens`: with h = answers ended / answer tokens seen, E[min(L, B)] is
     the sum over t < B of P(L > t) = (1 - h)^t; nothing ended, or nothing measured, is the budget."""
-    from ygg_runtime.artifact.plan import OutputLength
+    from ygg_runtime.schema.plan import OutputLength
 
     length = OutputLength(answers=18, ended=3, tokens=300, budget=48)
     h = 3 / 300
@@ -419,7 +419,7 @@ def test_a_request_whose_answer_is_expected_to_end_early_is_priced_at_that_lengt
     where answers end soon, the drafter's prefill over a long prompt is not repaid and plain steps
     run; the reason names the expected length and the budget."""
     import ygg_runtime
-    from ygg_runtime.artifact.plan import OutputLength
+    from ygg_runtime.schema.plan import OutputLength
 
     dec = ygg_runtime.load(artifact)
     measured, cal = dec.plan.output_length, dec.plan.calibration  # compile measured its answers

@@ -203,7 +203,7 @@ def test_run_refuses_weights_that_do_not_fit_in_the_memory_left(artifact, monkey
     """Before reading them (the OOM killer would end the run with no word); the memory reading
     itself is the machine's: MemAvailable + free swap, capped by a cgroup's limit."""
     import ygg_runtime
-    from ygg_runtime.artifact import integrity
+    from ygg_runtime.checks import integrity
 
     assert 0 < integrity.available_memory() < 1 << 50
     monkeypatch.setattr(integrity, "available_memory", lambda device="cpu": 50_000)

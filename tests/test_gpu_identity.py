@@ -9,11 +9,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ygg_runtime.artifact import exactness
+from ygg_runtime.checks import exactness
 from ygg_runtime.backend import gpu
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.integrity import check_gpu
-from ygg_runtime.artifact.plan import ExactnessRecord, GPUInfo, Plan
+from ygg_runtime.checks.integrity import check_gpu
+from ygg_runtime.schema.plan import ExactnessRecord, GPUInfo, Plan
 
 H200 = GPUInfo(name="NVIDIA H200", capability="9.0", memory=150_000_000_000, cuda="13.0", cublas="13.1.0",
                driver="580.159.03")

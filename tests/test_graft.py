@@ -87,7 +87,7 @@ def test_a_strong_match_makes_a_retrieval_only_step_that_runs_no_drafter(pairs, 
 def test_a_drafting_step_after_retrieval_only_steps_is_priced_with_the_drafters_catch_up():
     """The drafter feeds the tokens it missed in chunks of its widest compiled width (Drafter.begin):
     the objective counts those forwards, so drafting looks as dear as it will be."""
-    from ygg_runtime.artifact.params import EGTParams
+    from ygg_runtime.schema.params import EGTParams
     from ygg_runtime.decoding.proposers.egt import Planner
 
     planner = Planner(EGTParams(depth=3, draft_width=4), Curves(PROFILE | {"draft_widths": list(COMPILED)}))

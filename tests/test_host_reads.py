@@ -13,7 +13,7 @@ from helpers import COMPILED, PROFILE, depth_policy, noised_runtime, random_pred
 from ygg_runtime import transfer
 from ygg_runtime.decoding.engine import Generation
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.artifact.params import DepthPolicy, EGTParams
+from ygg_runtime.schema.params import DepthPolicy, EGTParams
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers import Drafter, build
 from ygg_runtime.transfer import Stopwatch
@@ -146,7 +146,7 @@ def host_walk(proposer, seq: list[int]):
     """A static tree drafted level by level with every level's children read back and added on the
     host, each level fed through `Drafter.expand` from the tree built so far: what the methods did
     before their levels stayed on the device."""
-    from ygg_runtime.artifact.params import fit_width
+    from ygg_runtime.schema.params import fit_width
     from ygg_runtime.decoding.tree import TokenTree
     from ygg_runtime.transfer import read_top
 

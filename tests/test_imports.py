@@ -134,7 +134,7 @@ def test_the_runtime_imports_only_its_own_dependencies_and_the_server_its_extra(
 
 def test_no_backend_module_imports_the_plan_schema():
     """The backends describe their devices with `ygg_runtime.machine`, not the plan: nothing under
-    ygg_runtime/backend/ reaches `ygg_runtime.artifact.plan`, directly or through another module."""
+    ygg_runtime/backend/ reaches `ygg_runtime.schema.plan`, directly or through another module."""
     graph, _, _ = import_graph.imports("ygg_runtime")
     for start in (m for m in graph if m.startswith("ygg_runtime.backend")):
         seen, todo = set(), [start]
@@ -142,17 +142,67 @@ def test_no_backend_module_imports_the_plan_schema():
             for t in graph[todo.pop()] - seen:
                 seen.add(t)
                 todo.append(t)
-        assert "ygg_runtime.artifact.plan" not in seen, start
+        assert "ygg_runtime.schema.plan" not in seen, start
 
 
-def layers(package: str) -> list[set[str]]:
-    """docs/design.md's layer table of `package`, bottom first: each layer's modules, dotted in full."""
+def layers(package: str, modules: set[str]) -> list[set[str]]:
+    """docs/design.md's layer table of `package`, bottom first: each layer's modules, dotted in full
+    (a `folder/` entry stands for every module in it)."""
     import re
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "design.md").read_text()
     table = next(part for part in text.split(f"### {package}\n", 1)[1].strip().split("\n\n") if part.startswith("|"))
     rows = [line.split("|")[2] for line in table.splitlines()[2:] if line.startswith("|")]
-    return [{package if m == package else f"{package}.{m}" for m in re.findall(r"`([\w.]+)`", row)} for row in rows]
+    out = []
+    for row in rows:
+        layer = set()
+        for name, folder in re.findall(r"`([\w.]+)(/?)`", row):
+            full = package if name == package else f"{package}.{name}"
+            layer |= {m for m in modules if m == full or m.startswith(full + ".")} if folder else {full}
+        out.append(layer)
+    return out
+
+
+def folder(module: str) -> str:
+    """A module's folder under its package (a module at the package's top is a folder of its own)."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def folder_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The cycles of the graph between folders: each as the folders around it, in order."""
+    edges: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        edges.setdefault(folder(m), set()).update(folder(d) for d in deps if folder(d) != folder(m))
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_folders_import_each_other_without_a_cycle(package):
+    graph, _, _ = import_graph.imports(package)
+    assert folder_cycles(graph) == []
+
+
+def test_a_folder_importing_a_folder_that_imports_it_back_is_found():
+    planted = {"p.model.runner": {"p.schema.params", "p.artifact.params"}, "p.artifact.load": {"p.model.runner"},
+               "p.artifact.params": set(), "p.schema.params": set()}
+    assert folder_cycles(planted) == [["p.artifact", "p.model", "p.artifact"]]
+    del planted["p.model.runner"]  # the import back gone: none
+    assert folder_cycles(planted) == []
 
 
 def climbs(graph: dict[str, set[str]], stack: list[set[str]]) -> list[str]:
@@ -163,7 +213,7 @@ def climbs(graph: dict[str, set[str]], stack: list[set[str]]) -> list[str]:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_module_sits_in_one_layer_of_the_design_map_and_imports_none_above_it(package):
     graph, _, _ = import_graph.imports(package)
-    stack = layers(package)
+    stack = layers(package, set(graph))
     placed = [m for layer in stack for m in layer]
     assert sorted(set(graph) - set(placed)) == [] and sorted(set(placed) - set(graph)) == []
     assert len(placed) == len(set(placed))  # one layer each

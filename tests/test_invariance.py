@@ -9,10 +9,10 @@ import torch
 from helpers import runner, to_runtime
 
 from ygg_compile import invariance
-from ygg_runtime.artifact import exactness
+from ygg_runtime.checks import exactness
 from ygg_runtime.decoding.proposers import build, Drafter
 from ygg_runtime.decoding.engine import generate
-from ygg_runtime.artifact.plan import ExactnessRecord
+from ygg_runtime.schema.plan import ExactnessRecord
 
 WIDTHS = [1, 2, 4, 8, 16, 32]
 
@@ -134,7 +134,7 @@ def test_a_loaded_artifact_on_a_cpu_with_other_flags_says_it_was_not_checked_her
     """The same through the artifact: `generate`'s result (what --json and --stats print) and the
     decoder's verdict (what `ygg serve`'s /health and start-up line say)."""
     import ygg_runtime
-    import ygg_runtime.artifact.integrity as integrity
+    import ygg_runtime.checks.integrity as integrity
 
     real = integrity.cpu_flags
     planted = flags_this_cpu_lacks(2)

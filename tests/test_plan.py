@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.params import ChainParams, DepthPolicy, EGTParams, GraftParams, Params, Stages
-from ygg_runtime.artifact.plan import (FORMAT_VERSION, AOTInfo, BatchFactors, CalibrationInfo, CPUInfo, EGTCandidate,
+from ygg_runtime.schema.params import ChainParams, DepthPolicy, EGTParams, GraftParams, Params, Stages
+from ygg_runtime.schema.plan import (FORMAT_VERSION, AOTInfo, BatchFactors, CalibrationInfo, CPUInfo, EGTCandidate,
                               ExactnessRecord, FileEntry, KernelInfo, ModelInfo, OutputLength, Plan, Planning,
                               PredictorReport, Profile, SequoiaCandidate, StagesReport, TokenizerInfo)
 

@@ -188,7 +188,7 @@ def test_a_default_compile_serves_the_models_own_context_where_memory_holds_both
     from types import SimpleNamespace
 
     from ygg_compile import build
-    from ygg_runtime.artifact.plan import WeightsInfo
+    from ygg_runtime.schema.plan import WeightsInfo
 
     args = {"vocab_size": 100, "dim": 64, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16,
             "intermediate_size": 128, "norm_eps": 1e-6, "max_position": 32768}

@@ -13,7 +13,7 @@ from helpers import ygg
 
 from ygg_compile import hardware
 from ygg_compile import profile as prof
-from ygg_runtime.artifact.params import WIDTHS
+from ygg_runtime.schema.params import WIDTHS
 from ygg_runtime.decoding.objective import Curves
 
 REPO = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from helpers import TIMEOUT, Served, assert_one_line_error, free_port, ygg
 from ygg_runtime.artifact import load as artifacts
 from ygg_runtime.serving import ray_serve
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.plan import PLAN_FILE, Plan
+from ygg_runtime.schema.plan import PLAN_FILE, Plan
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = ["def fibonacci(n):", "The quick brown fox", "Once upon a time", "import numpy as np\n",

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from ygg_runtime.artifact.params import GraftParams
+from ygg_runtime.schema.params import GraftParams
 from ygg_runtime.decoding.retrieval import AdjacencyTable, ContextIndex, Retriever, prior_context
 from ygg_runtime.decoding.tree import CONTEXT, DRAFT, TokenTree
 

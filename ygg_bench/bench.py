@@ -32,8 +32,8 @@ from ygg_runtime.artifact.load import read_plan
 from ygg_runtime.decoding.engine import step_room
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import output_dir
-from ygg_runtime.artifact.params import EGTParams, Stages
-from ygg_runtime.artifact.plan import Plan
+from ygg_runtime.schema.params import EGTParams, Stages
+from ygg_runtime.schema.plan import Plan
 from ygg_runtime.ui import Reporter
 
 WARMUP_TOKENS = 8

@@ -16,7 +16,7 @@ from ygg_bench import harness, plots
 from ygg_bench.options import OWN_PLAIN
 from ygg_compile.plots import tw_curves
 from ygg_runtime.files import write_atomic
-from ygg_runtime.artifact.plan import Profile
+from ygg_runtime.schema.plan import Profile
 from ygg_runtime.ui import fmt
 
 # Contestants that run egt another way, each measuring what one part of the artifact adds

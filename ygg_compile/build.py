@@ -31,16 +31,17 @@ from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions, check_output
 from ygg_compile.staging import Stopping, interrupts, staged
 from ygg_runtime.ui import Reporter
-from ygg_runtime.artifact import exactness, typed
+from ygg_runtime.checks import exactness
+from ygg_runtime.schema import typed
 from ygg_runtime.decoding import objective, proposers
 from ygg_runtime.backend import gpu, native
 from ygg_runtime.artifact.load import PLAN_FILE
 from ygg_runtime.model.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.artifact.integrity import available_memory, file_entry
+from ygg_runtime.checks.integrity import available_memory, file_entry
 from ygg_runtime.model.transformer import ModelArgs, load_model
-from ygg_runtime.artifact.params import EGTParams, Params
-from ygg_runtime.artifact.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, DraftWindow, ExactnessRecord,
+from ygg_runtime.schema.params import EGTParams, Params
+from ygg_runtime.schema.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, DraftVocabReport, DraftWindow, ExactnessRecord,
                               KernelInfo, ModelInfo, OutputLength, Plan, Planning, Profile, StagesReport, TokenizerInfo,
                               TritonKernels, WeightsInfo)
 from ygg_runtime.decoding.predictor import DepthPredictor

@@ -41,7 +41,7 @@ from ygg_runtime.decoding.objective import AcceptanceMap, Curves
 from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.decoding.proposers import Drafter
 from ygg_runtime.decoding.proposers.base import Hook, StepState
-from ygg_runtime.artifact.params import MAX_N, POSITIONS, RANKS, EGTParams, GraftParams, SequoiaParams
+from ygg_runtime.schema.params import MAX_N, POSITIONS, RANKS, EGTParams, GraftParams, SequoiaParams
 from ygg_runtime.decoding.proposers.egt import EGT, Planner
 from ygg_runtime.decoding.retrieval import (PRIOR_ADJACENCY, AdjacencyTable, Retriever, adjacency_cell, context_cell,
                                    prior_context)

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from ygg_compile.calibrate import Agreement, Calibration, ProbeStep
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.plan import ModelInfo
+from ygg_runtime.schema.plan import ModelInfo
 
 FILE = "calibration.safetensors"  # in an artifact
 FORMAT = 1

@@ -17,7 +17,7 @@ from ygg_compile.registry import model_kind
 from ygg_runtime.cli import METHODS, SAMPLING_HELP, TOOLCHAIN, app, main, read_prompt, require
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR, check_max_new_tokens
-from ygg_runtime.artifact.plan import plan_bytes
+from ygg_runtime.schema.plan import plan_bytes
 
 __all__ = ["app", "main"]
 

@@ -18,7 +18,7 @@ from ygg_compile.options import CompileOptions
 from ygg_runtime.ui import RichReporter, console, err
 from ygg_runtime.artifact.load import plan_sha256
 from ygg_runtime.files import cache_dir, size
-from ygg_runtime.artifact.plan import Plan
+from ygg_runtime.schema.plan import Plan
 
 
 def compile(opts: CompileOptions) -> None:

@@ -44,7 +44,7 @@ from ygg_runtime.model.runner import ModelRunner
 
 if TYPE_CHECKING:
     from ygg_compile.calibrate import Calibration
-    from ygg_runtime.artifact.plan import ModelInfo
+    from ygg_runtime.schema.plan import ModelInfo
     from ygg_runtime.text import TextCodec
     from ygg_runtime.ui import Reporter
 

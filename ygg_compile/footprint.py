@@ -17,7 +17,7 @@ import torch
 from ygg_compile.sources import ModelSource, gguf_tensors
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import cache_dir, size
-from ygg_runtime.artifact.integrity import available_memory
+from ygg_runtime.checks.integrity import available_memory
 
 # Bytes an artifact holds per parameter, by how its weights are held: integer codes plus their
 # group scales (measured on the default pair: 0.73 for the int8 target, 0.76 for the int4 drafter,

@@ -9,7 +9,7 @@ import torch
 from ygg_compile.options import check_dtype
 from ygg_runtime.backend import gpu
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.integrity import cpu_info
+from ygg_runtime.checks.integrity import cpu_info
 
 BF16_FLAGS = {"avx512_bf16", "amx_bf16"}
 

@@ -20,11 +20,11 @@ from ygg_compile import plots, quantize, roofline
 from ygg_runtime.decoding import objective
 from ygg_runtime.artifact.load import plan_sha256, read_plan
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.exactness import Machine, verdict
+from ygg_runtime.checks.exactness import Machine, verdict
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.options import MAX_NEW_TOKENS, check_max_new_tokens
-from ygg_runtime.artifact.params import EGTParams, Params, PLDParams, SequoiaParams, Stages
-from ygg_runtime.artifact.plan import AdaptReport, Plan, PredictorReport, StagesReport
+from ygg_runtime.schema.params import EGTParams, Params, PLDParams, SequoiaParams, Stages
+from ygg_runtime.schema.plan import AdaptReport, Plan, PredictorReport, StagesReport
 from ygg_runtime.decoding.tree import DRAFT
 from ygg_runtime.ui import adapt_line, fmt
 

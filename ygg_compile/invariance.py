@@ -26,7 +26,7 @@ import time
 import torch
 from torch import Tensor
 
-from ygg_runtime.artifact.plan import ExactnessRecord
+from ygg_runtime.schema.plan import ExactnessRecord
 from ygg_runtime.model.runner import ModelRunner
 
 CONTEXTS = (37, 230, 1000)

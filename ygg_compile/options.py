@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR, SAMPLING, check_sampling
-from ygg_runtime.artifact.plan import PLAN_FILE
+from ygg_runtime.schema.plan import PLAN_FILE
 
 WEIGHTS = ("bf16", "int8", "int4", "int3", "int2")  # what --weights takes besides "auto" (bf16: the artifact's dtype)
 DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # what --dtype takes (ygg_compile.hardware)

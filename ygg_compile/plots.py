@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from ygg_runtime.artifact.plan import Profile
+from ygg_runtime.schema.plan import Profile
 
 
 def figure(**kw):

@@ -31,7 +31,7 @@ from ygg_compile.calibrate import PROBE_DEPTH, PROBE_TOP_K, Agreement, Calibrati
 from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.decoding.predictor import DepthPredictor
-from ygg_runtime.artifact.params import EGTParams
+from ygg_runtime.schema.params import EGTParams
 from ygg_runtime.decoding.proposers.egt import Planner
 
 HIDDEN_LAYERS = (32, 16)

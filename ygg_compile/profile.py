@@ -27,9 +27,9 @@ from ygg_runtime.backend import native
 from ygg_runtime.decoding.accept import accept_greedy
 from ygg_runtime.errors import first_line
 from ygg_runtime.files import cache_dir, write_atomic
-from ygg_runtime.artifact.plan import ModelInfo
+from ygg_runtime.schema.plan import ModelInfo
 from ygg_runtime.decoding.objective import _interp
-from ygg_runtime.artifact.params import WIDTHS
+from ygg_runtime.schema.params import WIDTHS
 from ygg_runtime.model.runner import Call, ModelRunner, forward_many
 from ygg_runtime.decoding.tree import TokenTree
 

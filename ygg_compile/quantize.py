@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.model.transformer import ModelArgs
-from ygg_runtime.artifact.plan import WeightsInfo
+from ygg_runtime.schema.plan import WeightsInfo
 from ygg_runtime.model.quant import BITS, Codes, fits_kernel, pack, pack_rows, segment_kind
 
 QK = 256  # values per K-quant super-block

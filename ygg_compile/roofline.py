@@ -23,7 +23,7 @@ from torch import nn
 from ygg_compile.timing import cuda_ms
 from ygg_runtime.backend import native
 from ygg_runtime.model.transformer import Transformer
-from ygg_runtime.artifact.plan import Costs, Roofs  # the plan's profile records them
+from ygg_runtime.schema.plan import Costs, Roofs  # the plan's profile records them
 from ygg_runtime.model.quant import QLinear
 
 

@@ -25,7 +25,7 @@ from ygg_runtime.ui import Reporter
 from ygg_runtime.decoding import engine, proposers
 from ygg_runtime.decoding.proposers import Hook
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.artifact.params import EGTParams, Stages
+from ygg_runtime.schema.params import EGTParams, Stages
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.model.runner import ModelRunner
 

@@ -20,7 +20,7 @@ import typer
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, RayOptions, ServeOptions,
                                  check_sampling, check_settings)
-from ygg_runtime.artifact.plan import plan_bytes
+from ygg_runtime.schema.plan import plan_bytes
 
 METHODS = ", ".join(METHOD_NAMES)  # for help strings
 SAMPLING_HELP = "coupled (every method prints the text `ar` prints with the same seed) or rejection"

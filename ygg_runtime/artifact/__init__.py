@@ -1,5 +1,3 @@
-"""The artifact: its plan's schema (`plan`, with the methods' parameters in `params` and the typed
-reading both use in `typed`), the checks it must pass on this machine (`integrity`: files, machine,
-memory; `exactness`: whether the row check's guarantee holds here), and loading it (`load`:
-`ygg_runtime.load`). This file imports none of them: the command line reads a plan without torch
-(`ygg_runtime.artifact.plan`), while loading imports the models."""
+"""Loading an artifact (`load`: `ygg_runtime.load`), the runtime's composition root: it reads the plan
+(`ygg_runtime.schema`), runs the checks (`ygg_runtime.checks`), builds the models and their runners and
+the `Decoder` over them. Nothing below it imports it."""

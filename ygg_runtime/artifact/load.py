@@ -11,11 +11,11 @@ from ygg_runtime.model.compiled import CompiledForward
 from ygg_runtime.decoding.decoder import Decoder
 from ygg_runtime.backend import gpu, native
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.artifact.integrity import check_machine, check_memory, verify_files
+from ygg_runtime.checks.integrity import check_machine, check_memory, verify_files
 from ygg_runtime.model.transformer import load_model
 from ygg_runtime.options import DEFAULT_DIR
-from ygg_runtime.artifact.params import EGTParams
-from ygg_runtime.artifact.plan import PLAN_FILE, Plan, plan_bytes
+from ygg_runtime.schema.params import EGTParams
+from ygg_runtime.schema.plan import PLAN_FILE, Plan, plan_bytes
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.retrieval import AdjacencyTable
 from ygg_runtime.model.runner import ModelRunner

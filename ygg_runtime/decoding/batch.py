@@ -58,7 +58,7 @@ from ygg_runtime.model.kv import restore, snapshot
 from ygg_runtime.decoding.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.artifact.params import fit_width
+from ygg_runtime.schema.params import fit_width
 from ygg_runtime.decoding.proposers import Drafter, Proposer
 from ygg_runtime.model.runner import Call, ModelRunner, forward_many
 from ygg_runtime.transfer import Stopwatch

@@ -11,14 +11,14 @@ import torch
 
 from ygg_runtime.decoding import engine, objective, proposers
 
-from ygg_runtime.artifact import exactness
+from ygg_runtime.checks import exactness
 from ygg_runtime.decoding.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, SAMPLING, check_sampling
-from ygg_runtime.artifact.params import EGTParams, Params, Stages
-from ygg_runtime.artifact.plan import ExactnessRecord, Plan
+from ygg_runtime.schema.params import EGTParams, Params, Stages
+from ygg_runtime.schema.plan import ExactnessRecord, Plan
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.retrieval import AdjacencyTable
 from ygg_runtime.model.runner import ModelRunner, PrefixCache
@@ -34,7 +34,7 @@ class Result:
     wall_s: float  # the whole call: encoding, prefill, decoding
     metrics: Metrics = field(repr=False)
     exact: bool = False  # greedy output guaranteed identical to this artifact's plain decoding
-    exactness: str = ""  # that, or why not, in one sentence (`ygg_runtime.artifact.exactness`)
+    exactness: str = ""  # that, or why not, in one sentence (`ygg_runtime.checks.exactness`)
 
     @property
     def method(self) -> str:
@@ -116,7 +116,7 @@ class Decoder:
 
     def verdict(self, eager: bool = False, mixed: bool = False) -> tuple[bool, str]:
         """(exact, sentence): whether greedy output on this machine's `eager` or default forwards is
-        guaranteed to be plain decoding's (`ygg_runtime.artifact.exactness`); what `ygg serve`'s /health,
+        guaranteed to be plain decoding's (`ygg_runtime.checks.exactness`); what `ygg serve`'s /health,
         `ygg inspect` and every generation's result say."""
         kind = self.forward_kind(eager)
         record = self.exactness.get(kind)

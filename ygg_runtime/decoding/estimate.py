@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from math import exp, lgamma, log
 
-from ygg_runtime.artifact.params import Params
+from ygg_runtime.schema.params import Params
 from ygg_runtime.decoding.tree import SOURCES, TokenTree
 
 DEPTHS = 8  # cells per row; deeper tries share the last

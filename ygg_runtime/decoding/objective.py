@@ -21,8 +21,8 @@ from torch import Tensor
 
 from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.transfer import to_device
-from ygg_runtime.artifact.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
-from ygg_runtime.artifact.plan import OutputLength, Profile
+from ygg_runtime.schema.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
+from ygg_runtime.schema.plan import OutputLength, Profile
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from ygg_runtime.model.graphs import CapturedForwards, ForwardInputs
 from ygg_runtime.model.kv import compact, move, restore, snapshot
 from ygg_runtime.model.transformer import Transformer
 from ygg_runtime.options import MAX_ROWS
-from ygg_runtime.artifact.params import fit_width
+from ygg_runtime.schema.params import fit_width
 
 # A prompt is run in forwards of at most this many tokens: the widest the compile-time row check
 # covers, so a prompt's rows come out the same bits alone and in a batch, where its chunks share

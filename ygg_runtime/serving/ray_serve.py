@@ -44,10 +44,10 @@ import torch
 from ygg_runtime.artifact.load import load, plan_sha256
 from ygg_runtime.backend import gpu
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.artifact.integrity import cpu_info
+from ygg_runtime.checks.integrity import cpu_info
 from ygg_runtime.machine import CPUInfo
 from ygg_runtime.options import MAX_BATCH, RayOptions, ServeOptions
-from ygg_runtime.artifact.plan import PLAN_FILE, Plan
+from ygg_runtime.schema.plan import PLAN_FILE, Plan
 from ygg_runtime.serving.app import create_app, model_name
 from ygg_runtime.serving.metrics import ServerMetrics
 from ygg_runtime.serving.server import Server, kv_slots

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from ygg_runtime.decoding.decoder import Decoder
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.integrity import available_memory
+from ygg_runtime.checks.integrity import available_memory
 from ygg_runtime.options import KV_CACHE_SHARE, MAX_BATCH, MAX_ROWS, SAMPLINGS
 from ygg_runtime.serving.api import ApiError, BaseRequest, ChatRequest, CompletionRequest
 from ygg_runtime.serving.metrics import ServerMetrics

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ygg_runtime.artifact import params as method_params
+from ygg_runtime.schema import params as method_params
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.options import METHOD_NAMES
-from ygg_runtime.artifact.params import Params
+from ygg_runtime.schema.params import Params
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers.ar import AR
 from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, Hook, Proposer, Sampling, StepInfo, StepState

@@ -1,6 +1,6 @@
 """`ar`: plain target decoding, the baseline of every speed-up (a tree that is only its root)."""
 
-from ygg_runtime.artifact.params import Params
+from ygg_runtime.schema.params import Params
 from ygg_runtime.decoding.proposers.base import Proposer, StepState
 from ygg_runtime.decoding.tree import TokenTree
 

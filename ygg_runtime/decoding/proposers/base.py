@@ -4,7 +4,7 @@ A proposer has two verbs, like transformers' CandidateGenerator: `propose(state)
 tree rooted at the last accepted token, `update(verdict)` learns what the target accepted of it;
 `start(prompt)` begins a generation. It is small on purpose: the target forward, the acceptance
 rule, compaction, metrics and the batch's cost sharing live in the engine and never in a proposer.
-Its parameters are its own `Params` dataclass (`ygg_runtime.artifact.params`): the defaults live there,
+Its parameters are its own `Params` dataclass (`ygg_runtime.schema.params`): the defaults live there,
 compile writes them into the plan, and what the cost model needs without a drafter (a step's
 forwards, `objective.step_shape`) is computed from them alone. Each method is built by
 `proposers.build` from what it uses.
@@ -21,7 +21,7 @@ from torch import Tensor
 from ygg_runtime.decoding.accept import Verdict, warp
 from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.params import Params, SequoiaParams, fit_width
+from ygg_runtime.schema.params import Params, SequoiaParams, fit_width
 from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.decoding.select import top_k
 from ygg_runtime.transfer import read_top, to_device

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ygg_runtime.artifact.params import ChainParams
+from ygg_runtime.schema.params import ChainParams
 from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, StaticTree, StepState, pick_children
 from ygg_runtime.decoding.tree import TokenTree
 

@@ -41,7 +41,7 @@ from ygg_runtime.decoding.accept import Verdict
 from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
-from ygg_runtime.artifact.params import EGTParams
+from ygg_runtime.schema.params import EGTParams
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, DraftRows, Hook, StepInfo, StepState
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever

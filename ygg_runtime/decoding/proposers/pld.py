@@ -12,7 +12,7 @@ target without a drafter.
 from __future__ import annotations
 
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.artifact.params import PLDParams
+from ygg_runtime.schema.params import PLDParams
 from ygg_runtime.decoding.proposers.base import Proposer, StepInfo, StepState
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
 from ygg_runtime.decoding.tree import TokenTree

@@ -9,7 +9,7 @@ coupled sampling ranks the drafter's guesses under the position's noise (`ygg_ru
 
 from __future__ import annotations
 
-from ygg_runtime.artifact.params import SequoiaParams, fit_width
+from ygg_runtime.schema.params import SequoiaParams, fit_width
 from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, StaticTree, StepState
 from ygg_runtime.decoding.tree import TokenTree
 

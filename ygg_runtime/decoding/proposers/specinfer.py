@@ -5,7 +5,7 @@ The drafter runs once per level over all of that level's nodes; the leaves are n
 
 from __future__ import annotations
 
-from ygg_runtime.artifact.params import SpecInferParams
+from ygg_runtime.schema.params import SpecInferParams
 from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, StaticTree, StepState, pick_children
 from ygg_runtime.decoding.tree import TokenTree
 

@@ -3,10 +3,10 @@
 The file is the artifact's contract (docs/design.md, "The artifact"): compile builds a `Plan` and
 writes it with `to_yaml`; `ygg run`, bench and inspect read it with `from_yaml`, which refuses, in
 one line, a plan of another format version or one that lacks a field or holds a value of the wrong
-kind. Typed all the way down: `methods` holds each method's `Params` (`ygg_runtime.artifact.params`),
+kind. Typed all the way down: `methods` holds each method's `Params` (`ygg_runtime.schema.params`),
 `profile` the measured latency curves (`Profile`, which `objective.Curves` reads), `planning`
 compile's tables of what it weighed (`Planning`, shown by `ygg inspect`). Nothing outside this
-module and `ygg_runtime.artifact.params` reads the plan by string keys (a test holds it).
+module and `ygg_runtime.schema.params` reads the plan by string keys (a test holds it).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import yaml
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.machine import CPUInfo, GPUInfo
 from ygg_runtime.options import SAMPLING, SAMPLINGS
-from ygg_runtime.artifact.params import Params, Stages, parse
-from ygg_runtime.artifact.typed import RECOMPILE, build, plain
+from ygg_runtime.schema.params import Params, Stages, parse
+from ygg_runtime.schema.typed import RECOMPILE, build, plain
 
 # 2: profiles, calibration, egt/sequoia plans; 3: depth predictor; 4: AOT forwards, sha256 checks;
 # 5: the row-invariant attention kernel and the exactness check; 6: retrieval (egt's graft, pld,

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from ygg_runtime.backend import gpu
-from ygg_runtime.artifact.integrity import cpu_info
+from ygg_runtime.checks.integrity import cpu_info
 from ygg_runtime.machine import GPUInfo
-from ygg_runtime.artifact.plan import ExactnessRecord, Plan
+from ygg_runtime.schema.plan import ExactnessRecord, Plan
 
 LOST = "greedy output can differ from plain decoding at float near-ties"
 

@@ -1,7 +1,7 @@
 """Each decoding method's parameters, as the plan holds them (plan.yaml's `methods:`) and the command
 line sets them: one frozen dataclass per method, nested parts typed too (egt's depth policy and
 stage order, the retrieval settings of egt and pld). The defaults live here; each checks its values
-when made. Light on purpose (no torch): `ygg_runtime.artifact.plan` builds a plan's methods with these, and
+when made. Light on purpose (no torch): `ygg_runtime.schema.plan` builds a plan's methods with these, and
 the command line reads plans before it imports torch. What a method's step costs is the cost
 model's (`objective.step_shape`); how a method drafts is its proposer's (`ygg_runtime.decoding.proposers`).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ygg_runtime.errors import YggError
-from ygg_runtime.artifact.typed import build, plain
+from ygg_runtime.schema.typed import build, plain
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # the forward widths compiled, profiled and checked for exactness
 

@@ -19,7 +19,7 @@ from ygg_runtime.backend import gpu
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import cache_dir, sha256_of, size, write_atomic
 from ygg_runtime.machine import CPUInfo, GPUInfo, cpu_flags
-from ygg_runtime.artifact.plan import FileEntry, Plan
+from ygg_runtime.schema.plan import FileEntry, Plan
 
 
 def file_entry(path: Path) -> FileEntry:
