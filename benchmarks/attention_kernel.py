@@ -146,7 +146,9 @@ def main() -> None:
             print(f"{len(outs)} calls' outputs saved to {args.save_bits}")
         else:
             saved = torch.load(args.check_bits)
-            bits = lambda t: t.view(torch.int16 if t.element_size() == 2 else torch.int32)  # NaNs compare too
+            def bits(t):  # NaNs compare too
+                return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
             same = sum(torch.equal(bits(a), bits(b)) for a, b in zip(outs, saved, strict=True))
             print(f"{same}/{len(outs)} calls bitwise the same as {args.check_bits}'s")
         return

@@ -36,7 +36,9 @@ def main() -> None:
     runner = dec.target
     runner.prefix = None  # every token computed, as llama.cpp does
     lengths = args.lengths
-    encode = lambda t: dec.encode(t, raw=True)
+    def encode(t):
+        return dec.encode(t, raw=True)
+
     ids = encode(long_prompts([max(lengths)], encode, dec.codec.decode)[0].text)
     llm = None
     if not args.no_llama:

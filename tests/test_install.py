@@ -32,7 +32,7 @@ def runtime_venv(tmp_path_factory) -> Path:
 
 def test_the_runtime_install_has_none_of_the_toolchain(runtime_venv):
     code = ("import importlib.util as u, json, sys\n"
-            f"print(json.dumps({{m: u.find_spec(m) is not None for m in sys.argv[1:]}}))")
+            "print(json.dumps({m: u.find_spec(m) is not None for m in sys.argv[1:]}))")
     # huggingface_hub comes with tokenizers, a dependency of the runtime's own
     toolchain = [m for m in EXTRAS["compile"] if m != "huggingface_hub"]
     found = json.loads(subprocess.run([str(runtime_venv / "python"), "-c", code, *toolchain, *EXTRAS["serve"]],

@@ -5,7 +5,6 @@ runs in `ygg bench` on a machine that has it (docs/notes)."""
 
 import importlib.util
 import json
-import os
 import sys
 import textwrap
 

@@ -265,7 +265,9 @@ def window_acceptance(target: ModelRunner, draft: ModelRunner, text: list[int],
     drafter = Drafter(draft, target.vocab_size)
     want = _greedy(target, text, start, lambda x: x)
     known = drafter.known(text)
-    agree = lambda seq: (_greedy(draft, seq, len(seq) - positions, drafter.fit) == want).float().mean().item()
+    def agree(seq):
+        return (_greedy(draft, seq, len(seq) - positions, drafter.fit) == want).float().mean().item()
+
     whole = agree(known)
     kept = [agree(known[start - w :]) / whole if whole else 1.0 for w in windows]
     target.reset()

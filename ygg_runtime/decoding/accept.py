@@ -13,7 +13,7 @@ keep the output distribution exactly p.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -21,6 +21,15 @@ from torch import Tensor
 from ygg_runtime.decoding.select import first_max
 from ygg_runtime.transfer import rows_at_once, to_host
 from ygg_runtime.decoding.tree import TokenTree
+
+
+class CoupledKeys(Protocol):
+    """What the coupled rule asks of a generation's noise (`coupling.Noise`, which imports this
+    module): the target's choice at every row in one go, or at one row."""
+
+    def choices(self, logits: Tensor, positions: list[int], temperature: float) -> Tensor: ...
+
+    def choose(self, logits: Tensor, position: int, temperature: float, top_p: float) -> int: ...
 
 
 @dataclass
@@ -86,7 +95,7 @@ def _read(tree: TokenTree, choices: Tensor, extra: Tensor | None) -> Verdict:
     return verdict
 
 
-def accept_coupled(tree: TokenTree, logits: Tensor, noise: "coupling.Noise", first: int, temperature: float,
+def accept_coupled(tree: TokenTree, logits: Tensor, noise: CoupledKeys, first: int, temperature: float,
                    top_p: float, extra: Tensor | None = None) -> Verdict:
     """logits [n, V] of the target at every tree node; first: the sequence position of the root's
     children. The target's choice at a node of depth d is argmax(log p + g) with g the noise of

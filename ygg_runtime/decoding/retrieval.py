@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from ygg_runtime.decoding import prune
 from ygg_runtime.errors import YggError
-from ygg_runtime.schema.params import MAX_N, POSITIONS, RANKS, GraftParams
+from ygg_runtime.schema.params import MAX_N, POSITIONS, GraftParams
 from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.decoding.tree import ADJACENCY, CONTEXT, TokenTree
