@@ -128,7 +128,7 @@ def machine(device: torch.device) -> dict:
 
     out = harness.machine(str(device)) | {"triton": triton.__version__}
     if device.type == "cuda":
-        from ygg_runtime.backend import gpu
+        from ygg_runtime.backend import gpu_identity as gpu
 
         gpu.configure()
         info = gpu.info(device)
@@ -199,7 +199,7 @@ def attention_check(device: torch.device) -> dict:
 @contextlib.contextmanager
 def split_k_allowed():
     """cuBLAS free to split K and reduce in lower precision (what `gpu.configure` turns off)."""
-    from ygg_runtime.backend import gpu
+    from ygg_runtime.backend import gpu_identity as gpu
 
     matmul = torch.backends.cuda.matmul
     before = {name: getattr(matmul, name) for name in gpu.REDUCTIONS}
@@ -441,7 +441,7 @@ def timed_shapes(runners: dict, roofs, device: torch.device, context: int, width
     same one-row forward uncaptured, and one forward taken apart at `profile_widths`."""
     import gpu_model
 
-    from ygg_compile import profile as prof
+    from ygg_compile import latency as prof
     from ygg_compile.roofline import model_costs, table
 
     out = {}
@@ -481,7 +481,7 @@ def ratios(models: dict, target: str, draft: str) -> dict:
 def real_shapes(check: Check, device: torch.device, work: Path, shapes: dict, vocab: int, calibration: Path,
                 aot: bool) -> dict:
     import ygg_runtime
-    from ygg_compile import profile as prof
+    from ygg_compile import latency as prof
 
     dirs = random_pair(work / "real", shapes, device, vocab, tie=True)
     options = {"max_context": 1024, "quick": True, "aot": aot}

@@ -20,7 +20,7 @@ import openai
 
 import ygg_runtime
 from ygg_bench import harness
-from ygg_bench.load import scrape
+from ygg_bench.clients import scrape
 from ygg_bench.servers import free_port, stop, wait_ready
 
 PROMPTS = ["Write a short poem about the sea.", "Explain what a hash map is in two sentences.",

@@ -351,7 +351,7 @@ def test_an_artifacts_triton_kernels_are_used_from_a_copy_made_once(tmp_path, mo
     once (an artifact may be read-only, and Triton writes beside what it reads)."""
     import os
 
-    from ygg_runtime.backend import gpu
+    from ygg_runtime.backend import gpu_identity as gpu
 
     monkeypatch.setenv("YGG_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv(gpu.TRITON_CACHE, "before")

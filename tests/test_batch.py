@@ -354,7 +354,7 @@ def test_a_proposer_learns_its_accepted_path_in_its_own_tree_when_the_batch_cut_
 def test_compile_measures_batched_forwards_and_the_cost_model_reads_them(int8_pair):
     """f(B, c, n): a forward of n tokens over B regions is timed for every width n >= B, and the
     curves scale one sequence's T(n) by the measured factor (1 for a single sequence)."""
-    from ygg_compile import profile as prof
+    from ygg_compile import latency as prof
     from ygg_runtime.decoding.objective import Curves
 
     target, _, _ = int8_pair
@@ -544,7 +544,8 @@ def test_every_measured_forward_fits_the_cache_a_compile_makes_whatever_the_exac
     import tiny
     from helpers import to_runtime
 
-    from ygg_compile import calibrate, profile
+    from ygg_compile import calibrate
+    from ygg_compile import latency as profile
     from ygg_runtime.schema.params import WIDTHS
 
     small = runner(to_runtime(tiny.hf_model("llama", seed=3)), max_context + calibrate.PROBE_ROOM)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ygg_runtime.checks import exactness
-from ygg_runtime.backend import gpu
+from ygg_runtime.backend import gpu_identity as gpu
 from ygg_runtime.errors import YggError
 from ygg_runtime.checks.integrity import check_gpu
 from ygg_runtime.schema.plan import ExactnessRecord, GPUInfo, Plan

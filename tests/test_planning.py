@@ -171,7 +171,7 @@ def test_sequoia_dp_agrees_with_pruning_the_complete_tree():
 def test_the_profile_grid_reaches_the_longest_context_a_request_can():
     """An artifact serving the models' 32k context is profiled out to its end, one serving 4k as
     before, and the batch factors stay at the context nearest 512."""
-    from ygg_compile import profile
+    from ygg_compile import latency as profile
 
     assert profile.plan_grid(4096)[1] == (64, 512, 2048)
     widths, contexts = profile.plan_grid(32768)

@@ -12,7 +12,7 @@ import yaml
 from helpers import ygg
 
 from ygg_compile import hardware
-from ygg_compile import profile as prof
+from ygg_compile import latency as prof
 from ygg_runtime.schema.params import WIDTHS
 from ygg_runtime.decoding.objective import Curves
 

@@ -292,7 +292,7 @@ def test_llama_cpp_peer_needs_a_gguf_target(artifact, tmp_path):
 def test_a_profile_measured_with_other_weight_codes_is_not_reused():
     """The same GGUF file held as other codes (6- vs 8-bit) runs at other speeds: its stored T(W)
     must not be taken for the new artifact's."""
-    from ygg_compile import profile
+    from ygg_compile import latency as profile
 
     eight = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 8-bit g16": 15})
     six = profile.fingerprint("cpu", "aot", {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15})  # the same file, other codes
@@ -303,7 +303,7 @@ def test_a_profile_measured_with_other_weight_codes_is_not_reused():
 def test_a_profile_timed_on_another_kernel_path_is_not_reused(monkeypatch):
     """A compile with YGG_QLINEAR=amx times the tile path: its stored T(W) is not the default
     path's, on the same machine with the same kernel source."""
-    from ygg_compile import profile
+    from ygg_compile import latency as profile
 
     formats = {"Q4_K 4-bit": 85, "Q6_K 6-bit g16": 15}
     here = profile.fingerprint("cpu", "aot", formats)

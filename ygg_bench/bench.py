@@ -26,7 +26,7 @@ from ygg_bench.peer_process import PeerFamily, PeerProcess
 from ygg_bench.peers import LLAMA_MISSING, llama_gguf
 from ygg_bench.report import ABLATIONS, AUTO, REFERENCES, summarize, write_results
 from ygg_compile import sources
-from ygg_compile.profile import fitting_widths, profile_models
+from ygg_compile.latency import fitting_widths, profile_models
 from ygg_compile.prompts import long_prompts, read_jsonl
 from ygg_runtime.artifact.load import read_plan
 from ygg_runtime.decoding.engine import step_room

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ygg_bench import harness, plots
-from ygg_bench.load import Client, Scraper, level_summary, load_level, scrape
+from ygg_bench.clients import Client, Scraper, level_summary, load_level, scrape
 from ygg_bench.options import ServeBenchOptions
 from ygg_bench.serve_report import summary_markdown
 from ygg_bench.servers import PEER_ERRORS, LlamaServer, RayServer, start_server, stop

@@ -5,7 +5,7 @@ serving peers."""
 from __future__ import annotations
 
 from ygg_bench import harness
-from ygg_bench.load import SCRAPE_S
+from ygg_bench.clients import SCRAPE_S
 
 def summary_markdown(report: dict) -> str:
     cfg, mach = report["config"], report["machine"]
@@ -20,17 +20,18 @@ def summary_markdown(report: dict) -> str:
              + f", greedy, closed loop; CAST allocation {'on' if cfg['cost_aware'] else 'off'}; KV cache "
              + (f"{cfg['kv_cache_gb']:g} GiB" if cfg.get("kv_cache_gb") else "the server's default"),
              "",
-             "| method | concurrency | tokens/s | × own c=1 | × ar | TPOT p50 ms | TPOT p95 ms | TTFT p50 ms | "
+             "| method | concurrency | tokens/s | × own c=1 | × ar | TPOT p50 / p95 / p99 ms | TTFT p50 / p95 / p99 ms | "
              "sequences/step | nodes/sequence | acceptance | outputs = ar |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, spec=".1f"):
         return "–" if v is None else f"{v:{spec}}"
 
     for r in sorted(report["summary"], key=lambda r: (r["method"], r["concurrency"])):
         lines.append(f"| {r['method']} | {r['concurrency']} | {f(r['tokens_per_s'])} | {f(r['scaling_vs_lowest'], '.2f')} "
-                     f"| {f(r['tokens_per_s_vs_ar'], '.2f')} | {f(r['tpot_ms_p50'])} | {f(r['tpot_ms_p95'])} "
-                     f"| {f(r['ttft_ms_p50'], '.0f')} | {f(r['mean_sequences_per_step'], '.2f')} "
+                     f"| {f(r['tokens_per_s_vs_ar'], '.2f')} | {f(r['tpot_ms_p50'])} / {f(r['tpot_ms_p95'])} / "
+                     f"{f(r.get('tpot_ms_p99'))} | {f(r['ttft_ms_p50'], '.0f')} / {f(r.get('ttft_ms_p95'), '.0f')} / "
+                     f"{f(r.get('ttft_ms_p99'), '.0f')} | {f(r['mean_sequences_per_step'], '.2f')} "
                      f"| {f(r['nodes_per_sequence'], '.2f')} | {f(r['acceptance_rate'], '.2f')} "
                      f"| {r['outputs_equal_ar'] or '–'} |")
     lines += ["", "nodes/sequence: tree nodes verified per sequence per step (root included; 1 = plain decoding), "
@@ -39,7 +40,7 @@ def summary_markdown(report: dict) -> str:
               "From /metrics around each level: the most requests running at once (sampled), preemptions, and "
               "the tokens the running requests had written per GiB of cache their regions held, over its steps — against "
               "reserving each request's max_tokens (the rest of the context, for a chat request without one) up "
-              "front, as Yggdrasil 0.2 did, for the same requests.", "",
+              "front, as the server did before it held only what a request had written, for the same requests.", "",
               "| method | concurrency | running at most | preemptions | tokens per GiB held | reserved up front | × |",
               "|---|---|---|---|---|---|---|"]
     for r in sorted(report["summary"], key=lambda r: (r["method"], r["concurrency"])):

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ygg_bench.load import Client, Prompt, completion_events, request, scrape
+from ygg_bench.clients import Client, Prompt, completion_events, request, scrape
 from ygg_bench.options import ServeBenchOptions
 from ygg_bench.peer_process import crash_hint, how_it_ended
 from ygg_bench.peers import llama_gguf

@@ -25,8 +25,8 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from ygg_compile import (aot, calibrate, calibration_file, draft_vocab, footprint, hardware, invariance, predictor_training,
-                         prompts, quantize, roofline, sources, stages)
-from ygg_compile import profile as prof
+                         prompts, quantize, roofline, sources, stage_order)
+from ygg_compile import latency as prof
 from ygg_compile.convert import convert_state
 from ygg_compile.options import CompileOptions, check_output
 from ygg_compile.staging import Stopping, interrupts, staged
@@ -34,7 +34,7 @@ from ygg_runtime.ui import Reporter
 from ygg_runtime.checks import exactness
 from ygg_runtime.schema import typed
 from ygg_runtime.decoding import objective, proposers
-from ygg_runtime.backend import gpu, native
+from ygg_runtime.backend import gpu_identity as gpu, native
 from ygg_runtime.artifact.load import PLAN_FILE
 from ygg_runtime.model.compiled import MAX_WIDTH, CompiledForward
 from ygg_runtime.errors import YggError, first_line
@@ -568,7 +568,7 @@ def _check_rows(target, max_context: int, methods: dict[str, dict], aot: bool, u
 def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: str, max_context: int, opts: CompileOptions,
               ui: Reporter) -> dict:
     """The plan's latency profile: each model's stored profile when one matches this machine,
-    else measured now and stored (see ygg_compile.profile)."""
+    else measured now and stored (see ygg_compile.latency)."""
     widths, contexts = prof.plan_grid(max_context)
     root = Path(opts.profiles) if opts.profiles else prof.profiles_dir()
     found, files, checks = {}, {}, {}
@@ -616,14 +616,14 @@ def _profiles(runners: dict, models: dict[str, ModelInfo], device: str, dtype: s
 
 def _stage_plan(runners: dict, codec: TextCodec, prompts: list[str], egt: EGTParams, profile: Profile, tmp: Path,
                 quick: bool, ui: Reporter) -> dict:
-    """egt's stage order, searched on the real models (ygg_compile.stages)."""
+    """egt's stage order, searched on the real models (ygg_compile.stage_order)."""
     if not egt.depth and egt.depth_policy is None:
-        return {"chosen": dict(stages.PLAIN), "why": "plain: egt does not draft", "alternatives": []}
-    n = 2 if quick else stages.PROMPTS
+        return {"chosen": dict(stage_order.PLAIN), "why": "plain: egt does not draft", "alternatives": []}
+    n = 2 if quick else stage_order.PROMPTS
     ids = [codec.encode(p) for p in prompts]  # search times the first n that fit the context
     pred = DepthPredictor.load(tmp / egt.depth_policy.file) if egt.depth_policy is not None else None
-    with ui.step(f"timing egt's stage orders: {len(stages.GRID)} alternatives"):  # its bar counts the prompts that fit
-        return stages.search(runners["target"], runners["draft"], ids, egt, objective.Curves(profile), pred, ui, count=n)
+    with ui.step(f"timing egt's stage orders: {len(stage_order.GRID)} alternatives"):  # its bar counts the prompts that fit
+        return stage_order.search(runners["target"], runners["draft"], ids, egt, objective.Curves(profile), pred, ui, count=n)
 
 
 def _plan_methods(calib, agreement, profile: Profile, opts: CompileOptions, use_predictor: bool,

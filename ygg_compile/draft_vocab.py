@@ -34,7 +34,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from ygg_compile.profile import forward_times
+from ygg_compile.latency import forward_times
 from ygg_compile.roofline import model_costs
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding import engine, proposers

@@ -7,7 +7,7 @@ import re
 import torch
 
 from ygg_compile.options import check_dtype
-from ygg_runtime.backend import gpu
+from ygg_runtime.backend import gpu_identity as gpu
 from ygg_runtime.errors import YggError
 from ygg_runtime.checks.integrity import cpu_info
 

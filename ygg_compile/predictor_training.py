@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from ygg_compile.calibrate import PROBE_DEPTH, PROBE_TOP_K, Agreement, Calibration, Replays
+from ygg_runtime.options import MIN_GAIN
 from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.decoding.predictor import DepthPredictor
@@ -42,14 +43,12 @@ ALPHAS = (1.0, 10.0, 100.0)
 MIN_ROWS = 100  # fewer training positions than this: no predictor
 TOPS = (1, 2, 3, 4, 8)  # candidate `top` for the labels
 FOLDS = 4  # cross-validation folds over prompts
-# The predictor is used when its held-out modelled speed-up is at least the fixed depth's times this:
-# a modelled tie goes to the fixed depth, as a tie goes to the plain stage order (stages.MIN_GAIN).
-# On the Zen 5 EPYC the Qwen pair's predictor tied (1.701× vs 1.699×) and `make bench` measured it
-# slower than the fixed depth in all six categories, 1.53× against 1.61× llama.cpp over 60 prompts
-# (docs/measured.md). An earlier tie on the Zen 4 EPYC (1.415× vs 1.412×, an older kernel and plan)
-# measured 1.06× faster on code: 2 % keeps the predictor where the model says it wins, not where it
-# cannot tell.
-MIN_GAIN = 1.02
+# The predictor is used when its held-out modelled speed-up is at least the fixed depth's times
+# MIN_GAIN (`ygg_runtime.options`): on the Zen 5 EPYC the Qwen pair's predictor tied (1.701× vs 1.699×)
+# and `make bench` measured it slower than the fixed depth in all six categories, 1.53× against 1.61×
+# llama.cpp over 60 prompts (docs/measured.md). An earlier tie on the Zen 4 EPYC (1.415× vs 1.412×, an
+# older kernel and plan) measured 1.06× faster on code: 2 % keeps the predictor where the model says it
+# wins, not where it cannot tell.
 MAX_ITER = 200
 FILE = "predictor.safetensors"
 

@@ -1,5 +1,5 @@
 """The one timer every measurement uses: the latency profiles a compile plans from
-(`ygg_compile.profile`) and every benchmark (`ygg_bench.harness` hands it on). Every candidate once
+(`ygg_compile.latency`) and every benchmark (`ygg_bench.harness` hands it on). Every candidate once
 per round, in an order rotated from round to round, so a slow drift of a shared machine (another
 tenant, a VM changing state) hits all alike, after untimed warm-up rounds, with untimed set-up
 before each call; medians over the rounds. On a GPU a call is timed by CUDA events on its stream

@@ -1,6 +1,6 @@
 """The machines an artifact is built for, as the plan records them: the CPU (its model, threads and
 vector instruction set) and, for a --device cuda artifact, the GPU. Their own module, so the
-backends that describe their device (`ygg_runtime.backend.gpu.info`) and the plan schema that
+backends that describe their device (`ygg_runtime.backend.gpu_identity.info`) and the plan schema that
 records it both import them, and no backend imports the plan."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class CPUInfo:
 
 @dataclass
 class GPUInfo:
-    """The GPU an artifact was compiled on (`ygg_runtime.backend.gpu.info`): its compiled code, profiles
+    """The GPU an artifact was compiled on (`ygg_runtime.backend.gpu_identity.info`): its compiled code, profiles
     and exactness check are that GPU's."""
     name: str
     capability: str  # compute capability, "9.0"

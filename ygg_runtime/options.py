@@ -15,12 +15,19 @@ from pathlib import Path
 
 from ygg_runtime.errors import YggError
 
+# The margin any plan change must win by on modelled (or calibration-measured) time before it replaces
+# what it would change: the depth predictor over the fixed depth (`ygg_compile.predictor_training`), a
+# run-ahead stage order over the plain one (`ygg_compile.stage_order`), a request's own choice over the
+# plan's method (`Decoder.choose`). A tie keeps the simpler plan: on the Zen 5 EPYC a predictor that
+# tied (1.701× vs 1.699×) measured slower than the fixed depth in all six categories (docs/measured.md).
+MIN_GAIN = 1.02
+
 DEFAULT_DIR = Path("artifacts/default")  # where `ygg compile` writes and `ygg run` looks
 # Every decoding method, as `ygg_runtime.decoding.proposers.METHODS` builds them (the two agree: a test).
 METHOD_NAMES = ("ar", "chain", "specinfer", "sequoia", "egt", "pld")
 MAX_NEW_TOKENS = 256  # tokens a generation produces at most unless told otherwise
 # The most rows one batched forward carries: the widest forward the compile-time row check covers
-# (ygg_compile.profile's grid ends at 64), so every row of it is scored as it is alone.
+# (ygg_compile.latency's grid ends at 64), so every row of it is scored as it is alone.
 MAX_ROWS = 64
 # Sequences decoded together unless told otherwise; at most MAX_ROWS, as every member puts at least
 # one row in each verify.

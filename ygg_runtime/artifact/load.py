@@ -9,7 +9,7 @@ import torch
 
 from ygg_runtime.model.compiled import CompiledForward
 from ygg_runtime.decoding.decoder import Decoder
-from ygg_runtime.backend import gpu, native
+from ygg_runtime.backend import gpu_identity as gpu, native
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.checks.integrity import check_machine, check_memory, verify_files
 from ygg_runtime.model.transformer import load_model

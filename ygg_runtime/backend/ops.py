@@ -14,6 +14,11 @@ class Ops:
 
     name = "?"
 
+    def place(self, weight: Tensor) -> Tensor:
+        """Where the device keeps a weight that every forward streams (the tensor itself unless it
+        knows a better place)."""
+        return weight
+
     def embed(self, tokens: Tensor, table: nn.Module) -> Tensor:
         """tokens [1, W] -> their embeddings [1, W, dim]."""
         raise NotImplementedError

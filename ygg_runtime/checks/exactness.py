@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ygg_runtime.backend import gpu
+from ygg_runtime.backend import gpu_identity as gpu
 from ygg_runtime.checks.integrity import cpu_info
 from ygg_runtime.machine import GPUInfo
 from ygg_runtime.schema.plan import ExactnessRecord, Plan

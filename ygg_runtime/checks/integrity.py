@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ygg_runtime.backend import gpu
+from ygg_runtime.backend import gpu_identity as gpu
 from ygg_runtime.errors import YggError
 from ygg_runtime.files import cache_dir, sha256_of, size, write_atomic
 from ygg_runtime.machine import CPUInfo, GPUInfo, cpu_flags

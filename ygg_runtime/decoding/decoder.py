@@ -16,7 +16,7 @@ from ygg_runtime.decoding.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, SAMPLING, check_sampling
+from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, MIN_GAIN, SAMPLING, check_sampling
 from ygg_runtime.schema.params import EGTParams, Params, Stages
 from ygg_runtime.schema.plan import ExactnessRecord, Plan
 from ygg_runtime.decoding.predictor import DepthPredictor
@@ -63,11 +63,6 @@ class Result:
                 "accepted_lengths": self.accepted_lengths,
                 "tpot_ms": self.tpot_ms, "wall_s": self.wall_s, "exact": self.exact, "exactness": self.exactness,
                 "metrics": self.metrics.to_dict()}
-
-
-# How much faster over a whole request another way must be modelled for a request to run it in
-# place of the plan's method over the whole prompt (as the depth predictor must beat the fixed depth: 2 %).
-CHOICE_GAIN = 1.02
 
 
 @dataclass(frozen=True)
@@ -169,7 +164,7 @@ class Decoder:
         (`Plan.draft_window`: the acceptance it keeps scales the tokens per step); and plain
         steps, run as pld where the artifact has it (no drafter to prefill, a step of one verified
         token where the prompt offers nothing to retrieve, longer where it does). Another way must
-        win by the margin a plan asks of any change (CHOICE_GAIN), so a close call keeps the plan's, and
+        win by the margin a plan asks of any change (MIN_GAIN), so a close call keeps the plan's, and
         a window must beat plain steps by it as well: the drafter's acceptance over a long prompt is
         the least known figure of the three."""
         default = self.default_method
@@ -200,9 +195,9 @@ class Decoder:
         expected = f" (expected of a budget of {budget})" if new < budget else ""
         why = ", ".join(said) + f" for {prompt} + {new} tokens{expected}"
         # Each other way must beat the plan's by the margin; a window must beat plain steps by it too.
-        windowed = windowed if windowed is not None and windowed[0] * CHOICE_GAIN < planned.ms else None
-        steps = plain.ms * CHOICE_GAIN < planned.ms
-        if windowed is not None and (not steps or windowed[0] * CHOICE_GAIN < plain.ms):
+        windowed = windowed if windowed is not None and windowed[0] * MIN_GAIN < planned.ms else None
+        steps = plain.ms * MIN_GAIN < planned.ms
+        if windowed is not None and (not steps or windowed[0] * MIN_GAIN < plain.ms):
             return Choice(default, windowed[1], why)
         return Choice(fallback if steps else default, None, why)
 

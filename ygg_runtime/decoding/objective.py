@@ -2,7 +2,7 @@
 
     speedup = E[A] · T_verify(1) / (Σ_rounds T_draft(W_draft) + T_verify(W_verify) + T_other)
 
-E[A] is tokens per step (bonus included); the T's are measured forwards (`ygg_compile.profile`)
+E[A] is tokens per step (bonus included); the T's are measured forwards (`ygg_compile.latency`)
 read off the plan's profile. Plain decoding is E[A] = 1 with one W = 1 verify: speed-up 1.
 
 Over a whole request (`request_ms`): the prompt's prefill — the target's, and the drafter's where
@@ -69,13 +69,13 @@ def egt_shape(depth: int, draft_width: int, verify_width: int, begin: tuple[int,
 
 
 class Curves:
-    """Measured T_verify(W), T_draft(W) and T_other(W) in ms (`ygg_compile.profile`): linear between
+    """Measured T_verify(W), T_draft(W) and T_other(W) in ms (`ygg_compile.latency`): linear between
     measured widths (beyond the last one extrapolated from the last two: wide forwards grow linearly
     once compute-bound) and between measured context lengths (clamped at both ends). `context` is
     the length used when a call does not name one."""
 
     def __init__(self, profile: Profile | dict, context: int | None = None):
-        if isinstance(profile, dict):  # as `ygg_compile.profile.combine` makes it
+        if isinstance(profile, dict):  # as `ygg_compile.latency.combine` makes it
             profile = Profile.from_dict(profile)
         self.widths = list(profile.widths)
         self.contexts = list(profile.contexts)
@@ -86,7 +86,7 @@ class Curves:
         # The widths each model's forwards are padded to (all measured ones until compile picks).
         self.target_widths = tuple(profile.compiled_widths("target"))
         self.draft_widths = tuple(profile.compiled_widths("draft"))
-        # f(B, c, n) / T(n) of a forward over B sequences (`ygg_compile.profile.batch_times`);
+        # f(B, c, n) / T(n) of a forward over B sequences (`ygg_compile.latency.batch_times`);
         # absent from profiles measured before batching: then taken as 1.
         self.batch = {role: profile.batch(role) for role in ("target", "draft")}
         self.share = 1  # see shared()

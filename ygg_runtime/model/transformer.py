@@ -21,7 +21,6 @@ from safetensors.torch import load_file
 from torch import Tensor, nn
 
 from ygg_runtime import backend
-from ygg_runtime.backend import native
 from ygg_runtime.backend.ops import Ops
 from ygg_runtime.model.kv import KVCache, LayerKV
 from ygg_runtime.model.quant import QEmbedding, QLinear
@@ -221,16 +220,15 @@ def from_state(args: ModelArgs, state: dict[str, Tensor], where: str = "the stat
 
 
 def load_model(directory: Path, device: str | torch.device = "cpu", invariant: bool = True) -> Transformer:
-    """Load a converted model (config.json + model.safetensors) without unpickling anything. On a
-    CPU whose process has the native kernels loaded, the large tensors go to memory backed by huge
-    pages (`native.huge_copy`: every forward streams them). invariant=False: a drafter, whose rows
-    need not keep their bits across widths (`backend.for_device`)."""
+    """Load a converted model (config.json + model.safetensors) without unpickling anything, each
+    tensor where its device's ops keep what every forward streams (`Ops.place`: on a CPU, huge
+    pages). invariant=False: a drafter, whose rows need not keep their bits across widths
+    (`backend.for_device`)."""
     directory = Path(directory)
     args = ModelArgs.load(directory / "config.json")
-    state = load_file(str(directory / "model.safetensors"), device=str(device))
-    if torch.device(device).type == "cpu" and native.loaded() is not None:
-        state = {name: native.huge_copy(t) for name, t in state.items()}
+    ops = backend.for_device(device, invariant)
+    state = {name: ops.place(t) for name, t in load_file(str(directory / "model.safetensors"), device=str(device)).items()}
     model = from_state(args, state, str(directory))
     if not invariant:
-        model.ops = backend.for_device(device, invariant=False)
+        model.ops = ops
     return model

@@ -186,7 +186,7 @@ class Roofline:
 
 @dataclass
 class BatchFactors:
-    """f(B, c, n) / T(n): a forward over B sequences against one sequence's (`ygg_compile.profile.batch_factors`)."""
+    """f(B, c, n) / T(n): a forward over B sequences against one sequence's (`ygg_compile.latency.batch_factors`)."""
     sequences: list[int]
     widths: list[int]
     factors: list[list[float | None]]  # [B][width]; None: not measured (n < B)
@@ -279,7 +279,7 @@ class PredictorReport:
 
 @dataclass
 class StageAlternative:
-    """One order of egt's drafter stages, timed on calibration prompts (`ygg_compile.stages`)."""
+    """One order of egt's drafter stages, timed on calibration prompts (`ygg_compile.stage_order`)."""
     tail: str
     head: str
     stage_ms: dict[str, float]

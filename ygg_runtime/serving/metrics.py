@@ -59,8 +59,8 @@ class ServerMetrics:
                                "requests hold (1 = full)")
         self.kv_tokens = family("gauge", "ygg:kv_cache_tokens", "KV cache slots: the cache's (capacity), the running "
                                 "requests' regions' (held), their sequences' tokens (written), and what reserving each "
-                                "one's max_tokens up front would hold for them (upfront: how Yggdrasil 0.2 took the "
-                                "cache)", ("kind",))
+                                "one's max_tokens up front would hold for them (upfront: how the server took the "
+                                "cache before it held what a request had written)", ("kind",))
         self.kv_token_steps = family("counter", "ygg:kv_cache_token_steps", "ygg:kv_cache_tokens (held, written, "
                                      "upfront) summed over the batch's steps: their ratios over an interval are the "
                                      "cache's use in it, whatever the scrape interval", ("kind",))

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from ygg_runtime.artifact.load import load, plan_sha256
-from ygg_runtime.backend import gpu
+from ygg_runtime.backend import gpu_identity as gpu
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.checks.integrity import cpu_info
 from ygg_runtime.machine import CPUInfo

@@ -8,7 +8,7 @@ from ygg_runtime.options import METHOD_NAMES
 from ygg_runtime.schema.params import Params
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers.ar import AR
-from ygg_runtime.decoding.proposers.base import Drafter, Hook, Proposer, Sampling, StepInfo, StepState
+from ygg_runtime.decoding.proposers.base import DraftProposer, Drafter, Hook, Proposer, Sampling, StepInfo, StepState
 from ygg_runtime.decoding.proposers.chain import Chain
 from ygg_runtime.decoding.proposers.egt import EGT
 from ygg_runtime.decoding.proposers.pld import PLD
@@ -52,5 +52,5 @@ def validate(methods: dict[str, dict | Params]) -> None:
         params(name, values)
 
 
-__all__ = ["METHODS", "DEFAULT_PARAMS", "Drafter", "Hook", "Params", "Proposer", "Sampling", "StepInfo", "StepState",
+__all__ = ["METHODS", "DEFAULT_PARAMS", "DraftProposer", "Drafter", "Hook", "Params", "Proposer", "Sampling", "StepInfo", "StepState",
            "build", "params", "validate"]

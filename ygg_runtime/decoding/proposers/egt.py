@@ -21,7 +21,7 @@ either ahead of the verify, in one extra drafter forward over a superset of its 
 ahead` feeds every verified leaf the drafter has not seen; `head: ahead` feeds, under every verified
 node the drafter has seen, its best drafted child left out of the verify — that node's likeliest
 bonus. When the bonus is that child, the next step needs no first forward. Which stages run ahead is
-searched at compile time on measured times (`ygg_compile.stages`).
+searched at compile time on measured times (`ygg_compile.stage_order`).
 
 The tree arithmetic — growth, pruning, the forwards of a step — is `Planner`, with no drafter and
 no state: the proposer drafts with it, and calibration replays recorded trees through the same code.

@@ -204,8 +204,12 @@ def level_summary(rows: list[dict], wall: float, before: dict, after: dict, time
         "requests": len(rows), "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall,
         "tpot_ms_p50": percentile([r["tpot_ms"] for r in rows], 0.5),
         "tpot_ms_p95": percentile([r["tpot_ms"] for r in rows], 0.95),
+        "tpot_ms_p99": percentile([r["tpot_ms"] for r in rows], 0.99),
         "ttft_ms_p50": 1000 * percentile([r["ttft_s"] for r in rows], 0.5),
+        "ttft_ms_p95": 1000 * percentile([r["ttft_s"] for r in rows], 0.95),
+        "ttft_ms_p99": 1000 * percentile([r["ttft_s"] for r in rows], 0.99),
         "latency_s_p50": percentile([r["latency_s"] for r in rows], 0.5),
+        "latency_s_p99": percentile([r["latency_s"] for r in rows], 0.99),
         "mean_sequences_per_step": (sum(b * v["steps"] for b, v in by_size.items()) / steps) if steps else None,
         "nodes_per_sequence": (sum(v["nodes_per_sequence"] * v["steps"] * b for b, v in by_size.items())
                                / sum(v["steps"] * b for b, v in by_size.items())) if steps else None,
@@ -214,7 +218,7 @@ def level_summary(rows: list[dict], wall: float, before: dict, after: dict, time
         "running_peak": max((t["running"] for t in timeline or []), default=None),
         "preemptions": delta("vllm:num_preemptions_total") if after else None,
         # the cache: tokens of the running requests' sequences per GiB their regions hold, and per
-        # GiB reserving each one's max_tokens up front (Yggdrasil 0.2) held for the same requests
+        # GiB reserving each one's max_tokens up front (the server before the cache on demand) held for the same requests
         "kv_tokens_per_gb": per_gb("held"), "kv_tokens_per_gb_upfront": per_gb("upfront"),
         "metrics": {"generation_tokens": delta("vllm:generation_tokens_total"), "requests_finished": finished,
                     "drafts": delta("vllm:spec_decode_num_drafts_total"), "draft_tokens": drafted,

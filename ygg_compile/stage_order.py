@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ygg_runtime.options import MIN_GAIN
 from ygg_runtime.ui import Reporter
 from ygg_runtime.decoding import engine, proposers
 from ygg_runtime.decoding.proposers import Hook
@@ -31,7 +32,6 @@ from ygg_runtime.model.runner import ModelRunner
 
 GRID = [{"tail": tail, "head": head} for tail in ("plain", "ahead") for head in ("plain", "ahead")]
 PLAIN = GRID[0]
-MIN_GAIN = 1.02  # an alternative must be this much faster per token than the plain order
 PROMPTS, TOKENS = 4, 40  # calibration prompts decoded per alternative, tokens each
 STAGE_KEYS = ("begin", "rounds", "ahead")  # egt's drafter stages, as it reports them to a timed hook
 
