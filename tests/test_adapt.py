@@ -15,6 +15,7 @@ from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.engine import generate
 from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.schema.params import egt_shape
 from ygg_runtime.decoding.proposers import Drafter, build
 from ygg_runtime.decoding.tree import CONTEXT, DRAFT, TokenTree
 
@@ -233,7 +234,7 @@ def test_the_reach_policy_reproduces_each_depths_replayed_tokens_at_the_prior():
 
 
 def test_step_costs_read_the_objectives_step_times_at_every_context():
-    shapes = [objective.egt_shape(d, 2, w) for d, w in enumerate((1, 4, 8, 8, 16))]
+    shapes = [egt_shape(d, 2, w) for d, w in enumerate((1, 4, 8, 8, 16))]
     costs = objective.StepCosts(shapes, CURVES)
     for context in (1, 16, 17, 100, 255, 256, 300, 5000):
         for draft_context in (None, 8, context):
@@ -245,7 +246,7 @@ def test_a_request_priced_out_of_drafting_tries_again_once_its_evidence_fades():
     """Failures price the drafter out; plain steps bring no news of it, and as the evidence fades the
     prior returns and a drafting step is chosen again (the estimate recovers when the request does)."""
     prior, factors = [0.8, 0.6, 0.4, 0.3], [1.0] * (DEPTHS + 1)
-    shapes = [objective.egt_shape(d, 2, w) for d, w in enumerate((1, 4, 8, 8, 16))]
+    shapes = [egt_shape(d, 2, w) for d, w in enumerate((1, 4, 8, 8, 16))]
     est = Estimate(128.0, 8.0, 2.0)
     assert objective.best_depth(est.reach(prior), factors, shapes, CURVES, 100) > 0
     for _ in range(6):  # drafted steps the target took nothing of
@@ -267,7 +268,7 @@ def test_the_drafters_catch_up_is_spread_over_the_tokens_the_request_may_still_m
     """After plain steps the drafter is behind: charged to one step, its catch-up would keep drafting
     out for good (it grows with every plain step); spread over the budget left, it is paid once."""
     prior, factors = [0.9, 0.8, 0.7, 0.6], [1.0] * (DEPTHS + 1)
-    shapes = [objective.egt_shape(d, 2, w) for d, w in enumerate((1, 4, 8, 8, 16))]
+    shapes = [egt_shape(d, 2, w) for d, w in enumerate((1, 4, 8, 8, 16))]
     catch_up = CURVES.t_draft(16) * 3  # a drafter 48 tokens behind
     assert objective.best_depth(prior, factors, shapes, CURVES, 100) > 0
     assert objective.best_depth(prior, factors, shapes, CURVES, 100, catch_up_ms=catch_up) == 0

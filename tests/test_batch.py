@@ -375,7 +375,8 @@ def test_as_the_batch_grows_the_objective_picks_shallower_trees_down_to_plain_de
     """Curves.shared(B): one sequence's share of a batched step. A forward's fixed cost is shared
     by B sequences while every tree node still costs its own row, so the depth the objective picks
     falls with B, and a big enough batch decodes plainly."""
-    from ygg_runtime.decoding.objective import Curves, StepShape, best_depth
+    from ygg_runtime.decoding.objective import Curves, best_depth
+    from ygg_runtime.schema.params import StepShape
 
     widths = [1, 2, 4, 8, 16, 32, 64]
     profile = {"widths": widths, "contexts": [64], "target_ms": [[30 + 0.5 * w for w in widths]],

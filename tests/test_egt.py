@@ -13,7 +13,8 @@ from helpers import COMPILED, PROFILE, decode, hf_greedy, noised_runtime, runner
 from ygg_compile import calibrate
 from ygg_runtime.ui import Reporter
 from ygg_runtime.decoding import objective
-from ygg_runtime.decoding.objective import AcceptanceMap, Curves, StepShape
+from ygg_runtime.decoding.objective import AcceptanceMap, Curves
+from ygg_runtime.schema.params import StepShape
 from ygg_runtime.decoding.proposers import Drafter, build
 from ygg_runtime.schema.params import EGTParams
 from ygg_runtime.decoding.proposers.egt import Planner

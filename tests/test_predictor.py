@@ -17,6 +17,7 @@ from ygg_compile.calibrate import PROBE_DEPTH, Agreement, Calibration, ProbeStep
 from ygg_runtime.decoding import objective
 from ygg_runtime.decoding.engine import generate
 from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.schema.params import StepShape
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers import Drafter, build
 
@@ -80,7 +81,7 @@ def test_labels_use_the_top_whose_runs_match_the_probes_accepted_lengths():
 
 def test_best_depth_maximises_tokens_per_modelled_ms():
     curves = Curves(PROFILE)
-    shapes = [objective.StepShape((), 1)] + [objective.StepShape((2,) + (2,) * (d - 1), 8) for d in range(1, 7)]
+    shapes = [StepShape((), 1)] + [StepShape((2,) + (2,) * (d - 1), 8) for d in range(1, 7)]
     factors = [1.0] * 7
     assert objective.best_depth([0.0] * 6, factors, shapes, curves, 100) == 0  # nothing accepted: plain decoding
     assert objective.best_depth([1.0] * 6, factors, shapes, curves, 100) == 6  # everything accepted: go deep

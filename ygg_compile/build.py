@@ -45,7 +45,7 @@ from ygg_runtime.schema.plan import (FORMAT_VERSION, AOTInfo, CalibrationInfo, D
                               KernelInfo, ModelInfo, OutputLength, Plan, Planning, Profile, StagesReport, TokenizerInfo,
                               TritonKernels, WeightsInfo)
 from ygg_runtime.decoding.predictor import DepthPredictor
-from ygg_runtime.decoding.proposers import DEFAULT_PARAMS
+from ygg_runtime.decoding.proposers import default_params
 from ygg_runtime.model.runner import ModelRunner
 from ygg_runtime.text import TextCodec
 
@@ -121,8 +121,9 @@ def _triton(tmp: Path) -> TritonKernels | None:
 def _checked(opts: CompileOptions) -> CompileOptions:
     """The options with every method's parameters filled in, each option refused in one line
     before any work."""
-    opts = replace(opts, methods={k: {**v, **opts.methods.get(k, {})} for k, v in DEFAULT_PARAMS.items()}
-                   | {k: v for k, v in opts.methods.items() if k not in DEFAULT_PARAMS})
+    defaults = default_params()
+    opts = replace(opts, methods={k: {**v, **opts.methods.get(k, {})} for k, v in defaults.items()}
+                   | {k: v for k, v in opts.methods.items() if k not in defaults})
     proposers.validate(opts.methods)
     _static_trees(opts.methods)
     planned = ("sequoia", "egt")
@@ -538,7 +539,7 @@ def _static_trees(methods: dict[str, dict]) -> list[int]:
     """The verify width of each hand-set method, refusing a tree no compiled forward holds."""
     out = []
     for name, params in methods.items():
-        n = objective.step_shape(proposers.params(name, params)).verify_width
+        n = proposers.params(name, params).step_shape().verify_width
         if n > MAX_WIDTH:
             raise YggError(f"{name}'s tree of {n} nodes is wider than the widest forward ({MAX_WIDTH}): make it smaller")
         out.append(n)

@@ -418,7 +418,7 @@ def plan_sequoia(p: list[float], curves: Curves, widths: tuple[int, ...], contex
             tree = tables.tree(n, d)
             if tree.depth < d:  # the same tree as a shallower bound
                 continue
-            shape = objective.step_shape(SequoiaParams(list(tree.parents), list(tree.ranks), list(widths)))
+            shape = SequoiaParams(list(tree.parents), list(tree.ranks), list(widths)).step_shape()
             rows.append({"budget": n, "depth": d, "expected_accepted": round(tree.expected_accepted, 3),
                          "speedup": round(objective.speedup(tree.expected_accepted, shape, curves, context), 3),
                          "parents": list(tree.parents), "ranks": list(tree.ranks)})

@@ -23,7 +23,7 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.checks.exactness import Machine, verdict
 from ygg_runtime.files import output_dir, write_atomic
 from ygg_runtime.options import MAX_NEW_TOKENS, check_max_new_tokens
-from ygg_runtime.schema.params import EGTParams, Params, PLDParams, SequoiaParams, Stages
+from ygg_runtime.schema.params import Params, Stages, StepShape
 from ygg_runtime.schema.plan import AdaptReport, Plan, PredictorReport, StagesReport
 from ygg_runtime.decoding.tree import DRAFT
 from ygg_runtime.ui import adapt_line, fmt
@@ -33,7 +33,7 @@ from ygg_runtime.ui import adapt_line, fmt
 class MethodReport:
     name: str
     params: Params
-    shape: objective.StepShape
+    shape: StepShape
     step_ms: float | None = None  # modelled
     break_even: float | None = None  # E[A] needed to match ar
     measured_accepted: float | None = None  # on the prompt
@@ -64,7 +64,7 @@ def inspect_artifact(directory: Path, out: Path, prompt: str | None = None, meth
     curves = objective.Curves(plan.profile, context=plan.planning.context)
     reports = []
     for name, params in plan.methods.items():
-        r = MethodReport(name, params, objective.step_shape(params))
+        r = MethodReport(name, params, params.step_shape())
         r.step_ms = objective.step_ms(r.shape, curves)
         r.break_even = objective.break_even(r.shape, curves)
         reports.append(r)
@@ -344,7 +344,7 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
             t.add_column(col, justify="right")
     for r in rep.methods:
         name = f"[bold]{r.name}[/] (default)" if r.name == plan.method else r.name
-        row = [name, _short_params(r.params),
+        row = [name, r.params.summary(),
                " + ".join(map(str, r.shape.draft_widths)) or "–", str(r.shape.verify_width),
                fmt(r.step_ms, ".1f"), fmt(r.break_even)]
         if measured:
@@ -362,18 +362,3 @@ def render(rep: Inspection, artifact: Path, con: Console) -> None:
         con.print(f"tree: {rep.tree_caption}")
     for f in rep.files:
         con.print(f"[green]wrote[/] {f}")
-
-
-def _short_params(params: Params) -> str:
-    """A method's parameters in a table cell (sequoia's tree and egt's map summarised)."""
-    if isinstance(params, SequoiaParams):
-        return f"{len(params.parents)}-node tree"
-    if isinstance(params, EGTParams):
-        policy = params.depth_policy
-        if policy is not None:
-            return f"depth 0–{policy.max_depth} by predictor, draft_width={policy.draft_width}, top_k={params.top_k}"
-        return f"depth={params.depth}, draft_width={params.draft_width}, top_k={params.top_k}"
-    if isinstance(params, PLDParams):
-        g = params.graft
-        return f"up to {g.limit} continuations of {g.length} tokens" + (", calibrated" if g.context else "")
-    return ", ".join(f"{k}={v}" for k, v in params.to_dict().items()) or "–"

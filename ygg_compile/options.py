@@ -49,7 +49,7 @@ class CompileOptions:
     method: str = "egt"
     sampling: str = SAMPLING  # the artifact's rule at temperature > 0 (ygg_runtime.options.SAMPLINGS)
     # the hand-set methods' parameters that differ from their defaults, by method (the rest as
-    # ygg_runtime.decoding.proposers.DEFAULT_PARAMS has them)
+    # ygg_runtime.decoding.proposers.default_params has them)
     methods: dict[str, dict] = field(default_factory=dict)
     max_context: int | None = None  # longest prompt + generation; None: the target's own, as memory allows
     calib: Path | None = None  # calibration prompts (None: the shipped set)

@@ -18,11 +18,12 @@ from typing import Optional
 import typer
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, METHOD_NAMES, RayOptions, ServeOptions,
+from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, RayOptions, ServeOptions,
                                  check_sampling, check_settings)
+from ygg_runtime.schema.params import PARAMS
 from ygg_runtime.schema.plan import plan_bytes
 
-METHODS = ", ".join(METHOD_NAMES)  # for help strings
+METHODS = ", ".join(PARAMS)  # for help strings: every method, as the schema registers them
 SAMPLING_HELP = "coupled (every method prints the text `ar` prints with the same seed) or rejection"
 RUNTIME = "Run an artifact"  # the help's two panels: what the runtime install does ...
 TOOLCHAIN = r"Make and measure artifacts (pip install 'yggdrasil\[compile]')"  # ... and what the toolchain adds (rich markup)

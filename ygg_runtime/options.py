@@ -23,8 +23,6 @@ from ygg_runtime.errors import YggError
 MIN_GAIN = 1.02
 
 DEFAULT_DIR = Path("artifacts/default")  # where `ygg compile` writes and `ygg run` looks
-# Every decoding method, as `ygg_runtime.decoding.proposers.METHODS` builds them (the two agree: a test).
-METHOD_NAMES = ("ar", "chain", "specinfer", "sequoia", "egt", "pld")
 MAX_NEW_TOKENS = 256  # tokens a generation produces at most unless told otherwise
 # The most rows one batched forward carries: the widest forward the compile-time row check covers
 # (ygg_compile.latency's grid ends at 64), so every row of it is scored as it is alone.

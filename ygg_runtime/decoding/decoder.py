@@ -17,7 +17,7 @@ from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, MIN_GAIN, SAMPLING, check_sampling
-from ygg_runtime.schema.params import EGTParams, Params, Stages
+from ygg_runtime.schema.params import EGTParams, Params, Stages, StepShape
 from ygg_runtime.schema.plan import ExactnessRecord, Plan
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.retrieval import AdjacencyTable
@@ -174,7 +174,7 @@ class Decoder:
         fallback = "pld" if "pld" in self.methods else "ar" if "ar" in self.methods else None
         if fallback is None or curves is None or not per_step:  # ar and pld have no tokens_per_step
             return Choice(default)
-        shape = objective.step_shape(params)
+        shape = params.step_shape()
         budget, new = new, objective.expected_tokens(self.plan.output_length if self.plan is not None else None, new)
         planned = objective.request_ms(shape, per_step, prompt, new, curves)
         said = [f"modelled {default} {planned.ms / 1e3:.1f} s (prefill {planned.prefill_ms / 1e3:.1f} s)"]
@@ -190,7 +190,7 @@ class Decoder:
                             f"{cost.prefill_ms / 1e3:.1f} s, {kept:.0%} of the acceptance)")
                 if windowed is None or cost.ms < windowed[0]:
                     windowed = (cost.ms, k)
-        plain = objective.request_ms(objective.StepShape((), 1), 1.0, prompt, new, curves)
+        plain = objective.request_ms(StepShape((), 1), 1.0, prompt, new, curves)
         said.append(f"plain steps {plain.ms / 1e3:.1f} s (prefill {plain.prefill_ms / 1e3:.1f} s)")
         expected = f" (expected of a budget of {budget})" if new < budget else ""
         why = ", ".join(said) + f" for {prompt} + {new} tokens{expected}"

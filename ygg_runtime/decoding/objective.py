@@ -21,51 +21,9 @@ from torch import Tensor
 
 from ygg_runtime.options import MAX_ROWS
 from ygg_runtime.transfer import to_device
-from ygg_runtime.schema.params import ChainParams, EGTParams, Params, PLDParams, SequoiaParams, SpecInferParams, fit_width
+# a step's forwards: its method's parameters' (`Params.step_shape`)
+from ygg_runtime.schema.params import StepShape, fit_width
 from ygg_runtime.schema.plan import OutputLength, Profile
-
-
-@dataclass(frozen=True)
-class StepShape:
-    """What one step of a method costs in forwards: drafter widths in order, then one verify."""
-
-    draft_widths: tuple[int, ...]
-    verify_width: int  # tree nodes scored by the target, root included
-
-
-# A drafting step begins by feeding the drafter what it has not seen: the bonus token, and the
-# accepted leaf when the whole path was accepted. Modelled as 2 (T(1) ≈ T(2) on every curve
-# measured so far).
-BEGIN_WIDTH = 2
-
-
-def step_shape(params: Params) -> StepShape:
-    """The forwards of a method's typical step, from its parameters alone (no model): what compile
-    plans with, `ygg inspect` shows and the objective prices."""
-    if isinstance(params, ChainParams):
-        return StepShape((BEGIN_WIDTH,) + (1,) * (params.k - 1), params.k + 1)
-    if isinstance(params, SpecInferParams):
-        return StepShape((BEGIN_WIDTH,) + tuple(params.width**d for d in range(1, params.depth)), params.nodes)
-    if isinstance(params, SequoiaParams):
-        levels = params.levels()
-        if not levels:
-            return StepShape((), 1)
-        widths = sorted(params.widths)
-        inner = tuple(fit_width(len(lv), widths) for lv in levels[1:])
-        return StepShape((BEGIN_WIDTH,) + inner, fit_width(len(params.parents), widths))
-    if isinstance(params, EGTParams):
-        return egt_shape(params.depth, params.draft_width, params.verify_width or max(params.verify_widths))
-    if isinstance(params, PLDParams):
-        return StepShape((), min(params.verify_widths))
-    return StepShape((), 1)  # ar: plain decoding
-
-
-def egt_shape(depth: int, draft_width: int, verify_width: int, begin: tuple[int, ...] = (BEGIN_WIDTH,)) -> StepShape:
-    """A depth-`depth` egt step: its first drafter forward (`begin`: more when the drafter is
-    behind), then depth - 1 rounds of `draft_width`, then the verify; depth 0 is plain decoding."""
-    if depth == 0:
-        return StepShape((), 1)
-    return StepShape(begin + (draft_width,) * (depth - 1), verify_width)
 
 
 class Curves:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import itertools
 
-from ygg_runtime.decoding.objective import Curves, StepShape
+from ygg_runtime.decoding.objective import Curves
+from ygg_runtime.schema.params import StepShape
 from ygg_runtime.schema.params import fit_width
 from ygg_runtime.decoding.tree import TokenTree
 

@@ -2,8 +2,12 @@
 line sets them: one frozen dataclass per method, nested parts typed too (egt's depth policy and
 stage order, the retrieval settings of egt and pld). The defaults live here; each checks its values
 when made. Light on purpose (no torch): `ygg_runtime.schema.plan` builds a plan's methods with these, and
-the command line reads plans before it imports torch. What a method's step costs is the cost
-model's (`objective.step_shape`); how a method drafts is its proposer's (`ygg_runtime.decoding.proposers`).
+the command line reads plans before it imports torch. Each method's parameters also say what its
+typical step costs in forwards (`step_shape`, which the objective prices), how `ygg inspect` sums them
+up (`summary`) and whether compile writes them into every plan at their defaults (`hand_set`), and
+register under the method's name as they are defined (`PARAMS`); how a method drafts is its
+proposer's (`ygg_runtime.decoding.proposers`), registered there the same way. A method is these
+parameters and its proposer module: nothing else names it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,28 @@ WIDTHS = (1, 2, 4, 8, 16, 32, 64)  # the forward widths compiled, profiled and c
 def fit_width(n: int, widths: tuple[int, ...] | list[int]) -> int:
     """The smallest compiled width that holds n tokens (n itself when none is wide enough)."""
     return next((w for w in sorted(widths) if w >= n), n)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What one step of a method costs in forwards: drafter widths in order, then one verify."""
+
+    draft_widths: tuple[int, ...]
+    verify_width: int  # tree nodes scored by the target, root included
+
+
+# A drafting step begins by feeding the drafter what it has not seen: the bonus token, and the
+# accepted leaf when the whole path was accepted. Modelled as 2 (T(1) ≈ T(2) on every curve
+# measured so far).
+BEGIN_WIDTH = 2
+
+
+def egt_shape(depth: int, draft_width: int, verify_width: int, begin: tuple[int, ...] = (BEGIN_WIDTH,)) -> StepShape:
+    """A depth-`depth` egt step: its first drafter forward (`begin`: more when the drafter is
+    behind), then depth - 1 rounds of `draft_width`, then the verify; depth 0 is plain decoding."""
+    if depth == 0:
+        return StepShape((), 1)
+    return StepShape(begin + (draft_width,) * (depth - 1), verify_width)
 
 
 @dataclass(frozen=True)
@@ -48,16 +74,39 @@ class Settings:
         return plain(self)
 
 
+# Every decoding method's parameters by its name, in the order they are defined (the order the command
+# line lists the methods): each class registers itself (`Params.__init_subclass__`); `ar`, which has
+# none, is the base class.
+PARAMS: dict[str, type["Params"]] = {}
+
+
 @dataclass(frozen=True)
 class Params(Settings):
     """A method's parameters, with their defaults (`ar` has none)."""
 
     method: ClassVar[str] = "ar"
     label: ClassVar[str] = "method ar"
+    # compile writes the method into every plan at these defaults (unless the user sets them); a
+    # method compile plans (sequoia's tree, egt's shape) is written only by its planning
+    hand_set: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.label = f"method {cls.method}"  # errors name the method
+        if "method" in cls.__dict__:  # a method's own parameters: registered under its name
+            PARAMS[cls.method] = cls
+
+    def step_shape(self) -> StepShape:
+        """The forwards of the method's typical step, from its parameters alone (no model): what
+        compile plans with, `ygg inspect` shows and the objective prices. Plain decoding: one verify."""
+        return StepShape((), 1)
+
+    def summary(self) -> str:
+        """The parameters in a table cell (`ygg inspect`)."""
+        return ", ".join(f"{k}={v}" for k, v in self.to_dict().items()) or "–"
+
+
+PARAMS["ar"] = Params
 
 
 @dataclass(frozen=True)
@@ -68,6 +117,9 @@ class ChainParams(Params):
     def __post_init__(self):
         if self.k < 1:
             raise YggError("chain needs k >= 1")
+
+    def step_shape(self) -> StepShape:
+        return StepShape((BEGIN_WIDTH,) + (1,) * (self.k - 1), self.k + 1)
 
 
 @dataclass(frozen=True)
@@ -84,10 +136,14 @@ class SpecInferParams(Params):
     def nodes(self) -> int:
         return sum(self.width**d for d in range(self.depth + 1))
 
+    def step_shape(self) -> StepShape:
+        return StepShape((BEGIN_WIDTH,) + tuple(self.width**d for d in range(1, self.depth)), self.nodes)
+
 
 @dataclass(frozen=True)
 class SequoiaParams(Params):
     method: ClassVar[str] = "sequoia"
+    hand_set: ClassVar[bool] = False  # its tree is planned at compile time
     parents: list[int] = field(default_factory=lambda: [-1])  # the static tree (node 0 the root)
     ranks: list[int] = field(default_factory=lambda: [0])  # node v: the drafter's rank-ranks[v] child of its parent
     widths: list[int] = field(default_factory=lambda: list(WIDTHS))  # the drafter's and target's compiled widths
@@ -115,6 +171,17 @@ class SequoiaParams(Params):
             depth[v] = depth[self.parents[v]] + 1
         kids = self.children()
         return [[v for v in range(len(self.parents)) if depth[v] == d and kids[v]] for d in range(max(depth))]
+
+    def step_shape(self) -> StepShape:
+        levels = self.levels()
+        if not levels:
+            return StepShape((), 1)
+        widths = sorted(self.widths)
+        inner = tuple(fit_width(len(lv), widths) for lv in levels[1:])
+        return StepShape((BEGIN_WIDTH,) + inner, fit_width(len(self.parents), widths))
+
+    def summary(self) -> str:
+        return f"{len(self.parents)}-node tree"
 
 
 # The retrieval value tables' axes: match length, position in the copied run (the last bucket holds
@@ -232,6 +299,7 @@ class Adapt(Settings):
 @dataclass(frozen=True)
 class EGTParams(Params):
     method: ClassVar[str] = "egt"
+    hand_set: ClassVar[bool] = False  # its shape is planned at compile time
     depth: int = 4  # drafter rounds per step (0: plain decoding); the fixed depth without a predictor
     draft_width: int = 4  # nodes each round after the first feeds
     top_k: int = 8  # children added under each fed node
@@ -249,6 +317,15 @@ class EGTParams(Params):
                 or min(self.verify_widths) < 1):
             raise YggError("egt needs depth >= 0, draft_width >= 1, top_k >= 1 and verify widths >= 1")
 
+    def step_shape(self) -> StepShape:
+        return egt_shape(self.depth, self.draft_width, self.verify_width or max(self.verify_widths))
+
+    def summary(self) -> str:
+        policy = self.depth_policy
+        if policy is not None:
+            return f"depth 0–{policy.max_depth} by predictor, draft_width={policy.draft_width}, top_k={self.top_k}"
+        return f"depth={self.depth}, draft_width={self.draft_width}, top_k={self.top_k}"
+
 
 @dataclass(frozen=True)
 class PLDParams(Params):
@@ -261,10 +338,12 @@ class PLDParams(Params):
         if not self.verify_widths or min(self.verify_widths) < 1:
             raise YggError("pld needs verify widths >= 1")
 
+    def step_shape(self) -> StepShape:
+        return StepShape((), min(self.verify_widths))
 
-# Every decoding method's parameters, in the order the command line lists the methods.
-PARAMS: dict[str, type[Params]] = {"ar": Params, "chain": ChainParams, "specinfer": SpecInferParams,
-                                   "sequoia": SequoiaParams, "egt": EGTParams, "pld": PLDParams}
+    def summary(self) -> str:
+        g = self.graft
+        return f"up to {g.limit} continuations of {g.length} tokens" + (", calibrated" if g.context else "")
 
 
 def parse(name: str, values: "dict[str, Any] | Params | None", where: str | None = None) -> Params:

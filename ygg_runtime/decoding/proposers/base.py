@@ -6,8 +6,9 @@ tree rooted at the last accepted token, `update(verdict)` learns what the target
 rule, compaction, metrics and the batch's cost sharing live in the engine and never in a proposer.
 Its parameters are its own `Params` dataclass (`ygg_runtime.schema.params`): the defaults live there,
 compile writes them into the plan, and what the cost model needs without a drafter (a step's
-forwards, `objective.step_shape`) is computed from them alone. Each method is built by
-`proposers.build` from what it uses.
+forwards, `Params.step_shape`) is computed from them alone. A proposer class registers itself
+under its `name` as it is defined (`PROPOSERS`), and builds itself from what it uses of an
+artifact's `Parts` (`Proposer.build`): a method is its parameters and its module, named nowhere else.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from ygg_runtime.decoding.tree import ChildRule, TokenTree
 
 if TYPE_CHECKING:
     from ygg_runtime.decoding.coupling import Noise
+    from ygg_runtime.decoding.objective import Curves
+    from ygg_runtime.decoding.predictor import DepthPredictor
+    from ygg_runtime.decoding.retrieval import AdjacencyTable
 
 
 Children = tuple[list[float], list[int]]  # a node's top children: (draft probabilities, tokens)
@@ -145,6 +149,21 @@ class Hook:
         """Seconds a drafter stage of the step took (egt: "begin", "rounds", "ahead")."""
 
 
+@dataclass
+class Parts:
+    """What an artifact offers a method to be built from (`Proposer.build`): each takes what it uses."""
+
+    drafter: "Drafter | None" = None
+    curves: "Curves | None" = None  # the plan's profile, to price trees by measured times
+    predictor: "DepthPredictor | None" = None
+    adjacency: "AdjacencyTable | None" = None  # the seeded table retrieval reads
+    hook: "Hook | None" = None  # compile-time instrumentation
+
+
+# Every method's proposer by its name, as each class registers itself (`Proposer.__init_subclass__`).
+PROPOSERS: dict[str, type["Proposer"]] = {}
+
+
 class Proposer:
     """A decoding method: two verbs and a start. The engine calls `start` once per generation, then
     per step `propose` and, after the target verified (part of) the tree, `update`."""
@@ -152,8 +171,19 @@ class Proposer:
     name: ClassVar[str] = "?"
     Params: ClassVar[type[Params]] = Params
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:  # a method (not a shared base like DraftProposer)
+            PROPOSERS[cls.name] = cls
+
     def __init__(self, params: Params):
         self.params = params
+
+    @classmethod
+    def build(cls, params: Params, parts: Parts) -> "Proposer":
+        """The method from its parameters and what it uses of the artifact's parts (plain decoding:
+        nothing)."""
+        return cls(params)
 
     @property
     def max_tree_size(self) -> int:
@@ -191,6 +221,10 @@ class DraftProposer(Proposer):
             raise YggError(f"method {self.name} needs a draft model")
         super().__init__(params)
         self.drafter = drafter
+
+    @classmethod
+    def build(cls, params: Params, parts: Parts) -> "Proposer":
+        return cls(params, parts.drafter)
 
     def start(self, prompt: list[int]) -> None:
         self.drafter.reset()

@@ -40,10 +40,12 @@ from ygg_runtime.decoding import objective, prune
 from ygg_runtime.decoding.accept import Verdict
 from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
-from ygg_runtime.decoding.objective import BEGIN_WIDTH, AcceptanceMap, Curves, StepShape
+from ygg_runtime.decoding.objective import AcceptanceMap, Curves
+from ygg_runtime.schema.params import BEGIN_WIDTH, StepShape, egt_shape
 from ygg_runtime.schema.params import EGTParams
 from ygg_runtime.decoding.predictor import DepthPredictor
-from ygg_runtime.decoding.proposers.base import Children, DraftProposer, Drafter, DraftRows, Hook, StepInfo, StepState
+from ygg_runtime.decoding.proposers.base import (Children, DraftProposer, Drafter, DraftRows, Hook, Parts, StepInfo,
+                                                 StepState)
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
 from ygg_runtime.transfer import to_device, to_host
 from ygg_runtime.decoding.tree import DRAFT, TokenTree
@@ -166,7 +168,7 @@ class Planner:
         if behind > BEGIN_WIDTH and self.curves is not None:
             chunk = max(self.curves.draft_widths)
             begin = (chunk,) * ((behind - 1) // chunk) + ((behind - 1) % chunk + 1,)
-        return objective.egt_shape(depth, self.draft_width, verify_width or self.verify_width, begin)
+        return egt_shape(depth, self.draft_width, verify_width or self.verify_width, begin)
 
     def catch_up_ms(self, behind: int, draft_context: int) -> float:
         """What a drafting step's first forward costs beyond the usual one when the drafter is
@@ -212,6 +214,10 @@ class EGT(DraftProposer):
         self.drafted: TokenTree | None = None  # the whole drafted tree of the step in progress
         self.verified: TokenTree | None = None  # the part of it proposed for the verify
         self.guesses: dict[int, tuple[int, DraftRows]] = {}  # AOT head draft: node -> (guess node, its draft row)
+
+    @classmethod
+    def build(cls, params: EGTParams, parts: Parts) -> "EGT":
+        return cls(params, parts.drafter, parts.curves, parts.predictor, parts.adjacency, parts.hook)
 
     @property
     def max_tree_size(self) -> int:

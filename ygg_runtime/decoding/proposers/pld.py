@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ygg_runtime.decoding.objective import Curves
 from ygg_runtime.schema.params import PLDParams
-from ygg_runtime.decoding.proposers.base import Proposer, StepInfo, StepState
+from ygg_runtime.decoding.proposers.base import Parts, Proposer, StepInfo, StepState
 from ygg_runtime.decoding.retrieval import AdjacencyTable, Retriever
 from ygg_runtime.decoding.tree import TokenTree
 
@@ -21,6 +21,10 @@ from ygg_runtime.decoding.tree import TokenTree
 class PLD(Proposer):
     name = "pld"
     Params = PLDParams
+
+    @classmethod
+    def build(cls, params: PLDParams, parts: Parts) -> "PLD":
+        return cls(params, parts.curves, parts.adjacency)
 
     def __init__(self, params: PLDParams, curves: Curves | None, adjacency: AdjacencyTable | None):
         super().__init__(params)
