@@ -12,6 +12,8 @@ import tiny
 import yaml
 from helpers import assert_one_line_error, hf_greedy, ygg
 
+from ygg_runtime.errors import YggError
+
 from ygg_runtime.decoding.metrics import DERIVED, PER_STEP, Metrics
 from ygg_runtime.schema.plan import FORMAT_VERSION
 
@@ -380,3 +382,33 @@ def test_a_refused_call_answers_before_torch_is_imported(tmp_path, args, needle)
     assert {"ygg_bench.cli", "ygg_compile.cli"} <= imported  # the measurement saw the command line
     assert not {"torch", "transformers", "ygg_compile.commands", "ygg_bench.commands", "ygg_runtime.run", "ygg_runtime.serving.app",
                 "ygg_runtime.artifact.load"} & imported
+
+
+def test_a_runs_options_are_checked_once_when_made_and_carry_the_ablations():
+    """`RunOptions` is where a request enters (`ygg run` makes it from its flags, `Decoder.generate`
+    from its keyword arguments): bad values are refused when it is made, the ablations ride in one
+    field, and a generation takes options or keywords, never both."""
+    from ygg_runtime.options import Ablation, RunOptions
+
+    with pytest.raises(YggError, match="--top-p must be in"):
+        RunOptions(top_p=0.0)
+    with pytest.raises(YggError, match="--sampling must be one of"):
+        RunOptions(sampling="beam")
+    with pytest.raises(YggError, match="--draft-window takes a number of tokens"):
+        RunOptions(draft_window=-1)
+    got = RunOptions.of(max_new_tokens=8, method="egt", graft=False, eager=True)
+    assert got == RunOptions(8, method="egt", ablation=Ablation(graft=False, eager=True))
+    with pytest.raises(TypeError):
+        RunOptions.of(medusa_heads=4)
+
+
+def test_generate_takes_options_or_keywords_not_both(artifact):
+    import ygg_runtime
+    from ygg_runtime.options import RunOptions
+
+    dec = ygg_runtime.load(artifact)
+    a = dec.generate([5, 6, 7], RunOptions(max_new_tokens=6, method="egt"))
+    b = dec.generate([5, 6, 7], max_new_tokens=6, method="egt")
+    assert a.token_ids == b.token_ids and len(a.token_ids) <= 6
+    with pytest.raises(TypeError, match="not both"):
+        dec.generate([5, 6, 7], RunOptions(), max_new_tokens=6)

@@ -18,8 +18,7 @@ from typing import Optional
 import typer
 
 from ygg_runtime.errors import YggError, first_line
-from ygg_runtime.options import (DEFAULT_DIR, MAX_NEW_TOKENS, RayOptions, ServeOptions,
-                                 check_sampling, check_settings)
+from ygg_runtime.options import DEFAULT_DIR, MAX_NEW_TOKENS, Ablation, RayOptions, RunOptions, ServeOptions
 from ygg_runtime.schema.params import PARAMS
 from ygg_runtime.schema.plan import plan_bytes
 
@@ -81,19 +80,13 @@ def run_cmd(
 ) -> None:
     """Generate from a prompt with a compiled artifact: exactly the target's own output, faster."""
     prompt = read_prompt(prompt_file)
-    check_settings(max_new_tokens, temperature, top_p, seed)
-    if sampling is not None:
-        check_sampling(sampling)
-    if draft_window is not None and draft_window < 0:
-        raise YggError(f"--draft-window takes a number of tokens (0: the whole prompt), not {draft_window}")
+    options = RunOptions(max_new_tokens, temperature, top_p, seed, sampling, method, draft_window, raw, ignore_eos,
+                         adapt=not no_adapt, ablation=Ablation(predictor=not no_predictor, graft=not no_graft, eager=eager))
     plan_bytes(artifact, expect_plan)
     require("run")
     from ygg_runtime import run  # torch and the models: only once the arguments have passed
 
-    run.run(prompt, artifact, method=method, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            seed=seed, sampling=sampling, as_json=as_json, stats=stats, raw=raw, ignore_eos=ignore_eos, no_predictor=no_predictor,
-            no_graft=no_graft, eager=eager, device=device, dtype=dtype, expect_plan=expect_plan,
-            draft_window=draft_window, no_adapt=no_adapt)
+    run.run(prompt, artifact, options, as_json=as_json, stats=stats, device=device, dtype=dtype, expect_plan=expect_plan)
 
 
 @app.command("serve", rich_help_panel=RUNTIME)

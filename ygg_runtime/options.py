@@ -11,6 +11,7 @@ import ipaddress
 import math
 import socket
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from ygg_runtime.errors import YggError
@@ -69,6 +70,48 @@ def check_sampling(sampling: str) -> str:
     if sampling not in SAMPLINGS:
         raise YggError(f"--sampling must be one of {', '.join(SAMPLINGS)}, not {sampling!r}")
     return sampling
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """What a generation runs without, for A/B (`ygg bench`'s ablations, `ygg run --no-...`): each
+    switch takes away one part of the plan for this generation only."""
+
+    predictor: bool = True  # False: egt at its planned fixed depth
+    stages: Any = None  # egt's stage order instead of the plan's (a `schema.params.Stages`; None: the plan's)
+    graft: bool = True  # False: egt drafting only, no retrieval grafted
+    eager: bool = False  # True: the eager forwards, even where compiled ones are loaded
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one generation runs (`ygg run`, `Decoder.generate`, a benchmark's contestant), checked
+    once when made — where the request enters — before any model loads."""
+
+    max_new_tokens: int = MAX_NEW_TOKENS
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    sampling: str | None = None  # the rule at temperature > 0 (None: the plan's)
+    method: str | None = None  # None: the request's own choice (`Decoder.choose`)
+    draft_window: int | None = None  # the drafter reads the prompt's last K tokens (0: all; None: as chosen)
+    raw: bool = False  # the prompt as it is, not wrapped in the chat template
+    ignore_eos: bool = False  # always max_new_tokens tokens
+    adapt: bool = True  # False: every step shaped as planned (`--no-adapt`)
+    ablation: Ablation = Ablation()
+
+    def __post_init__(self) -> None:
+        check_settings(self.max_new_tokens, self.temperature, self.top_p, self.seed)
+        if self.sampling is not None:
+            check_sampling(self.sampling)
+        if self.draft_window is not None and self.draft_window < 0:
+            raise YggError(f"--draft-window takes a number of tokens (0: the whole prompt), not {self.draft_window}")
+
+    @classmethod
+    def of(cls, **given: Any) -> "RunOptions":
+        """From keyword arguments as `Decoder.generate` takes them: the ablation's switches among them."""
+        ablation = {k: given.pop(k) for k in ("predictor", "stages", "graft", "eager") if k in given}
+        return cls(**given, ablation=Ablation(**ablation))
 
 
 @dataclass(frozen=True)

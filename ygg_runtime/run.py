@@ -11,37 +11,22 @@ from pathlib import Path
 import typer
 
 from ygg_runtime.artifact.load import load
+from ygg_runtime.options import RunOptions
 from ygg_runtime.ui import err, stats_table
 
 
-def run(prompt: str, artifact: Path, *, method: str | None, max_new_tokens: int, temperature: float, top_p: float,
-        seed: int | None, sampling: str | None, as_json: bool, stats: bool, raw: bool, ignore_eos: bool, no_predictor: bool, no_graft: bool,
-        eager: bool, device: str | None, dtype: str | None, expect_plan: str | None,
-        draft_window: int | None = None, no_adapt: bool = False) -> None:
+def run(prompt: str, artifact: Path, options: RunOptions, *, as_json: bool, stats: bool, device: str | None,
+        dtype: str | None, expect_plan: str | None) -> None:
     """Generate from the prompt, streaming the text (or one JSON object at the end)."""
-    decoder = load(artifact, device=device, predictor=not no_predictor, eager=eager, dtype=dtype,
-                   expect_plan=expect_plan)
+    decoder = load(artifact, device=device, predictor=options.ablation.predictor, eager=options.ablation.eager,
+                   dtype=dtype, expect_plan=expect_plan)
 
     def stream(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
     try:
-        result = decoder.generate(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            sampling=sampling,
-            method=method,
-            graft=not no_graft,
-            raw=raw,
-            ignore_eos=ignore_eos,
-            draft_window=draft_window,
-            adapt=not no_adapt,
-            on_text=None if as_json else stream,
-        )
+        result = decoder.generate(prompt, options, on_text=None if as_json else stream)
         if as_json:
             print(json.dumps(result.to_json(), ensure_ascii=False))
         else:

@@ -16,7 +16,7 @@ from ygg_runtime.decoding.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.options import MAX_BATCH, MAX_NEW_TOKENS, MIN_GAIN, SAMPLING, check_sampling
+from ygg_runtime.options import MAX_BATCH, MIN_GAIN, SAMPLING, RunOptions
 from ygg_runtime.schema.params import EGTParams, Params, Stages, StepShape
 from ygg_runtime.schema.plan import ExactnessRecord, Plan
 from ygg_runtime.decoding.predictor import DepthPredictor
@@ -234,46 +234,32 @@ class Decoder:
             raise YggError("the prompt is empty")
         return self.codec.encode(prompt, raw=raw)
 
-    def generate(
-        self,
-        prompt: str | list[int],
-        *,
-        max_new_tokens: int = MAX_NEW_TOKENS,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        seed: int | None = None,
-        sampling: str | None = None,
-        method: str | None = None,
-        predictor: bool = True,
-        stages: Stages | None = None,
-        graft: bool = True,
-        eager: bool = False,
-        raw: bool = False,
-        ignore_eos: bool = False,
-        draft_window: int | None = None,
-        adapt: bool = True,
-        on_text: Callable[[str], None] | None = None,
-        on_step: Callable | None = None,
-    ) -> Result:
+    def generate(self, prompt: str | list[int], options: RunOptions | None = None, *,
+                 on_text: Callable[[str], None] | None = None, on_step: Callable | None = None, **given) -> Result:
         """Generate exactly what the target alone would (greedy), or a sample from its distribution
         by the `sampling` rule (None: the plan's; coupled prints `ar`'s tokens for the same seed).
-        Ablations: predictor=False, stages, graft=False (see proposer()); eager=True runs this generation on the
-        eager forwards even when compiled ones are loaded. draft_window: the drafter reads only the last
-        that many prompt tokens (0: all of them; None: as `choose` decides, or all when a method is named).
+        options: how (`RunOptions`, checked when made); or its fields as keyword arguments
+        (`max_new_tokens=64, method="egt"`, and the ablation's: predictor=False, stages, graft=False,
+        eager=True — see proposer()). draft_window: the drafter reads only the last that many prompt
+        tokens (0: all of them; None: as `choose` decides, or all when a method is named).
         adapt=False: every step shaped as planned, without the request's acceptance estimate
         (`ygg_runtime.decoding.estimate`; `--no-adapt`, for A/B)."""
+        if options is None:
+            options = RunOptions.of(**given)
+        elif given:
+            raise TypeError("Decoder.generate takes RunOptions or keyword arguments, not both")
         start = time.perf_counter()
-        ids = self.encode(prompt, raw)
-        sampling = check_sampling(sampling or self.sampling)
-        if draft_window is not None and draft_window < 0:
-            raise YggError(f"draft_window takes a number of tokens (0: the whole prompt), not {draft_window}")
+        o, ablation = options, options.ablation
+        ids = self.encode(prompt, o.raw)
+        max_new_tokens, method, draft_window, eager = o.max_new_tokens, o.method, o.draft_window, ablation.eager
+        sampling = o.sampling or self.sampling
         if method:
             choice = Choice(method, draft_window or None, "asked for")
         else:
             choice = self.choose(len(ids), max_new_tokens)
             if draft_window is not None:
                 choice = dataclasses.replace(choice, window=draft_window or None)
-        prop = self.proposer(choice.method, predictor, stages, graft)
+        prop = self.proposer(choice.method, ablation.predictor, ablation.stages, ablation.graft)
         compiled = {role: r.compiled for role, r in self.runners.items()}
         record = self.exactness.get(self.forward_kind(eager))
         floor = self.target.min_width
@@ -284,8 +270,8 @@ class Decoder:
         if self._drafter is not None:
             self._drafter.window = choice.window
         try:
-            result = self._generate(start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos,
-                                    on_text, on_step, record, adapt)
+            result = self._generate(start, ids, prop, max_new_tokens, o.temperature, o.top_p, o.seed, sampling,
+                                    o.ignore_eos, on_text, on_step, record, o.adapt)
             result.metrics.choice = choice.why
             drafted = isinstance(prop, proposers.DraftProposer) and self._drafter.cut > 0
             result.metrics.draft_window = choice.window if drafted else 0
