@@ -374,7 +374,7 @@ def test_a_refused_call_answers_before_torch_is_imported(tmp_path, args, needle)
     toolchain and the commands' bodies are never imported (`python -X importtime` lists every module
     a process imports)."""
     (tmp_path / "p.txt").write_text(PROMPT)
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ygg_bench", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "ygg_runtime", *args], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     said = [line for line in proc.stderr.splitlines() if not line.startswith("import time:")]
     assert proc.returncode == 1 and said == [f"error: {said[0][7:]}"] and needle in said[0], proc.stderr[-2000:]

@@ -48,7 +48,7 @@ def test_the_runtime_alone_runs_an_artifact_as_the_full_install_does(runtime_ven
     args = ["run", str(tmp_path / "p.txt"), "-a", str(artifact), "-n", "12", "--raw", "--ignore-eos", "--json"]
     want = ygg(*args)
     assert want.returncode == 0, want.stderr
-    got = subprocess.run([str(runtime_venv / "python"), "-X", "importtime", "-m", "ygg_bench", *args],
+    got = subprocess.run([str(runtime_venv / "python"), "-X", "importtime", "-m", "ygg_runtime", *args],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert got.returncode == 0, got.stderr[-3000:]
     assert json.loads(got.stdout)["token_ids"] == json.loads(want.stdout)["token_ids"]
@@ -56,7 +56,7 @@ def test_the_runtime_alone_runs_an_artifact_as_the_full_install_does(runtime_ven
     assert {"torch", "ygg_runtime.artifact.load", "ygg_runtime.run"} <= imported
     assert {m for m in imported if m.split(".")[0] in ("ygg_compile", "ygg_bench")} <= {
         "ygg_compile", "ygg_compile.cli", "ygg_compile.options", "ygg_compile.registry",
-        "ygg_bench", "ygg_bench.__main__", "ygg_bench.cli", "ygg_bench.options"}
+        "ygg_bench", "ygg_bench.cli", "ygg_bench.options"}
 
 
 def test_the_runtime_alone_serves_an_artifact(runtime_venv, artifact):

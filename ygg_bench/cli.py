@@ -1,7 +1,8 @@
-"""The `ygg` command (the script pyproject.toml installs): the runtime's commands (`ygg_runtime.cli`),
-the toolchain's (`ygg_compile.cli`) and the benchmarks', defined here: `ygg bench` and `ygg
-bench-serve`. Each parses and checks its arguments, then, once its extras are found installed, runs
-its body in `ygg_bench.commands`; a refused call answers in one line before torch is imported."""
+"""The benchmarks' commands, `ygg bench` and `ygg bench-serve`, which join the runtime's `ygg` app
+(`ygg_runtime.cli`) as this module is imported (an entry point of pyproject.toml's
+`yggdrasil.commands`). Each parses and checks its arguments, then, once its extras are found
+installed, runs its body in `ygg_bench.commands`; a refused call answers in one line before torch is
+imported."""
 
 from __future__ import annotations
 
@@ -14,12 +15,11 @@ from typing import Optional
 import typer
 
 from ygg_bench.options import HF_PEERS, SERVE_CONCURRENCY, SERVE_METHODS, SERVE_PEERS, BenchOptions, ServeBenchOptions
-import ygg_compile.cli  # noqa: F401  (the toolchain's commands join the app)
-from ygg_runtime.cli import SAMPLING_HELP, TOOLCHAIN, app, main, require
+from ygg_runtime.cli import SAMPLING_HELP, TOOLCHAIN, app, require
 from ygg_runtime.errors import YggError
 from ygg_runtime.options import DEFAULT_DIR
 
-__all__ = ["app", "main"]
+__all__ = ["app"]
 
 
 def commands(command: str) -> ModuleType:

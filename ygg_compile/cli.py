@@ -1,6 +1,6 @@
 """The toolchain's half of the `ygg` command: `ygg compile`, `ygg inspect` and `ygg cache`, added to
-the runtime's app (`ygg run`, `ygg serve`, in `ygg_runtime.cli`); `ygg_bench.cli` adds the
-benchmarks and is the script pyproject.toml installs. Each parses and checks its arguments, then,
+the runtime's app (`ygg run`, `ygg serve`, in `ygg_runtime.cli`, the script pyproject.toml installs)
+as this module is imported (an entry point of `yggdrasil.commands`). Each parses and checks its arguments, then,
 once the command's extra is found installed, runs its body in `ygg_compile.commands`. Light on purpose, like the runtime's half: a refused call answers in one line
 before torch or the toolchain is imported."""
 

@@ -1,6 +1,8 @@
-"""The `ygg` command's runtime half: `ygg run` and `ygg serve`, the error handling every command
-shares, and the check that a command's libraries are installed. `ygg_compile.cli` adds the toolchain's
-commands (compile, bench, inspect, ...) to this app when the package is imported as the `ygg` script.
+"""The `ygg` command (the script pyproject.toml installs): `ygg run` and `ygg serve`, the error
+handling every command shares, and the check that a command's libraries are installed. The
+toolchain's commands (compile, inspect, cache) and the benchmarks' (bench, bench-serve) join this app
+from the modules that declare them as entry points (`COMMANDS`: `ygg_compile.cli`, `ygg_bench.cli`),
+so the runtime names neither.
 
 Light on purpose (typer and rich, our option types): a refused call, a missing prompt file or
 artifact or a bad option, answers in one line before torch is imported. Every failure a user can
@@ -36,6 +38,8 @@ EXTRAS = {
 }
 NEEDS = {"run": (), "serve": ("serve",), "serve --ray": ("serve", "ray"), "compile": ("compile",), "bench": ("compile",),
          "bench-serve": ("compile", "serve"), "bench-serve --ray": ("compile", "serve", "ray"), "inspect": ("compile",), "cache": ("compile",)}
+
+COMMANDS = "yggdrasil.commands"  # the entry-point group of the modules that add commands to `app`
 
 app = typer.Typer(
     add_completion=False,
@@ -166,10 +170,22 @@ def read_prompt(spec: str) -> str:
     return text.rstrip("\n")
 
 
+def add_commands() -> None:
+    """Import every module an installed package declares in `COMMANDS` (in name order): each adds its
+    commands to `app`, light as this module is (its bodies load when a command runs). Through the
+    import statement's own path, which `python -X importtime` reports (tests read what a command
+    imported from it)."""
+    from importlib.metadata import entry_points
+
+    for point in sorted(entry_points(group=COMMANDS), key=lambda p: p.name):
+        __import__(point.module)
+
+
 def main() -> None:
     debug = "--debug" in sys.argv or os.environ.get("YGG_DEBUG") == "1"
     args = [a for a in sys.argv[1:] if a != "--debug"]
     try:
+        add_commands()
         code = app(args=args, standalone_mode=False, prog_name="ygg")
         if code == 130:  # typer turns a Ctrl-C into exit code 130, which click returns here
             raise KeyboardInterrupt

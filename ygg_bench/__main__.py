@@ -1,3 +1,0 @@
-from ygg_bench.cli import main
-
-main()

@@ -1,0 +1,3 @@
+from ygg_runtime.cli import main
+
+main()
