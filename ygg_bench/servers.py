@@ -135,7 +135,7 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 def serve_command(opts: ServeBenchOptions, port: int, max_batch: int) -> list[str]:
     """`ygg serve` of the artifact on a loopback port, as every server of ours here runs it."""
-    cmd = [sys.executable, "-m", "ygg_bench", "serve", "--artifact", str(opts.artifact), "--port", str(port),
+    cmd = [sys.executable, "-m", "ygg_runtime", "serve", "--artifact", str(opts.artifact), "--port", str(port),
            "--max-batch", str(max_batch), "--max-queue", str(max(64, 4 * max_batch)), "--model-name", "bench"]
     if not opts.cost_aware:
         cmd.append("--no-cost-aware")
