@@ -63,7 +63,7 @@ def test_the_childs_stamps_become_the_peer_run_timed_by_the_one_definition(tmp_p
             peer, ids, n, eos, ignore_eos, settings = request
             assert eos == [7] and settings == {"num_assistant_tokens": 3}, request
             conn.send(("ok", {"tokens": [5, 6, 7, 8, 9], "marks": [[10.5, 1], [10.6, 2], [10.9, 2]],
-                              "start": 10.0, "end": 11.0, "ov_tpot_ms": 100.0}))
+                              "start": 10.0, "end": 11.0}))
     ''')
     fam = family()
     fam.settings["openvino-sd"] = {"num_assistant_tokens": 3}

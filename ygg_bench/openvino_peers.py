@@ -101,8 +101,8 @@ def export(model, dtype, ui=None) -> Path:
 
 
 def weights_format(ir: Path) -> str:
-    """What NNCF made of the weights, as its record in the IR says (e.g. 'int4_asym g128, int8_asym
-    backup')."""
+    """What NNCF made of the weights, as its record in the IR says (e.g. 'int4_asym g128, embeddings
+    and head int8_asym')."""
     text = (ir / "openvino_model.xml").read_text(errors="replace")
     tail = text[text.rfind("<weight_compression>"):] if "<weight_compression>" in text else ""
 
@@ -146,12 +146,10 @@ def tune(peers: list[str], generate, encode, tuned: Path, key: str, ui=None) -> 
         for peer in todo:
             times: dict[str, list[float]] = {}
             label = f"tuning {peer} on {len(picked)} calibration prompts ({len(SWEEP[peer])} settings, once on this machine)"
-            count = 0
             with ui.step(label) if ui else contextlib.nullcontext():
-                for settings in SWEEP[peer]:
+                for count, settings in enumerate(SWEEP[peer], 1):
                     k = json.dumps(settings, sort_keys=True)
                     times[k] = [generate(peer, ids, TUNE_TOKENS, settings) for ids in picked]
-                    count += 1
                     if ui:
                         ui.progress(label, count, len(SWEEP[peer]), unit="settings")
             chosen = best(times)

@@ -223,4 +223,6 @@ class PeerProcess:
                 self.proc.kill()
                 self.proc.join(10)
         self.conn.close()
+        if isinstance(self.proc, _Interpreter):
+            self.proc.log.close()
         self.proc = self.conn = None
