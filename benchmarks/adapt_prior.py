@@ -30,7 +30,6 @@ def without_robust_prior(decoder):
     twin = copy.copy(decoder)
     twin.methods = {name: dataclasses.replace(p, adapt=dataclasses.replace(p.adapt, weight=1.0, reach_weight=1.0))
                     if getattr(p, "adapt", None) is not None else p for name, p in decoder.methods.items()}
-    twin._proposers = {}
     return twin
 
 

@@ -70,6 +70,31 @@ def test_compiled_and_eager_runs_both_give_the_targets_greedy_output(pair, artif
         assert (m["compiled_forwards"] if forward == "compiled" else m["eager_forwards"]) >= out["steps"]
 
 
+def test_a_generations_ablations_and_window_leave_the_decoder_as_it_was(pair, artifact):
+    """`Decoder.generate` runs on views of the decoder's runners with a drafter and proposer of its
+    own: an eager generation with a drafter window runs eager forwards only, a failing one (its
+    text callback raises) leaves nothing behind, and the decoder's runners keep their compiled
+    forwards, exactness floor and counters — the next generation runs compiled, with ar's tokens."""
+    import ygg_runtime
+
+    dec = ygg_runtime.load(artifact)
+    prompt = pair["tokenizer"](PROMPT).input_ids
+    before = {role: (r.compiled, r.min_width, r.forwards, r.compiled_forwards) for role, r in dec.runners.items()}
+    assert before["target"][0] is not None and before["draft"][0] is not None
+    want = dec.generate(prompt, max_new_tokens=24, method="ar", ignore_eos=True).token_ids
+    eager = dec.generate(prompt, max_new_tokens=24, method="chain", ignore_eos=True, eager=True, draft_window=4)
+    assert eager.token_ids == want and eager.metrics.forward == "eager" and eager.metrics.draft_window == 4
+
+    def broken(text: str) -> None:
+        raise RuntimeError("the reader went away")
+
+    with pytest.raises(RuntimeError, match="went away"):
+        dec.generate(prompt, max_new_tokens=24, method="egt", eager=True, draft_window=4, on_text=broken)
+    assert {role: (r.compiled, r.min_width, r.forwards, r.compiled_forwards) for role, r in dec.runners.items()} == before
+    again = dec.generate(prompt, max_new_tokens=24, method="chain", ignore_eos=True)
+    assert again.token_ids == want and again.metrics.forward == "compiled" and again.metrics.draft_window == 0
+
+
 def test_stats_say_which_forwards_ran(artifact, prompt_file):
     compiled = ygg("run", prompt_file, "-a", artifact, "-n", 8, "--stats")
     eager = ygg("run", prompt_file, "-a", artifact, "-n", 8, "--stats", "--eager")

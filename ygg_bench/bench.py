@@ -32,6 +32,7 @@ from ygg_runtime.artifact.load import read_plan
 from ygg_runtime.decoding.engine import step_room
 from ygg_runtime.errors import YggError, first_line
 from ygg_runtime.files import output_dir
+from ygg_runtime.options import RunOptions
 from ygg_runtime.schema.params import EGTParams, Stages
 from ygg_runtime.schema.plan import Plan
 from ygg_runtime.ui import Reporter
@@ -115,8 +116,7 @@ def proposer_of(decoder, name: str):
     """A contestant's proposer (refuses, in one line, a method the artifact lacks); `auto`'s is the
     plan's method's, the widest it may pick."""
     method, kw = ablation(decoder, name)
-    return decoder.proposer(method or decoder.default_method, kw.get("predictor", True), kw.get("stages"),
-                            kw.get("graft", True))
+    return decoder.proposer(method or decoder.default_method, RunOptions.of(**kw).ablation)
 
 
 class Method(Contestant):

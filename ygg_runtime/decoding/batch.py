@@ -53,7 +53,6 @@ from torch import Tensor
 from ygg_runtime.decoding import engine, prune
 from ygg_runtime.decoding.accept import Verdict
 from ygg_runtime.decoding.engine import Generation, step_room
-from ygg_runtime.errors import YggError
 from ygg_runtime.model.kv import restore, snapshot
 from ygg_runtime.decoding.metrics import Step
 from ygg_runtime.options import MAX_BATCH, MAX_ROWS, SAMPLING, check_max_batch, check_sampling
@@ -265,17 +264,13 @@ class Batch:
         """The longest sequence (prompt and output) a request of `method` can have in this cache."""
         return self.regions.capacity - step_room(self.target, self._probe(method))
 
-    def admissible(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
-                   top_p: float = 1.0, seed: int | None = None) -> tuple[int, int]:
+    def admissible(self, prompt: list[int], method: str, *, max_new_tokens: int) -> tuple[int, int]:
         """(the most cache slots the request can need, its step room); YggError, in one line, when
-        it can never be served (bad settings, an unknown method, or more than the cache holds)."""
+        it can never be served (an unknown method, a token the target lacks, or more than a
+        sequence's share of the cache holds: `engine.check`). Its settings were checked where it entered."""
         proposer = self._probe(method)
-        engine.check(self.target, proposer, prompt, max_new_tokens, temperature, top_p, seed)
+        engine.check(self.target, proposer, prompt, max_new_tokens, self.regions.capacity)
         room = step_room(self.target, proposer)
-        if len(prompt) + max_new_tokens + room > self.regions.capacity:
-            raise YggError(f"prompt ({len(prompt)} tokens) + {max_new_tokens} new tokens does not fit the context of "
-                           f"{self.regions.capacity - room} tokens a batched request has; shorten the prompt or "
-                           "lower max_tokens")
         return len(prompt) + max_new_tokens + room, room
 
     def join(self, prompt: list[int], method: str, *, max_new_tokens: int, temperature: float = 0.0,
@@ -293,8 +288,7 @@ class Batch:
         draft_window: its drafter reads only the last that many prompt tokens (None: all)."""
         if len(self.running) >= self.max_batch or any(m.preempted for m in self.members):
             return None
-        cap, room = self.admissible(prompt, method, max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_p=top_p, seed=seed)
+        cap, room = self.admissible(prompt, method, max_new_tokens=max_new_tokens)
         length = min(cap, len(prompt) + room + GROW)
         base = self._take(length)
         if base is None:

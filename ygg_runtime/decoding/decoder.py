@@ -16,8 +16,8 @@ from ygg_runtime.decoding.batch import Batch
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics
 from ygg_runtime.decoding.objective import Curves
-from ygg_runtime.options import MAX_BATCH, MIN_GAIN, SAMPLING, RunOptions
-from ygg_runtime.schema.params import EGTParams, Params, Stages, StepShape
+from ygg_runtime.options import MAX_BATCH, MIN_GAIN, SAMPLING, Ablation, RunOptions
+from ygg_runtime.schema.params import EGTParams, Params, StepShape
 from ygg_runtime.schema.plan import ExactnessRecord, Plan
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.retrieval import AdjacencyTable
@@ -106,8 +106,7 @@ class Decoder:
         for r in (target, drafter):
             if r is not None and shared:
                 r.prefix = PrefixCache(shared)
-        self._drafter = proposers.Drafter(drafter, target.vocab_size) if drafter is not None else None
-        self._proposers: dict[tuple, proposers.Proposer] = {}
+        self.draft = drafter  # the draft model's runner (None: the artifact has none)
 
     def verdict(self, eager: bool = False, mixed: bool = False) -> tuple[bool, str]:
         """(exact, sentence): whether greedy output on this machine's `eager` or default forwards is
@@ -126,27 +125,26 @@ class Decoder:
     @property
     def runners(self) -> dict[str, ModelRunner]:
         """The loaded models by role ("target", and "draft" when there is one)."""
-        return {"target": self.target} | ({"draft": self._drafter.runner} if self._drafter is not None else {})
+        return {"target": self.target} | ({"draft": self.draft} if self.draft is not None else {})
 
-    def proposer(self, method: str, predictor: bool = True, stages: Stages | None = None,
-                 graft: bool = True) -> proposers.Proposer:
-        """The method's proposer. Ablations: predictor=False runs egt at its planned fixed depth;
-        stages replaces egt's planned stage order; graft=False runs egt without retrieval grafting
-        (other methods do not graft)."""
+    def proposer(self, method: str, ablation: Ablation = Ablation(),
+                 drafter: proposers.Drafter | None = None) -> proposers.Proposer:
+        """A new proposer of the method, as a generation with `ablation` runs it (predictor=False: egt
+        at its planned fixed depth; stages: egt's stage order instead of the plan's; graft=False:
+        egt without retrieval grafting — other methods do not graft), drafting with `drafter`
+        (default: one over the draft model's runner). A proposer holds one sequence's state, so
+        each generation builds its own (microseconds; chain's tree tensors about a millisecond)."""
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
-        use = predictor and self.predictor is not None
-        graft = graft or method != "egt"
-        key = (method, use, stages, graft)
-        if key not in self._proposers:
-            params = self.methods[method]
-            if stages is not None:
-                params = dataclasses.replace(params, stages=stages)
-            if not graft:
-                params = dataclasses.replace(params, graft=None)
-            self._proposers[key] = proposers.build(method, params, self._drafter, self.curves(),
-                                                   self.predictor if use else None, self.adjacency)
-        return self._proposers[key]
+        params = self.methods[method]
+        if ablation.stages is not None:
+            params = dataclasses.replace(params, stages=ablation.stages)
+        if not ablation.graft and method == "egt":
+            params = dataclasses.replace(params, graft=None)
+        if drafter is None and self.draft is not None:
+            drafter = proposers.Drafter(self.draft, self.target.vocab_size)
+        return proposers.build(method, params, drafter, self.curves(), self.predictor if ablation.predictor else None,
+                               self.adjacency)
 
     def curves(self) -> Curves | None:
         """The plan's measured forward times (None: no profile)."""
@@ -217,13 +215,9 @@ class Decoder:
                 r.model.setup_cache(kv_slots)
                 r.max_len = min(r.max_len, kv_slots)
         def make(method: str, drafter: proposers.Drafter | None) -> proposers.Proposer:
-            if method not in self.methods:
-                raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
-            return proposers.build(method, self.methods[method], drafter, self.curves(), self.predictor,
-                                   self.adjacency)
+            return self.proposer(method, drafter=drafter)
 
-        drafter = self._drafter.runner if self._drafter is not None else None
-        return Batch(self.target, drafter, make, self.curves(), max_batch, cost_aware, self.sampling, adapt)
+        return Batch(self.target, self.draft, make, self.curves(), max_batch, cost_aware, self.sampling, adapt)
 
     def encode(self, prompt: str | list[int], raw: bool = False) -> list[int]:
         if isinstance(prompt, list):
@@ -238,12 +232,17 @@ class Decoder:
                  on_text: Callable[[str], None] | None = None, on_step: Callable | None = None, **given) -> Result:
         """Generate exactly what the target alone would (greedy), or a sample from its distribution
         by the `sampling` rule (None: the plan's; coupled prints `ar`'s tokens for the same seed).
-        options: how (`RunOptions`, checked when made); or its fields as keyword arguments
-        (`max_new_tokens=64, method="egt"`, and the ablation's: predictor=False, stages, graft=False,
-        eager=True — see proposer()). draft_window: the drafter reads only the last that many prompt
-        tokens (0: all of them; None: as `choose` decides, or all when a method is named).
-        adapt=False: every step shaped as planned, without the request's acceptance estimate
-        (`ygg_runtime.decoding.estimate`; `--no-adapt`, for A/B)."""
+        options: how (`RunOptions`, checked when made: the settings are not checked again here); or
+        its fields as keyword arguments (`max_new_tokens=64, method="egt"`, and the ablation's:
+        predictor=False, stages, graft=False, eager=True — see proposer()). draft_window: the drafter
+        reads only the last that many prompt tokens (0: all of them; None: as `choose` decides, or
+        all when a method is named). adapt=False: every step shaped as planned, without the
+        request's acceptance estimate (`ygg_runtime.decoding.estimate`; `--no-adapt`, for A/B).
+
+        The generation runs on views of the decoder's runners (`ModelRunner.view`) with its own
+        drafter and proposer: its forwards, exactness floor and window are its own, and nothing of
+        the decoder changes (the models' caches are the one thing shared, as a generation owns them
+        while it runs)."""
         if options is None:
             options = RunOptions.of(**given)
         elif given:
@@ -251,69 +250,46 @@ class Decoder:
         start = time.perf_counter()
         o, ablation = options, options.ablation
         ids = self.encode(prompt, o.raw)
-        max_new_tokens, method, draft_window, eager = o.max_new_tokens, o.method, o.draft_window, ablation.eager
-        sampling = o.sampling or self.sampling
-        if method:
-            choice = Choice(method, draft_window or None, "asked for")
+        if o.method:
+            choice = Choice(o.method, o.draft_window or None, "asked for")
         else:
-            choice = self.choose(len(ids), max_new_tokens)
-            if draft_window is not None:
-                choice = dataclasses.replace(choice, window=draft_window or None)
-        prop = self.proposer(choice.method, ablation.predictor, ablation.stages, ablation.graft)
-        compiled = {role: r.compiled for role, r in self.runners.items()}
-        record = self.exactness.get(self.forward_kind(eager))
-        floor = self.target.min_width
-        if eager:
-            for r in self.runners.values():
-                r.compiled = None
-        self.target.min_width = exactness.min_width(record)
-        if self._drafter is not None:
-            self._drafter.window = choice.window
-        try:
-            result = self._generate(start, ids, prop, max_new_tokens, o.temperature, o.top_p, o.seed, sampling,
-                                    o.ignore_eos, on_text, on_step, record, o.adapt)
-            result.metrics.choice = choice.why
-            drafted = isinstance(prop, proposers.DraftProposer) and self._drafter.cut > 0
-            result.metrics.draft_window = choice.window if drafted else 0
-            return result
-        finally:
-            if self._drafter is not None:
-                self._drafter.window = None
-            self.target.min_width = floor
-            for role, r in self.runners.items():
-                r.compiled = compiled[role]
-
-    def _generate(self, start, ids, prop, max_new_tokens, temperature, top_p, seed, sampling, ignore_eos, on_text,
-                  on_step, record, adapt) -> Result:
-        if self.max_context and len(ids) + max_new_tokens > self.max_context:
-            raise YggError(f"prompt ({len(ids)} tokens) + {max_new_tokens} new tokens does not fit the context of "
-                           f"{self.max_context} tokens; shorten the prompt or lower --max-new-tokens")
+            choice = self.choose(len(ids), o.max_new_tokens)
+            if o.draft_window is not None:
+                choice = dataclasses.replace(choice, window=o.draft_window or None)
+        record = self.exactness.get(self.forward_kind(ablation.eager))
+        target = self.target.view(eager=ablation.eager, min_width=exactness.min_width(record))
+        draft = self.draft.view(eager=ablation.eager) if self.draft is not None else None
+        drafter = proposers.Drafter(draft, target.vocab_size, window=choice.window) if draft is not None else None
+        prop = self.proposer(choice.method, ablation, drafter)
+        # The plan's context bounds a request on top of the cache (which has room past it for a step's tree).
+        room = engine.step_room(target, prop)
+        context = min(target.max_len, self.max_context + room) if self.max_context else None
         stream = StreamDecoder(self.codec) if on_text is not None and self.codec is not None else None
-        runners = self.runners.values()
-        before = [(r.forwards, r.compiled_forwards) for r in runners]
         on_tokens = (lambda new: on_text(stream.push(new))) if stream is not None else None
         out, m = engine.generate(
-            self.target,
+            target,
             prop,
             ids,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            sampling=sampling,
-            eos_ids=frozenset() if ignore_eos else self.eos_ids,
+            max_new_tokens=o.max_new_tokens,
+            temperature=o.temperature,
+            top_p=o.top_p,
+            seed=o.seed,
+            sampling=o.sampling or self.sampling,
+            eos_ids=frozenset() if o.ignore_eos else self.eos_ids,
             on_tokens=on_tokens,
             on_step=on_step,
-            adapt=adapt,
+            adapt=o.adapt,
+            context=context,
         )
+        m.choice = choice.why
+        m.draft_window = choice.window if drafter is not None and drafter.cut > 0 else 0
         mixed = []
-        for r, (forwards, compiled) in zip(runners, before):
-            ran_compiled = r.compiled_forwards - compiled
-            ran_eager = r.forwards - forwards - ran_compiled
-            m.compiled_forwards += ran_compiled
-            m.eager_forwards += ran_eager
-            mixed.append(ran_compiled > 0 and ran_eager > 0)
-        exact, why = self.verdict(mixed=mixed[0])  # on the forwards it ran (eager ones unloaded); mixed[0]: the target's
+        for r in (target, draft):
+            if r is not None:
+                m.compiled_forwards += r.compiled_forwards
+                m.eager_forwards += r.forwards - r.compiled_forwards
+                mixed.append(r.compiled_forwards > 0 and r.forwards > r.compiled_forwards)
+        exact, why = self.verdict(ablation.eager, mixed=mixed[0])  # on the forwards it ran; mixed[0]: the target's
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:
             on_text(stream.finish())

@@ -13,7 +13,7 @@ from ygg_runtime.decoding import estimate
 from ygg_runtime.decoding.coupling import Noise
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.metrics import Metrics, Step
-from ygg_runtime.options import SAMPLING, check_sampling, check_settings
+from ygg_runtime.options import SAMPLING
 from ygg_runtime.decoding.proposers import Proposer, Sampling, StepState
 from ygg_runtime.model.runner import Call, ModelRunner
 from ygg_runtime.transfer import Stopwatch, to_host
@@ -43,9 +43,10 @@ class Generation:
                  on_event: Callable[[Step], None] | None = None, context: int | None = None, adapt: bool = True):
         """context: the slots the sequence may come to hold (a batch's member, whose region grows
         as it goes: what the batch checked); None: the target runner's. adapt: keep the request's
-        acceptance estimate, which reshapes every step of a method that adapts (`--no-adapt`: off)."""
-        check(target, proposer, prompt, max_new_tokens, temperature, top_p, seed, context)
-        check_sampling(sampling)
+        acceptance estimate, which reshapes every step of a method that adapts (`--no-adapt`: off).
+        The settings come checked from where the request entered (`RunOptions`, the server's request
+        check); what depends on this runner and proposer is checked here (`check`)."""
+        check(target, proposer, prompt, max_new_tokens, context)
         self.target, self.proposer, self.prompt = target, proposer, prompt
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.eos_ids, self.on_step, self.on_event = eos_ids, on_step, on_event
@@ -181,16 +182,17 @@ class Generation:
             self.metrics.adapt = self.estimate.to_dict()
 
 
-def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_tokens: int, temperature: float,
-          top_p: float, seed: int | None = None, context: int | None = None) -> None:
-    """Refuse a request in one line before any work: empty prompt, no budget, bad sampling
-    settings, or more tokens than the runner's cache (or `context` slots) holds."""
+def check(target: ModelRunner, proposer: Proposer, prompt: list[int], max_new_tokens: int,
+          context: int | None = None) -> None:
+    """Refuse a request in one line before any work: what only this runner and proposer can tell —
+    an empty prompt, a token the target has no row for, or more tokens than the runner's cache (or
+    `context` slots) holds with a step's room. The settings were checked where the request entered
+    (`ygg_runtime.options.RunOptions`, the server's request check); they are not checked twice."""
     if not prompt:
         raise YggError("the prompt is empty")
     if (past := next((t for t in prompt if not 0 <= t < target.vocab_size), None)) is not None:
         raise YggError(f"the prompt holds token id {past}, which the target has no embedding row for (it has "
                        f"{target.vocab_size}; a tokenizer token the model never learned): remove it from the prompt")
-    check_settings(max_new_tokens, temperature, top_p, seed)
     room = step_room(target, proposer)
     context = target.max_len if context is None else context
     if len(prompt) + max_new_tokens + room > context:
@@ -214,12 +216,14 @@ def generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     on_step: Callable[[TokenTree, Verdict], None] | None = None,
     adapt: bool = True,
+    context: int | None = None,
 ) -> tuple[list[int], Metrics]:
     """Decode up to max_new_tokens after `prompt` (stopping after an eos id); returns the new
     tokens and the metrics. on_step sees every verified tree and its verdict (`ygg inspect` draws
-    one); adapt=False shapes every step as planned (`--no-adapt`)."""
+    one); adapt=False shapes every step as planned (`--no-adapt`); context: the slots the sequence
+    may hold, its step's room included (None: the runner's)."""
     g = Generation(target, proposer, prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                   seed=seed, sampling=sampling, eos_ids=eos_ids, on_step=on_step, adapt=adapt)
+                   seed=seed, sampling=sampling, eos_ids=eos_ids, on_step=on_step, adapt=adapt, context=context)
     g.prefill()
     while not g.done:
         tree = g.propose()

@@ -121,6 +121,17 @@ class ModelRunner:
         r.graphs = self.graphs
         return r
 
+    def view(self, *, eager: bool = False, min_width: int | None = None) -> "ModelRunner":
+        """This runner's slots as one generation runs them — eager forwards (`eager`), another
+        exactness floor (`min_width`) — with this runner left as it is: what `Decoder.generate`
+        runs on, so that a generation's ablations change nothing another generation reads."""
+        r = self.region(self.base, self.max_len)
+        if eager:
+            r.compiled = None
+        if min_width is not None:
+            r.min_width = min_width
+        return r
+
     def move_to(self, base: int, length: int, rows: int | None = None) -> None:
         """Take slots [base, base + length) of the cache instead of its region (which a batch
         frees): its first `rows` rows (default: the committed ones) are copied there, and the

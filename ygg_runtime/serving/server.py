@@ -110,8 +110,7 @@ class Server:
                                 f"of {self.context} tokens; shorten the prompt or lower max_tokens", param="max_tokens",
                            code="context_length_exceeded")
         try:
-            self.scheduler.batch.admissible(prompt, method, max_new_tokens=max_tokens, temperature=req.temperature,
-                                         top_p=req.top_p)
+            self.scheduler.batch.admissible(prompt, method, max_new_tokens=max_tokens)
         except YggError as e:
             raise ApiError(400, str(e).replace("--max-new-tokens", "max_tokens"),
                            param="max_tokens" if "fit" in str(e) else None) from None
