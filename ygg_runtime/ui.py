@@ -95,10 +95,10 @@ class RichReporter(Reporter):
         self.console.print(text)
 
 
-def adapt_line(adapt: dict | None) -> str:
-    """The request's acceptance estimate against calibration's, in one line (`Metrics.adapt`): each
-    source's price ratio and the reach's odds ratio, with how far the request still looks like
-    calibration's kind where the prior is a robust one."""
+def adapt_line(adapt: dict | None, lines: bool = False) -> str:
+    """The request's acceptance estimate against calibration's, in one line (`Metrics.adapt`), or a
+    line each (`lines`: the stats table's cell): each source's price ratio and the reach's odds
+    ratio, with how far the request still looks like calibration's kind where the prior is a robust one."""
     if adapt is None:
         return "off (every step as planned)"
     parts = []
@@ -110,15 +110,17 @@ def adapt_line(adapt: dict | None) -> str:
         parts.append(f"{name} ×{a.get('ratio', a.get('odds')):.2f} ({a['accepted']} accepted of "
                      f"{a['expected']:.1f} calibration expected{like})")
     robust = lambda w: f" at weight {w:g}" if w < 1.0 else ""  # noqa: E731
-    return (("  ".join(parts) or "nothing tried yet") + f"; prior strengths {adapt['strength']:g}"
-            f"{robust(adapt.get('weight', 1.0))} (nodes), {adapt['reach_strength']:g}{robust(adapt.get('reach_weight', 1.0))} (reach)")
+    prior = (f"prior strengths {adapt['strength']:g}{robust(adapt.get('weight', 1.0))} (nodes), "
+             f"{adapt['reach_strength']:g}{robust(adapt.get('reach_weight', 1.0))} (reach)")
+    parts = parts or ["nothing tried yet"]
+    return "\n".join([*parts, prior]) if lines else "  ".join(parts) + "; " + prior
 
 
 def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     """forwards: how the decoder runs its models (from `ygg_runtime.load`), shown with the counts."""
     t = Table(title=title, show_header=False, title_justify="left")
     t.add_column(style="bold")
-    t.add_column(justify="right")
+    t.add_column()  # left: a long value wraps under itself
     t.add_row("method", m.method)
     if m.choice and m.choice != "asked for":
         t.add_row("method chosen", m.choice)
@@ -144,7 +146,7 @@ def stats_table(m: Metrics, title: str, forwards: str = "") -> Table:
     if len(m.shapes) > 1:
         shapes = sorted(m.shapes.items(), key=lambda kv: -kv[1])
         t.add_row("step shapes (depth×width)", "  ".join(f"{k}:{n}" for k, n in shapes[:8]) + ("  …" if len(shapes) > 8 else ""))
-    t.add_row("acceptance estimate", adapt_line(m.adapt))
+    t.add_row("acceptance estimate", adapt_line(m.adapt, lines=True))
     t.add_row("TPOT", f"{m.tpot_ms:.1f} ms  ({1000 / m.tpot_ms if m.tpot_ms else 0:.1f} tok/s)")
     t.add_row("prefill", f"{m.prefill_s * 1000:.0f} ms")
     counts = {"compiled": f"{m.compiled_forwards} compiled", "eager": f"{m.eager_forwards} eager",
