@@ -96,7 +96,7 @@ def bench_serve_cmd(
     max_new_tokens: int = typer.Option(ServeBenchOptions.max_new_tokens, "--max-new-tokens", "-n", help="tokens to generate per request at most"),
     no_cost_aware: bool = typer.Option(False, "--no-cost-aware", help="serve without CAST allocation (ablation)"),
     no_adapt: bool = typer.Option(False, "--no-adapt", help="serve without each request's acceptance estimate (ablation)"),
-    peers: Optional[list[str]] = typer.Option(None, "--peers", help=f"other servers to drive with the same load ({', '.join(SERVE_PEERS)}; needs the llama extra)"),
+    peers: Optional[list[str]] = typer.Option(None, "--peers", help=f"other servers to drive with the same load ({', '.join(SERVE_PEERS)}; needs the llama extra), or none (the default)"),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="results directory (default: benchmarks/results/<device>-serve)"),
     chat: bool = typer.Option(False, "--chat", help="chat requests without max_tokens, as the openai client sends them by default (answers run to their end of turn)"),
     kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", metavar="GiB", help="the server's KV cache (default: ygg serve's)"),
@@ -113,6 +113,7 @@ def bench_serve_cmd(
         raise YggError(f"--ray takes replica counts, e.g. 1,2 (not {ray})") from None
     opts = ServeBenchOptions(artifact, prompts, split(categories, "--categories"), limit, levels,
                              [m.strip() for m in methods.split(",") if m.strip()], max_new_tokens, output,
-                             not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]), split(peers, "--peers") or [],
+                             not no_cost_aware, "ygg " + shlex.join(sys.argv[1:]),
+                             [p for p in split(peers, "--peers") or [] if p != "none"],
                              chat, kv_cache_gb, replicas, adapt=not no_adapt)
     commands("bench-serve --ray" if replicas else "bench-serve").bench_serve(opts)

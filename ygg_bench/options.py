@@ -92,6 +92,6 @@ class ServeBenchOptions:
             raise YggError("--ray takes distinct replica counts of at least 1, e.g. 1,2")
         ServeOptions(kv_cache_gb=self.kv_cache_gb)  # serve's own check of it
         if unknown := [p for p in self.peers if p not in SERVE_PEERS]:
-            raise YggError(f"unknown serving peer '{unknown[0]}' (choose from {', '.join(SERVE_PEERS)})")
+            raise YggError(f"unknown serving peer '{unknown[0]}' (choose from {', '.join(SERVE_PEERS)}, or none)")
         check_max_new_tokens(self.max_new_tokens)
         check_limit(self.limit)
