@@ -12,7 +12,8 @@ outputs; then the same request is decoded again with each forward handing its re
 at once (a replay that leaves the recorded run — another width, another input shape — stops with one
 line). What a replayed step still takes is host work: `Result.metrics.decode_s` over its steps, medians of
 the harness's interleaved rounds. `ygg serve`'s batched step (`Decoder.batch`, CAST) is measured the
-same way at each `--batch` size, per `Batch.step`.
+same way at each `--batch` size, per `Batch.step`. Beside them, what a generation sets up before its
+prefill (`Decoder.setup`: views of the runners, its drafter and proposer), the median of 200 calls.
 
 Host reads: every point where the host waits for a tensor's value (`item`, `tolist`, `bool`, `int`,
 `float`, `numpy`, `cpu`, ...; on a GPU each is a device→host sync), counted by a torch function mode
@@ -169,6 +170,8 @@ def methods_overhead(decoder, prompt: list[int], tokens: int, methods: list[str]
         return call
 
     harness.interleaved({m: replay(m) for m in methods}, repeats, setup=setup)
+    # what a generation sets up before its prefill: its own runner views, drafter and proposer
+    made = harness.interleaved({m: lambda m=m: decoder.setup(m) for m in methods}, 200)
     rows = {}
     for m in methods:
         setup(m)
@@ -179,6 +182,7 @@ def methods_overhead(decoder, prompt: list[int], tokens: int, methods: list[str]
                    "of_it_ms": {f: round(statistics.median(x[i + 1] for x in kept), 3) for i, f in enumerate(PARTS)},
                    "host_reads_per_step": per_step(marks, 0), "to_host_per_step": per_step(marks, 1),
                    "device_ops_per_step": per_step(marks, 2),
+                   "setup_us": round(statistics.median(made[m]) * 1000, 1),
                    "steps": r.metrics.steps,
                    "tokens_per_step": round(len(r.token_ids) / max(1, r.metrics.steps), 2),
                    "forwards_per_step": round(len(tapes[m].calls) / max(1, r.metrics.steps), 2),
@@ -187,7 +191,7 @@ def methods_overhead(decoder, prompt: list[int], tokens: int, methods: list[str]
         print(f"{m:10s} {rows[m]['host_ms_per_step']:7.3f} ms of host work a step ({parts}), "
               f"{rows[m]['host_reads_per_step']:5.1f} host reads a step (through to_host "
               f"{rows[m]['to_host_per_step']:g}), {rows[m]['device_ops_per_step']:g} device ops ({r.metrics.steps} steps, "
-              f"{rows[m]['tokens_per_step']} tokens a step)", flush=True)
+              f"{rows[m]['tokens_per_step']} tokens a step; {rows[m]['setup_us']:g} µs to set up a generation)", flush=True)
         tapes[m] = Tape()  # free the recorded outputs
     Taped.tape = None
     return rows

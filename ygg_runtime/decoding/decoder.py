@@ -74,6 +74,16 @@ class Choice:
     why: str = "the plan's method"
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What one generation runs on: views of the decoder's runners, its drafter and its proposer."""
+
+    target: ModelRunner
+    draft: ModelRunner | None
+    drafter: proposers.Drafter | None
+    proposer: proposers.Proposer
+
+
 class Decoder:
     def __init__(
         self,
@@ -228,6 +238,16 @@ class Decoder:
             raise YggError("the prompt is empty")
         return self.codec.encode(prompt, raw=raw)
 
+    def setup(self, method: str, ablation: Ablation = Ablation(), window: int | None = None) -> Setup:
+        """A generation's own runners (views of the decoder's: `ModelRunner.view`, eager for the
+        ablation, at its forward kind's exactness floor), drafter (reading the prompt's last `window`
+        tokens; None: all) and proposer: nothing of the decoder changes for it."""
+        record = self.exactness.get(self.forward_kind(ablation.eager))
+        target = self.target.view(eager=ablation.eager, min_width=exactness.min_width(record))
+        draft = self.draft.view(eager=ablation.eager) if self.draft is not None else None
+        drafter = proposers.Drafter(draft, target.vocab_size, window=window) if draft is not None else None
+        return Setup(target, draft, drafter, self.proposer(method, ablation, drafter))
+
     def generate(self, prompt: str | list[int], options: RunOptions | None = None, *,
                  on_text: Callable[[str], None] | None = None, on_step: Callable | None = None, **given) -> Result:
         """Generate exactly what the target alone would (greedy), or a sample from its distribution
@@ -256,11 +276,8 @@ class Decoder:
             choice = self.choose(len(ids), o.max_new_tokens)
             if o.draft_window is not None:
                 choice = dataclasses.replace(choice, window=o.draft_window or None)
-        record = self.exactness.get(self.forward_kind(ablation.eager))
-        target = self.target.view(eager=ablation.eager, min_width=exactness.min_width(record))
-        draft = self.draft.view(eager=ablation.eager) if self.draft is not None else None
-        drafter = proposers.Drafter(draft, target.vocab_size, window=choice.window) if draft is not None else None
-        prop = self.proposer(choice.method, ablation, drafter)
+        own = self.setup(choice.method, ablation, choice.window)
+        target, draft, drafter, prop = own.target, own.draft, own.drafter, own.proposer
         # The plan's context bounds a request on top of the cache (which has room past it for a step's tree).
         room = engine.step_room(target, prop)
         context = min(target.max_len, self.max_context + room) if self.max_context else None
