@@ -143,7 +143,7 @@ class Decoder:
         at its planned fixed depth; stages: egt's stage order instead of the plan's; graft=False:
         egt without retrieval grafting — other methods do not graft), drafting with `drafter`
         (default: one over the draft model's runner). A proposer holds one sequence's state, so
-        each generation builds its own (microseconds; chain's tree tensors about a millisecond)."""
+        each generation builds its own (10–200 µs with its views: `benchmarks/step_overhead.py`)."""
         if method not in self.methods:
             raise YggError(f"method '{method}' is not in this artifact (it has: {', '.join(self.methods)})")
         params = self.methods[method]
