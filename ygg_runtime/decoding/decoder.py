@@ -76,10 +76,10 @@ class Choice:
 
 @dataclass(frozen=True)
 class Setup:
-    """What one generation runs on: views of the decoder's runners, its drafter and its proposer."""
+    """What one generation runs on: views of the decoder's runners (the draft model's is its
+    drafter's), its drafter and its proposer."""
 
     target: ModelRunner
-    draft: ModelRunner | None
     drafter: proposers.Drafter | None
     proposer: proposers.Proposer
 
@@ -246,7 +246,7 @@ class Decoder:
         target = self.target.view(eager=ablation.eager, min_width=exactness.min_width(record))
         draft = self.draft.view(eager=ablation.eager) if self.draft is not None else None
         drafter = proposers.Drafter(draft, target.vocab_size, window=window) if draft is not None else None
-        return Setup(target, draft, drafter, self.proposer(method, ablation, drafter))
+        return Setup(target, drafter, self.proposer(method, ablation, drafter))
 
     def generate(self, prompt: str | list[int], options: RunOptions | None = None, *,
                  on_text: Callable[[str], None] | None = None, on_step: Callable | None = None, **given) -> Result:
@@ -277,7 +277,7 @@ class Decoder:
             if o.draft_window is not None:
                 choice = dataclasses.replace(choice, window=o.draft_window or None)
         own = self.setup(choice.method, ablation, choice.window)
-        target, draft, drafter, prop = own.target, own.draft, own.drafter, own.proposer
+        target, drafter, prop = own.target, own.drafter, own.proposer
         # The plan's context bounds a request on top of the cache (which has room past it for a step's tree).
         room = engine.step_room(target, prop)
         context = min(target.max_len, self.max_context + room) if self.max_context else None
@@ -300,13 +300,12 @@ class Decoder:
         )
         m.choice = choice.why
         m.draft_window = choice.window if drafter is not None and drafter.cut > 0 else 0
-        mixed = []
-        for r in (target, draft):
+        for r in (target, drafter.runner if drafter is not None else None):
             if r is not None:
                 m.compiled_forwards += r.compiled_forwards
                 m.eager_forwards += r.forwards - r.compiled_forwards
-                mixed.append(r.compiled_forwards > 0 and r.forwards > r.compiled_forwards)
-        exact, why = self.verdict(ablation.eager, mixed=mixed[0])  # on the forwards it ran; mixed[0]: the target's
+        mixed = 0 < target.compiled_forwards < target.forwards  # the target ran both kinds of forward
+        exact, why = self.verdict(ablation.eager, mixed=mixed)  # on the forwards it ran
         text = self.codec.decode(out) if self.codec is not None else ""
         if stream is not None:
             on_text(stream.finish())

@@ -41,8 +41,7 @@ from ygg_runtime.decoding.accept import Verdict
 from ygg_runtime.decoding.estimate import Estimate
 from ygg_runtime.errors import YggError
 from ygg_runtime.decoding.objective import AcceptanceMap, Curves
-from ygg_runtime.schema.params import BEGIN_WIDTH, StepShape, egt_shape
-from ygg_runtime.schema.params import EGTParams
+from ygg_runtime.schema.params import BEGIN_WIDTH, EGTParams, StepShape, egt_shape
 from ygg_runtime.decoding.predictor import DepthPredictor
 from ygg_runtime.decoding.proposers.base import (Children, DraftProposer, Drafter, DraftRows, Hook, Parts, StepInfo,
                                                  StepState)
